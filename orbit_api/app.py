@@ -1,0 +1,66 @@
+"""The API application and the API daemon."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from orbit_api import openapi
+from orbit_api.body import LIMIT_KEY
+from orbit_api.context import CONFIG, DB
+from orbit_api.middleware import auth_middleware, problem_middleware, request_id_middleware
+from orbit_api.routes import platform
+from orbit_common.db.pool import Database
+from orbit_common.service.config import OrbitConfig
+from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
+
+log = logging.getLogger(__name__)
+
+
+def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Application:
+    """Build the aiohttp application (used by the daemon and by tests)."""
+    app = web.Application(
+        middlewares=[request_id_middleware, problem_middleware, auth_middleware],
+        # aiohttp enforces this while reading; read_json also checks Content-Length first.
+        client_max_size=config.api.max_body_bytes,
+    )
+    app[DB] = db
+    app[CONFIG] = config
+    app[GATE_KEY] = gate
+    app[LIMIT_KEY] = config.api.max_body_bytes
+    add_health_routes(app)
+    app.router.add_get("/v1/openapi.json", openapi.openapi)
+    platform.add_routes(app)
+    return app
+
+
+class ApiService:
+    """The ``orbit api`` daemon: serves the application until drained."""
+
+    name = "api"
+
+    def __init__(self, config: OrbitConfig, db: Database, gate: ReadinessGate) -> None:
+        self.config = config
+        self.app = create_app(config, db, gate)
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        self.runner = web.AppRunner(
+            self.app, access_log=None, shutdown_timeout=self.config.service.drain_timeout_s
+        )
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.config.api.host, self.config.api.port)
+        await site.start()
+        log.info("api listening", extra={"host": self.config.api.host,
+                                         "port": self.config.api.port})
+
+    async def drain(self) -> None:
+        # AppRunner.cleanup stops listening, lets in-flight requests finish (up to
+        # shutdown_timeout) and then closes the connections.
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    async def close(self) -> None:
+        await self.drain()

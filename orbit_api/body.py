@@ -1,0 +1,65 @@
+"""Reading request bodies and query strings strictly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from orbit_common import errors
+from orbit_common.model import jsondoc, strict
+
+T = TypeVar("T")
+
+
+async def read_json(request: web.Request, cls: type[T]) -> tuple[T, Any]:
+    """Parse a JSON body into ``cls``; returns the DTO and the raw document."""
+    content_type = request.content_type
+    if content_type != "application/json":
+        raise errors.UnsupportedMediaType(
+            f"Content-Type must be application/json, not {content_type or 'missing'}"
+        )
+    limit = request.app[_LIMIT]
+    if request.content_length is not None and request.content_length > limit:
+        raise errors.PayloadTooLarge(f"the body may be at most {limit} bytes")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise errors.PayloadTooLarge(f"the body may be at most {limit} bytes") from exc
+    if not raw:
+        raise errors.MalformedJson("the request body is empty")
+    document = jsondoc.loads_strict(raw)
+    return strict.structure(document, cls), document
+
+
+_LIMIT = web.AppKey("max_body_bytes", int)
+LIMIT_KEY = _LIMIT
+
+
+def query_params(request: web.Request, allowed: Iterable[str]) -> dict[str, str]:
+    """The query string as a dict; unknown or repeated parameters are refused."""
+    allowed = set(allowed)
+    result: dict[str, str] = {}
+    problems = []
+    for key, value in request.query.items():
+        if key not in allowed:
+            problems.append({"path": f"?{key}", "message": "unknown query parameter"})
+        elif key in result:
+            problems.append({"path": f"?{key}", "message": "given more than once"})
+        else:
+            result[key] = value
+    if problems:
+        raise errors.ValidationFailed(problems)
+    return result
+
+
+def int_param(params: dict[str, str], name: str, *, default: int, low: int, high: int) -> int:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise errors.ValidationFailed(
+            [{"path": f"?{name}", "message": f"an integer from {low} to {high}"}]
+        )
+    return int(raw)

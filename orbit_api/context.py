@@ -1,0 +1,25 @@
+"""Typed application state and per-request context."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from orbit_common.db.pool import Database
+from orbit_common.platform.credentials import Principal
+from orbit_common.service.config import OrbitConfig
+
+DB = web.AppKey("db", Database)
+CONFIG = web.AppKey("config", OrbitConfig)
+
+PRINCIPAL = "orbit.principal"
+REQUEST_ID = "orbit.request_id"
+
+
+def principal_of(request: web.Request) -> Principal:
+    principal = request.get(PRINCIPAL)
+    assert isinstance(principal, Principal), "route is not behind the auth middleware"
+    return principal
+
+
+def request_id_of(request: web.Request) -> str:
+    return str(request.get(REQUEST_ID, ""))

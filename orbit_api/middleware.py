@@ -1,0 +1,74 @@
+"""Middlewares: request id, problem documents for every error, bearer authentication."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from orbit_api import problems
+from orbit_api.context import DB, PRINCIPAL, REQUEST_ID
+from orbit_common import errors
+from orbit_common.platform import credentials
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Paths that need no credential. Everything else under /v1 does.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
+
+
+@web.middleware
+async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    incoming = request.headers.get("X-Request-Id", "")
+    request_id = incoming if 0 < len(incoming) <= 64 and incoming.isprintable() else (
+        secrets.token_hex(8)
+    )
+    request[REQUEST_ID] = request_id
+    response = await handler(request)
+    response.headers["X-Request-Id"] = request_id
+    return response
+
+
+@web.middleware
+async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    instance = request.path
+    try:
+        return await handler(request)
+    except errors.OrbitError as exc:
+        if exc.status >= 500:
+            log.warning("request failed: %s", exc, extra={"code": exc.code, "path": instance,
+                                                          "request_id": request.get(REQUEST_ID)})
+        return problems.from_error(exc, instance)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return problems.from_http(exc, instance)
+    except Exception:
+        log.exception("unhandled error", extra={"path": instance,
+                                                "request_id": request.get(REQUEST_ID)})
+        return problems.problem(
+            status=500, code="internal_error", title="Internal error",
+            detail="an unexpected error occurred; the request id identifies it in the logs",
+            instance=instance,
+        )
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path in PUBLIC_PATHS or not request.path.startswith("/v1/"):
+        return await handler(request)
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header:
+        raise errors.Unauthenticated("send Authorization: Bearer <api key>")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise errors.Unauthenticated("the Authorization header must be 'Bearer <api key>'")
+    db = request.app[DB]
+    request[PRINCIPAL] = await db.read(
+        "auth.authenticate", lambda cur: credentials.authenticate(cur, token.strip())
+    )
+    return await handler(request)

@@ -1,0 +1,156 @@
+"""The OpenAPI 3.1 document served at ``/v1/openapi.json``.
+
+Written by hand next to the routes; ``tests/integration/api/test_openapi.py`` fails when a route
+is missing here or a path here has no route.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/problem+json": {"schema": PROBLEM_REF}}}
+
+
+def _json(schema_name: str, description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{schema_name}"}}}}
+
+
+COMMON_ERRORS = {
+    "400": _problem("Malformed, invalid or unknown input (codes: validation_failed, "
+                    "malformed_json, duplicate_json_key, json_too_deep, invalid_cursor)"),
+    "401": _problem("Missing or invalid credential (unauthenticated, invalid_credential)"),
+    "503": _problem("Database unavailable or commit outcome unknown; retry"),
+}
+
+ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
+NAME = {"type": "string", "pattern": "^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$"}
+TIME = {"type": "string", "format": "date-time"}
+
+DOCUMENT: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "Orbit API",
+        "version": "1",
+        "description": "Reliable task execution and workflow orchestration. Errors are RFC 9457 "
+        "problem documents with a stable `code` (docs/api/errors.md).",
+    },
+    "servers": [{"url": "/"}],
+    "security": [{"bearer": []}],
+    "paths": {
+        "/healthz": {"get": {
+            "summary": "Liveness", "security": [], "operationId": "healthz",
+            "responses": {"200": {"description": "The process is alive"}}}},
+        "/readyz": {"get": {
+            "summary": "Readiness: migrations applied, not dirty, zero foreign keys",
+            "security": [], "operationId": "readyz",
+            "responses": {"200": {"description": "Ready"},
+                          "503": {"description": "Not ready; the body says why"}}}},
+        "/metrics": {"get": {
+            "summary": "Prometheus metrics", "security": [], "operationId": "metrics",
+            "responses": {"200": {"description": "Prometheus text format"}}}},
+        "/v1/openapi.json": {"get": {
+            "summary": "This document", "security": [], "operationId": "openapi",
+            "responses": {"200": {"description": "OpenAPI 3.1 document"}}}},
+        "/v1/whoami": {"get": {
+            "summary": "The caller's application, credential, grants and visible namespaces",
+            "operationId": "whoami",
+            "responses": {"200": _json("Whoami", "The caller"), **COMMON_ERRORS}}},
+        "/v1/namespaces": {
+            "get": {
+                "summary": "List the namespaces the credential may read",
+                "operationId": "listNamespaces",
+                "parameters": [
+                    {"name": "limit", "in": "query",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 100}},
+                    {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {"200": _json("NamespacePage", "A page of namespaces"),
+                              **COMMON_ERRORS},
+            },
+            "post": {
+                "summary": "Create a namespace in the caller's application",
+                "operationId": "createNamespace",
+                "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
+                                "schema": {"type": "string", "minLength": 1, "maxLength": 255}}],
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/CreateNamespaceRequest"}}}},
+                "responses": {
+                    "201": _json("Namespace", "Created (or the replay of the original response)"),
+                    **COMMON_ERRORS,
+                    "403": _problem("The credential may not create this namespace (forbidden)"),
+                    "409": _problem("already_exists, or idempotency_conflict"),
+                    "413": _problem("payload_too_large"),
+                    "415": _problem("unsupported_media_type"),
+                },
+            },
+        },
+    },
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                       "description": "An Orbit API key: orb_<prefix>_<secret>"}},
+        "schemas": {
+            "Problem": {
+                "type": "object",
+                "required": ["type", "title", "status", "detail", "code"],
+                "properties": {
+                    "type": {"type": "string"}, "title": {"type": "string"},
+                    "status": {"type": "integer"}, "detail": {"type": "string"},
+                    "code": {"type": "string"}, "instance": {"type": "string"},
+                    "errors": {"type": "array", "items": {
+                        "type": "object", "properties": {"path": {"type": "string"},
+                                                         "message": {"type": "string"}}}},
+                },
+            },
+            "Grant": {
+                "type": "object",
+                "properties": {k: {"type": "array", "items": {"type": "string"}}
+                               for k in ("namespaces", "actions", "queues")},
+            },
+            "Whoami": {
+                "type": "object",
+                "required": ["application", "credential", "grants", "namespaces"],
+                "properties": {
+                    "application": {"type": "object", "properties": {"id": ID, "name": NAME}},
+                    "credential": {"type": "object", "properties": {
+                        "id": ID, "name": NAME, "prefix": {"type": "string"}}},
+                    "grants": {"type": "array", "items": {"$ref": "#/components/schemas/Grant"}},
+                    "namespaces": {"type": "array", "items": NAME},
+                },
+            },
+            "CreateNamespaceRequest": {
+                "type": "object", "additionalProperties": False, "required": ["name"],
+                "properties": {"name": NAME,
+                               "description": {"type": "string", "maxLength": 512}},
+            },
+            "Namespace": {
+                "type": "object",
+                "required": ["id", "name", "description", "state", "revision", "created_at",
+                             "updated_at"],
+                "properties": {"id": ID, "name": NAME, "description": {"type": "string"},
+                               "state": {"enum": ["ACTIVE", "DISABLED"]},
+                               "revision": {"type": "integer", "minimum": 1},
+                               "created_at": TIME, "updated_at": TIME},
+            },
+            "NamespacePage": {
+                "type": "object", "required": ["items", "next_cursor"],
+                "properties": {
+                    "items": {"type": "array", "items": {"$ref": "#/components/schemas/Namespace"}},
+                    "next_cursor": {"type": ["string", "null"]},
+                },
+            },
+        },
+    },
+}
+
+
+async def openapi(_request: web.Request) -> web.Response:
+    return web.json_response(DOCUMENT)

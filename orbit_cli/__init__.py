@@ -1,0 +1,1 @@
+"""The ``orbit`` command line: daemons, migrations, administration and the local stack."""

@@ -1,0 +1,3 @@
+from orbit_cli.main import main
+
+main()

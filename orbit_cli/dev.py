@@ -1,0 +1,187 @@
+"""``orbit dev``: the local stack.
+
+``orbit dev up`` starts Orbit's private database (unless ``ORBIT_DATABASE_URL`` is set), applies
+migrations, bootstraps once (``.orbit/bootstrap.json``, mode 0600) and runs every daemon as a
+supervised child process until Ctrl-C, restarting a daemon that dies. State lives in ``.orbit/``
+and survives a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orbit_cli import devdb
+from orbit_common.db import migrator
+from orbit_common.db.pool import DatabaseUrl
+
+# Every daemon that exists today; later capabilities add theirs.
+DAEMONS = ("api",)
+
+
+@click.group()
+def dev() -> None:
+    """The local development stack."""
+
+
+@dev.group("db")
+def dev_db() -> None:
+    """Orbit's private database instance."""
+
+
+@dev_db.command("start")
+@click.option("--dir", "root", default=".orbit/mysql", type=click.Path(path_type=Path))
+@click.option("--database", default="orbit")
+def db_start(root: Path, database: str) -> None:
+    """Start (initialising on first use) the private instance; prints its URL."""
+    instance = devdb.start(root)
+    _create_database(instance, database)
+    click.echo(instance.url(database))
+
+
+@dev_db.command("stop")
+@click.option("--dir", "root", default=".orbit/mysql", type=click.Path(path_type=Path))
+def db_stop(root: Path) -> None:
+    devdb.stop(root)
+
+
+def _create_database(instance: devdb.Instance, database: str) -> None:
+    conn = instance.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                f"CREATE DATABASE IF NOT EXISTS `{database}` "  # name validated by caller
+                "CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
+            )
+    finally:
+        conn.close()
+
+
+def _wait_http(url: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+@dev.command("up")
+@click.option("--dir", "root", default=".orbit", type=click.Path(path_type=Path),
+              show_default=True, help="State directory of the local stack.")
+@click.option("--api-port", default=lambda: int(os.environ.get("ORBIT_API_PORT", "8080")),
+              show_default="8080 or $ORBIT_API_PORT")
+def dev_up(root: Path, api_port: int) -> None:
+    """Run the whole stack locally until Ctrl-C."""
+    root = root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    instance: devdb.Instance | None = None
+    url = os.environ.get("ORBIT_DATABASE_URL", "")
+    if not url:
+        click.echo(f"starting the private database in {root / 'mysql'} …")
+        instance = devdb.start(root / "mysql")
+        _create_database(instance, "orbit")
+        url = instance.url("orbit")
+    parsed = DatabaseUrl.parse(url)
+    click.echo(f"database: {parsed.render()}")
+    try:
+        applied = migrator.Migrator(parsed).up(log=click.echo)
+        click.echo(f"migrations: applied {len(applied)}" if applied else "migrations: up to date")
+        api_url = f"http://127.0.0.1:{api_port}"
+        _bootstrap_once(root, url, api_url)
+        _supervise(root, url, api_port, api_url)
+    finally:
+        if instance is not None:
+            click.echo("stopping the private database …")
+            devdb.stop(root / "mysql")
+
+
+def _bootstrap_once(root: Path, url: str, api_url: str) -> None:
+    path = root / "bootstrap.json"
+    if path.exists():
+        doc = json.loads(path.read_text())
+        if doc.get("api_url") != api_url:
+            doc["api_url"] = api_url
+            from orbit_cli.main import write_secret_file
+
+            write_secret_file(path, doc)
+        click.echo(f"bootstrap: already done ({path}; namespace {doc.get('namespace')!r})")
+        return
+    env = {**os.environ, "ORBIT_DATABASE_URL": url}
+    result = subprocess.run(
+        [sys.executable, "-m", "orbit_cli", "admin", "--actor", "orbit-dev", "bootstrap",
+         "--output", str(path), "--api-url", api_url],
+        env=env, capture_output=True, text=True, check=False,
+    )
+    if result.returncode != 0:
+        raise click.ClickException(
+            f"bootstrap failed: {result.stderr.strip()}\nIf the database was bootstrapped "
+            "before without .orbit/bootstrap.json, create a credential with "
+            "`orbit admin credential create`."
+        )
+    doc = json.loads(path.read_text())
+    click.echo("bootstrap: created application, namespace and an all-access API key:")
+    click.echo(f"  api_key   = {doc['api_key']}   (shown once; saved in {path}, mode 0600)")
+    click.echo(f"  namespace = {doc['namespace']}")
+
+
+def _spawn(name: str, env: dict[str, str]) -> subprocess.Popen[Any]:
+    return subprocess.Popen([sys.executable, "-m", "orbit_cli", name], env=env)
+
+
+def _supervise(root: Path, url: str, api_port: int, api_url: str) -> None:
+    env = {**os.environ, "ORBIT_DATABASE_URL": url, "ORBIT_API_PORT": str(api_port)}
+    stopping = False
+
+    def request_stop(_signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    children = {name: _spawn(name, env) for name in DAEMONS}
+    restarts = dict.fromkeys(DAEMONS, 0)
+    try:
+        if _wait_http(f"{api_url}/readyz", 30):
+            click.echo(f"\nOrbit is up.\n  API:    {api_url}  (try: curl -H 'Authorization: "
+                       f"Bearer <api_key>' {api_url}/v1/whoami)\n  health: {api_url}/readyz\n"
+                       f"  key:    {root / 'bootstrap.json'}\nPress Ctrl-C to stop.")
+        else:
+            click.echo("warning: the API did not become ready within 30 s; see its logs above")
+        while not stopping:
+            for name, child in list(children.items()):
+                code = child.poll()
+                if code is not None and not stopping:
+                    restarts[name] += 1
+                    delay = min(30, 2 ** min(restarts[name], 5))
+                    click.echo(f"{name} exited with {code}; restarting in {delay}s")
+                    time.sleep(delay)
+                    children[name] = _spawn(name, env)
+            time.sleep(0.2)
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children.values():
+            try:
+                child.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+__all__ = ["dev"]

@@ -1,0 +1,257 @@
+"""A private MariaDB/MySQL instance owned by Orbit (local stack and test runs).
+
+The instance lives in its own directory (data, socket, pid, error log), listens on 127.0.0.1 and
+a Unix socket only, and runs with durable settings (``innodb_flush_log_at_trx_commit=1``, no
+binary log). Its credentials are written to ``<dir>/db.json`` with mode 0600. It is never the
+production database: production uses ``ORBIT_DATABASE_URL``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pymysql
+
+SERVER_NAMES = ("mariadbd", "mysqld")
+INSTALL_NAMES = ("mariadb-install-db", "mysql_install_db")
+SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
+
+
+class DevDbError(RuntimeError):
+    pass
+
+
+def find_binary(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        found = shutil.which(name, path=SEARCH_PATH)
+        if found:
+            return found
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@attrs.frozen(kw_only=True)
+class Instance:
+    root: Path
+    port: int
+    user: str
+    password: str = attrs.field(repr=False)
+
+    @property
+    def datadir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "mysqld.sock"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.root / "mysqld.pid"
+
+    def url(self, database: str = "") -> str:
+        from urllib.parse import quote
+
+        return (
+            f"mysql://{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+            f"@127.0.0.1:{self.port}/{database}"
+        )
+
+    def connect(self, database: str | None = None) -> pymysql.connections.Connection[Any]:
+        return pymysql.connect(
+            unix_socket=str(self.socket),
+            user=self.user,
+            password=self.password,
+            database=database,
+            autocommit=True,
+            connect_timeout=5,
+        )
+
+
+def _config_path(root: Path) -> Path:
+    return root / "db.json"
+
+
+def load(root: Path) -> Instance | None:
+    path = _config_path(root)
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return Instance(root=root, port=data["port"], user=data["user"], password=data["password"])
+
+
+def _save(instance: Instance) -> None:
+    path = _config_path(instance.root)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(
+            {"port": instance.port, "user": instance.user, "password": instance.password}, f
+        )
+
+
+def _server_args(instance: Instance, extra: list[str]) -> list[str]:
+    server = find_binary(SERVER_NAMES)
+    if server is None:
+        raise DevDbError("no mariadbd/mysqld found: install mariadb-server (script/bootstrap)")
+    args = [
+        server,
+        "--no-defaults",
+        f"--datadir={instance.datadir}",
+        f"--socket={instance.socket}",
+        f"--pid-file={instance.pidfile}",
+        f"--log-error={instance.root / 'error.log'}",
+        f"--port={instance.port}",
+        "--bind-address=127.0.0.1",
+        "--skip-name-resolve",
+        "--innodb-flush-log-at-trx-commit=1",
+        "--character-set-server=utf8mb4",
+        "--collation-server=utf8mb4_unicode_ci",
+        "--max-connections=500",
+    ]
+    if os.geteuid() == 0:
+        args.append("--user=root")
+    return args + extra
+
+
+def _initialise(root: Path) -> None:
+    installer = find_binary(INSTALL_NAMES)
+    if installer is None:
+        raise DevDbError("no mariadb-install-db found: install mariadb-server (script/bootstrap)")
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    args = [
+        installer,
+        "--no-defaults",
+        f"--datadir={root / 'data'}",
+        "--auth-root-authentication-method=normal",
+        "--skip-test-db",
+    ]
+    if os.geteuid() == 0:
+        args.append("--user=root")
+    result = subprocess.run(args, capture_output=True, text=True, check=False)  # noqa: S603
+    if result.returncode != 0:
+        raise DevDbError(f"mariadb-install-db failed:\n{result.stdout}\n{result.stderr}")
+
+
+def is_running(instance: Instance) -> bool:
+    try:
+        pid = int(instance.pidfile.read_text().strip())
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _wait_ready(instance: Instance, user: str, password: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            pymysql.connect(
+                unix_socket=str(instance.socket), user=user, password=password, connect_timeout=2
+            ).close()
+            return
+        except pymysql.err.MySQLError as exc:
+            last = exc
+            time.sleep(0.1)
+    log = instance.root / "error.log"
+    tail = log.read_text()[-2000:] if log.exists() else ""
+    raise DevDbError(f"database did not become ready: {last}\n{tail}")
+
+
+def start(
+    root: Path, *, port: int | None = None, extra_args: list[str] | None = None
+) -> Instance:
+    """Initialise (first time) and start the instance in ``root``; idempotent."""
+    root = root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
+    existing = load(root)
+    if existing is not None and is_running(existing):
+        return existing
+    fresh = existing is None
+    if fresh:
+        _initialise(root)
+        instance = Instance(
+            root=root, port=port or free_port(), user="orbit", password=secrets.token_urlsafe(24)
+        )
+    else:
+        assert existing is not None
+        instance = existing
+    subprocess.Popen(  # noqa: S603 - fixed argument list
+        _server_args(instance, extra_args or []),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    if fresh:
+        _wait_ready(instance, "root", "", 60)
+        conn = pymysql.connect(unix_socket=str(instance.socket), user="root", autocommit=True)
+        with conn.cursor() as cur:
+            for host in ("localhost", "127.0.0.1"):
+                cur.execute(
+                    f"CREATE USER IF NOT EXISTS 'orbit'@'{host}' IDENTIFIED BY %s",
+                    (instance.password,),
+                )
+                cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO 'orbit'@'{host}' WITH GRANT OPTION")
+            # root keeps no password-less access once the instance is set up.
+            cur.execute("ALTER USER 'root'@'localhost' IDENTIFIED BY %s", (instance.password,))
+        conn.close()
+        _save(instance)
+    _wait_ready(instance, instance.user, instance.password, 60)
+    return instance
+
+
+def stop(root: Path, *, timeout_s: float = 60) -> None:
+    """Stop the instance cleanly (SIGTERM, then wait for the process to exit)."""
+    instance = load(root.resolve())
+    if instance is None or not is_running(instance):
+        return
+    pid = int(instance.pidfile.read_text().strip())
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m orbit_cli.devdb")
+    parser.add_argument("action", choices=["start", "stop", "url"])
+    parser.add_argument("--dir", required=True, type=Path)
+    parser.add_argument("--database", default="")
+    args = parser.parse_args(argv)
+    if args.action == "start":
+        print(start(args.dir).url(args.database))  # noqa: T201
+    elif args.action == "url":
+        instance = load(args.dir.resolve())
+        if instance is None:
+            raise SystemExit("no instance")
+        print(instance.url(args.database))  # noqa: T201
+    else:
+        stop(args.dir)
+
+
+if __name__ == "__main__":
+    main()

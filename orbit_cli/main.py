@@ -1,0 +1,361 @@
+"""The ``orbit`` command (and its ``orbit-migrate`` / ``orbit-admin`` aliases)."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from orbit_common import errors
+from orbit_common.db import migrator
+from orbit_common.db.pool import Database, DatabaseUrl, open_database
+from orbit_common.model import ids
+from orbit_common.platform import applications as apps
+from orbit_common.platform import authz, commands
+from orbit_common.platform import credentials as creds
+from orbit_common.platform import namespaces as nss
+from orbit_common.platform.audit import Actor
+from orbit_common.service.config import ConfigError, OrbitConfig, load_config
+
+T = TypeVar("T")
+
+
+def _config(ctx: click.Context) -> OrbitConfig:
+    obj = ctx.ensure_object(dict)
+    if "config" not in obj:
+        try:
+            obj["config"] = load_config(obj.get("config_path"))
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from exc
+    config: OrbitConfig = obj["config"]
+    return config
+
+
+def _url(ctx: click.Context) -> DatabaseUrl:
+    try:
+        return _config(ctx).database.parsed()
+    except (ConfigError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _default_actor() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def _with_db(ctx: click.Context, fn: Callable[[Database], Awaitable[T]]) -> T:
+    async def main() -> T:
+        db = await open_database(_url(ctx), minsize=1, maxsize=2)
+        try:
+            return await fn(db)
+        finally:
+            await db.close()
+
+    try:
+        return asyncio.run(main())
+    except errors.OrbitError as exc:
+        raise click.ClickException(f"{exc.code}: {exc.detail}") from exc
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, ensure_ascii=False, indent=2))
+
+
+@click.group()
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="TOML configuration file (default: $ORBIT_CONFIG).")
+@click.pass_context
+def cli(ctx: click.Context, config_path: Path | None) -> None:
+    """Orbit: reliable task execution and workflow orchestration."""
+    ctx.ensure_object(dict)["config_path"] = config_path
+
+
+# --- migrations ------------------------------------------------------------------------------
+
+
+@cli.group()
+def migrate() -> None:
+    """Apply or inspect schema migrations (docs/runbooks/migrations.md)."""
+
+
+@migrate.command("up")
+@click.option("--lock-timeout", default=120, show_default=True,
+              help="Seconds to wait for another migrator to finish.")
+@click.pass_context
+def migrate_up(ctx: click.Context, lock_timeout: int) -> None:
+    """Apply every pending migration (one migrator at a time; refuses when dirty)."""
+    m = migrator.Migrator(_url(ctx), lock_timeout_s=lock_timeout)
+    try:
+        applied = m.up(log=click.echo)
+    except migrator.MigrationError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+
+
+@migrate.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def migrate_status(ctx: click.Context, as_json: bool) -> None:
+    """List migrations and their state; exits 1 when any is dirty, edited, missing or pending."""
+    entries = migrator.Migrator(_url(ctx)).status()
+    if as_json:
+        _echo_json([{"id": e.id, "status": e.status.value, "detail": e.detail,
+                     "finished_at": e.finished_at.isoformat() if e.finished_at else None}
+                    for e in entries])
+    else:
+        for e in entries:
+            when = e.finished_at.isoformat(sep=" ", timespec="seconds") if e.finished_at else ""
+            click.echo(f"{e.status.value:8} {e.id:40} {when} {e.detail}".rstrip())
+    if any(e.status is not migrator.Status.APPLIED for e in entries):
+        sys.exit(1)
+
+
+@migrate.command("manifest")
+@click.option("--write", is_flag=True, help="Rewrite migrations/CHECKSUMS (new migrations only).")
+def migrate_manifest(write: bool) -> None:
+    """Check (or, for a new migration, write) the committed checksum manifest."""
+    directory = migrator.migrations_dir()
+    files = migrator.discover(directory)
+    problems = migrator.check_manifest(files, directory)
+    if write:
+        recorded = migrator.read_manifest(directory)
+        edited = [f.path.name for f in files
+                  if f.path.name in recorded and recorded[f.path.name] != f.checksum]
+        if edited:
+            raise click.ClickException(
+                f"refusing to rewrite: {edited} changed after being recorded; "
+                "applied migrations are immutable"
+            )
+        (directory / migrator.MANIFEST).write_text(migrator.render_manifest(files))
+        click.echo(f"wrote {migrator.MANIFEST} with {len(files)} entries")
+        return
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        sys.exit(1)
+    click.echo("manifest matches")
+
+
+# --- administration --------------------------------------------------------------------------
+
+
+@cli.group()
+@click.option("--actor", default=_default_actor, show_default="user@host",
+              help="Operator identity recorded in the audit log.")
+@click.pass_context
+def admin(ctx: click.Context, actor: str) -> None:
+    """Applications, namespaces and credentials."""
+    ctx.ensure_object(dict)["actor"] = Actor.operator(actor)
+
+
+def _actor(ctx: click.Context) -> Actor:
+    actor: Actor = ctx.ensure_object(dict)["actor"]
+    return actor
+
+
+def _grants(raw: str | None) -> tuple[authz.Grant, ...]:
+    if raw is None:
+        return authz.ALL_ACCESS
+    try:
+        return authz.parse_grants(json.loads(raw))
+    except (ValueError, authz.GrantError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--grants") from exc
+
+
+@admin.command("bootstrap")
+@click.option("--application", default="default", show_default=True)
+@click.option("--namespace", default="default", show_default=True)
+@click.option("--credential", default="bootstrap", show_default=True)
+@click.option("--output", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write the result (with the API key) to this file, mode 0600.")
+@click.option("--api-url", default="", help="Recorded as api_url in --output.")
+@click.pass_context
+def admin_bootstrap(ctx: click.Context, application: str, namespace: str, credential: str,
+                    output: Path | None, api_url: str) -> None:
+    """Create an application, a namespace and an all-access credential; prints the key once."""
+    result = _with_db(ctx, lambda db: commands.bootstrap(
+        db, application=application, namespace=namespace, credential=credential,
+        actor=_actor(ctx)))
+    doc = {
+        "api_url": api_url,
+        "api_key": result.issued.api_key,
+        "application": result.application.name,
+        "namespace": result.namespace.name,
+        "credential_prefix": result.issued.credential.prefix,
+    }
+    if output is not None:
+        write_secret_file(output, doc)
+    _echo_json(doc)
+
+
+def write_secret_file(path: Path, doc: dict[str, Any]) -> None:
+    """Write JSON readable by the owner only (created 0600, never wider)."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+
+
+@admin.group("app")
+def admin_app() -> None:
+    """Applications."""
+
+
+@admin_app.command("create")
+@click.argument("name")
+@click.pass_context
+def app_create(ctx: click.Context, name: str) -> None:
+    app_id = ids.new_id()
+    app = _with_db(ctx, lambda db: db.transaction("applications.create", lambda cur:
+                   apps.create_application(cur, app_id=app_id, name=name, actor=_actor(ctx))))
+    _echo_json(app.summary())
+
+
+@admin_app.command("list")
+@click.pass_context
+def app_list(ctx: click.Context) -> None:
+    rows = _with_db(ctx, lambda db: db.read("applications.list", apps.list_applications))
+    for app in rows:
+        click.echo(f"{app.id.hex()}  {app.state.value:8}  {app.name}")
+
+
+@admin_app.command("disable")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def app_disable(ctx: click.Context, name: str, reason: str) -> None:
+    """Disable an application: all its credentials stop working at once."""
+    app = _with_db(ctx, lambda db: db.transaction("applications.disable", lambda cur:
+                   apps.disable_application(cur, name=name, actor=_actor(ctx), reason=reason)))
+    _echo_json(app.summary())
+
+
+@admin.group("namespace")
+def admin_namespace() -> None:
+    """Namespaces."""
+
+
+@admin_namespace.command("create")
+@click.argument("name")
+@click.option("--application", required=True)
+@click.option("--description", default="")
+@click.pass_context
+def namespace_create(ctx: click.Context, name: str, application: str, description: str) -> None:
+    namespace_id = ids.new_id()
+
+    async def body(cur: Any) -> nss.Namespace:
+        app = await apps.find_application(cur, application)
+        return await nss.create_namespace(
+            cur, namespace_id=namespace_id, application_id=app.id, name=name,
+            description=description, actor=_actor(ctx))
+
+    ns = _with_db(ctx, lambda db: db.transaction("namespaces.create", body))
+    _echo_json(commands.namespace_view(ns))
+
+
+@admin_namespace.command("list")
+@click.option("--application", required=True)
+@click.pass_context
+def namespace_list(ctx: click.Context, application: str) -> None:
+    async def body(cur: Any) -> list[nss.Namespace]:
+        app = await apps.find_application(cur, application)
+        return await nss.list_namespaces(cur, application_id=app.id, limit=10_000)
+
+    for ns in _with_db(ctx, lambda db: db.read("namespaces.list", body)):
+        click.echo(f"{ns.id.hex()}  {ns.state.value:8}  {ns.name}")
+
+
+@admin.group("credential")
+def admin_credential() -> None:
+    """API credentials."""
+
+
+@admin_credential.command("create")
+@click.argument("name")
+@click.option("--application", required=True)
+@click.option("--grants", help='JSON list, e.g. [{"namespaces":["prod-*"],"actions":["*"]}]. '
+              "Default: all access.")
+@click.pass_context
+def credential_create(ctx: click.Context, name: str, application: str,
+                      grants: str | None) -> None:
+    """Create a credential; the API key is printed once and stored only as a digest."""
+    parsed = _grants(grants)
+    credential_id = ids.new_id()
+
+    async def body(cur: Any) -> creds.IssuedKey:
+        app = await apps.find_application(cur, application)
+        return await creds.create_credential(
+            cur, credential_id=credential_id, application_id=app.id, name=name, grants=parsed,
+            actor=_actor(ctx))
+
+    issued = _with_db(ctx, lambda db: db.transaction("credentials.create", body))
+    _echo_json({**issued.credential.summary(), "api_key": issued.api_key})
+
+
+@admin_credential.command("list")
+@click.option("--application", required=True)
+@click.pass_context
+def credential_list(ctx: click.Context, application: str) -> None:
+    async def body(cur: Any) -> list[creds.Credential]:
+        app = await apps.find_application(cur, application)
+        return await creds.list_credentials(cur, application_id=app.id)
+
+    for c in _with_db(ctx, lambda db: db.read("credentials.list", body)):
+        click.echo(f"{c.prefix}  {c.state.value:8}  {c.name}")
+
+
+@admin_credential.command("revoke")
+@click.argument("prefix")
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def credential_revoke(ctx: click.Context, prefix: str, reason: str) -> None:
+    """Revoke a credential by its public prefix; it stops working at once."""
+    c = _with_db(ctx, lambda db: db.transaction("credentials.revoke", lambda cur:
+                 creds.revoke_credential(cur, prefix=prefix, actor=_actor(ctx), reason=reason)))
+    _echo_json(c.summary())
+
+
+# --- daemons ---------------------------------------------------------------------------------
+
+
+@cli.command("api")
+@click.pass_context
+def api_command(ctx: click.Context) -> None:
+    """Run the HTTP API daemon."""
+    from orbit_api.app import ApiService
+    from orbit_common.service import runner
+
+    config = _config(ctx)
+    _url(ctx)
+    runner.run(ApiService, config, "api")
+
+
+def _register_dev() -> None:
+    from orbit_cli.dev import dev
+
+    cli.add_command(dev)
+
+
+_register_dev()
+
+
+def main() -> None:
+    cli(prog_name="orbit")
+
+
+def migrate_main() -> None:
+    migrate(prog_name="orbit-migrate")
+
+
+def admin_main() -> None:
+    admin(prog_name="orbit-admin")

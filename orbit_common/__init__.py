@@ -1,0 +1,1 @@
+"""Shared kernel of Orbit: database access, domain transactions and the service runner."""

@@ -1,0 +1,179 @@
+"""The one exception tree of Orbit.
+
+Every error a user can see knows its HTTP status and a stable machine ``code``; the API turns it
+into an RFC 9457 problem document. Codes are part of the public contract (docs/api/errors.md):
+never rename one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class OrbitError(Exception):
+    """Base of every Orbit error."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, detail: str | None = None, **extra: Any) -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+        self.extra = extra
+
+
+# --- request problems (4xx) -------------------------------------------------------------------
+
+
+class BadRequest(OrbitError):
+    status = 400
+    code = "bad_request"
+    title = "Bad request"
+
+
+class MalformedJson(BadRequest):
+    code = "malformed_json"
+    title = "The request body is not valid JSON"
+
+
+class DuplicateJsonKey(BadRequest):
+    code = "duplicate_json_key"
+    title = "The request body repeats a key in one object"
+
+
+class JsonTooDeep(BadRequest):
+    code = "json_too_deep"
+    title = "The request body nests too deeply"
+
+
+class ValidationFailed(BadRequest):
+    code = "validation_failed"
+    title = "The request does not match the expected shape"
+
+    def __init__(self, errors: list[dict[str, str]], detail: str | None = None) -> None:
+        first = errors[0] if errors else {"path": "$", "message": "invalid"}
+        super().__init__(detail or f"{first['path']}: {first['message']}")
+        self.errors = errors
+
+
+class InvalidCursor(BadRequest):
+    code = "invalid_cursor"
+    title = "The cursor is malformed or belongs to another query"
+
+
+class Unauthenticated(OrbitError):
+    status = 401
+    code = "unauthenticated"
+    title = "Authentication required"
+
+
+class InvalidCredential(Unauthenticated):
+    code = "invalid_credential"
+    title = "The credential is unknown, revoked or belongs to a disabled application"
+
+
+class Forbidden(OrbitError):
+    status = 403
+    code = "forbidden"
+    title = "The credential is not allowed to do this"
+
+
+class NotFound(OrbitError):
+    status = 404
+    code = "not_found"
+    title = "Not found"
+
+
+class NamespaceNotFound(NotFound):
+    code = "namespace_not_found"
+    title = "No such namespace for this credential"
+
+
+class ApplicationNotFound(NotFound):
+    code = "application_not_found"
+    title = "No such application"
+
+
+class CredentialNotFound(NotFound):
+    code = "credential_not_found"
+    title = "No such credential"
+
+
+class MethodNotAllowed(OrbitError):
+    status = 405
+    code = "method_not_allowed"
+    title = "Method not allowed"
+
+
+class Conflict(OrbitError):
+    status = 409
+    code = "conflict"
+    title = "Conflict"
+
+
+class AlreadyExists(Conflict):
+    code = "already_exists"
+    title = "A resource with this name already exists"
+
+
+class IdempotencyConflict(Conflict):
+    code = "idempotency_conflict"
+    title = "The idempotency key was used with a different request"
+
+
+class StaleRevision(Conflict):
+    code = "stale_revision"
+    title = "The resource changed since it was read"
+
+
+class PayloadTooLarge(OrbitError):
+    status = 413
+    code = "payload_too_large"
+    title = "The request body is too large"
+
+
+class UnsupportedMediaType(OrbitError):
+    status = 415
+    code = "unsupported_media_type"
+    title = "The request body must be application/json"
+
+
+# --- server-side problems (5xx) ----------------------------------------------------------------
+
+
+class ServiceUnavailable(OrbitError):
+    status = 503
+    code = "service_unavailable"
+    title = "The service is temporarily unavailable"
+
+
+class DatabaseUnavailable(ServiceUnavailable):
+    code = "database_unavailable"
+    title = "The database could not be reached"
+
+
+class TransactionRetriesExhausted(ServiceUnavailable):
+    code = "transaction_retries_exhausted"
+    title = "The transaction kept conflicting with concurrent work; retry later"
+
+
+class CommitOutcomeUnknown(ServiceUnavailable):
+    """The connection was lost during COMMIT and the operation cannot be re-checked."""
+
+    code = "commit_outcome_unknown"
+    title = "The outcome of the commit is unknown; retry with the same idempotency key"
+
+
+class DatabaseError(OrbitError):
+    """A database error that is neither retryable nor a known domain condition."""
+
+    code = "database_error"
+    title = "Database error"
+
+
+class IntegrityViolation(OrbitError):
+    """A CHECK constraint or trigger refused a write: a bug or a tampering attempt."""
+
+    code = "integrity_violation"
+    title = "The database refused a write that breaks an integrity rule"

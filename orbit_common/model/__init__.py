@@ -1,0 +1,1 @@
+"""Shared primitives: ids, digests and JSON documents."""

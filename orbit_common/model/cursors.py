@@ -1,0 +1,48 @@
+"""Opaque list cursors bound to the filter that produced them.
+
+A cursor is base64url(JSON) holding a version, a short digest of the normalised filter and the
+keyset position. Reusing a cursor with a different filter, or a cursor that does not decode,
+is ``400 invalid_cursor``. A cursor is not an authorization fact: every page re-checks access.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from orbit_common import errors
+from orbit_common.model import digests, jsondoc
+
+VERSION = 1
+
+
+def filter_digest(kind: str, filters: dict[str, Any]) -> str:
+    return digests.domain_digest("orbit.cursor.v1", kind.encode(), jsondoc.canonical(filters))[
+        :12
+    ].hex()
+
+
+def encode(kind: str, filters: dict[str, Any], position: list[Any]) -> str:
+    doc = {"v": VERSION, "f": filter_digest(kind, filters), "p": position}
+    raw = json.dumps(doc, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode(cursor: str, kind: str, filters: dict[str, Any]) -> list[Any]:
+    """The keyset position in ``cursor``; raises InvalidCursor when it does not fit."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        doc = json.loads(base64.urlsafe_b64decode(padded.encode()))
+    except (binascii.Error, ValueError, UnicodeDecodeError) as exc:
+        raise errors.InvalidCursor() from exc
+    if (
+        not isinstance(doc, dict)
+        or doc.get("v") != VERSION
+        or not isinstance(doc.get("p"), list)
+    ):
+        raise errors.InvalidCursor()
+    if doc.get("f") != filter_digest(kind, filters):
+        raise errors.InvalidCursor("the cursor belongs to a query with other filters")
+    return list(doc["p"])

@@ -1,0 +1,112 @@
+"""Strict JSON documents.
+
+Request bodies are parsed strictly: duplicate keys in one object, nesting deeper than
+``MAX_DEPTH``, NaN/Infinity and invalid UTF-8 are refused. Numbers are parsed exactly (decimals as
+:class:`decimal.Decimal`) so a canonical form -- used for request digests -- never loses digits.
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+from typing import Any
+
+from orbit_common import errors
+
+MAX_DEPTH = 32
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise errors.DuplicateJsonKey(f"key {key!r} appears twice in one object")
+        result[key] = value
+    return result
+
+
+def _refuse_constant(name: str) -> Any:
+    raise errors.MalformedJson(f"{name} is not valid JSON")
+
+
+def _depth(text: str) -> int:
+    """Maximum nesting depth of arrays/objects, ignoring brackets inside strings."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def loads_strict(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse a JSON document strictly (see the module docstring)."""
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise errors.MalformedJson("the body is not valid UTF-8") from exc
+    else:
+        text = data
+    if _depth(text) > max_depth:
+        raise errors.JsonTooDeep(f"JSON nests deeper than {max_depth} levels")
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_pairs,
+            parse_float=decimal.Decimal,
+            parse_constant=_refuse_constant,
+        )
+    except json.JSONDecodeError as exc:
+        raise errors.MalformedJson(f"invalid JSON at line {exc.lineno} column {exc.colno}") from exc
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON that keeps key order; Decimals keep their exact digits."""
+    return _encode(value, sort_keys=False)
+
+
+def canonical(value: Any) -> bytes:
+    """Canonical bytes for digests: sorted keys, no whitespace, exact numbers, UTF-8."""
+    return _encode(value, sort_keys=True).encode("utf-8")
+
+
+def _encode(value: Any, *, sort_keys: bool) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, decimal.Decimal):
+        if not value.is_finite():
+            raise ValueError("NaN and Infinity are not JSON")
+        return str(value)
+    if isinstance(value, float):
+        return json.dumps(value, allow_nan=False)
+    if isinstance(value, dict):
+        items = sorted(value.items()) if sort_keys else value.items()
+        inner = ",".join(
+            json.dumps(str(k), ensure_ascii=False) + ":" + _encode(v, sort_keys=sort_keys)
+            for k, v in items
+        )
+        return "{" + inner + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_encode(v, sort_keys=sort_keys) for v in value) + "]"
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")

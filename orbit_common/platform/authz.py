@@ -1,0 +1,132 @@
+"""Grants and the authorization decision.
+
+A credential carries a list of grants; each grant is namespaces × actions × queues. A pattern is
+``*`` (anything), ``prefix*`` (anything starting with ``prefix``) or an exact name; an action
+pattern may also be ``family.*``. A request is allowed when one grant matches all three parts.
+
+Grants are a *static* description; whether the credential, its application and the namespace
+are still active is decided inside the transaction that uses them (:mod:`.credentials`).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from orbit_common.model import jsondoc, names
+
+
+class Action(enum.StrEnum):
+    """Every action a credential can be granted. Later capabilities add theirs here."""
+
+    NAMESPACES_READ = "namespaces.read"
+    NAMESPACES_CREATE = "namespaces.create"
+
+
+ACTIONS = frozenset(a.value for a in Action)
+MAX_GRANTS = 64
+MAX_PATTERNS = 64
+_NAME_PREFIX = re.compile(r"\A[a-z0-9][a-z0-9._-]{0,62}\Z")
+
+
+def _valid_pattern(pattern: str, *, action: bool) -> bool:
+    if pattern == "*":
+        return True
+    if action:
+        if pattern.endswith(".*"):
+            family = pattern[:-2]
+            return any(a.startswith(family + ".") for a in ACTIONS)
+        return pattern in ACTIONS
+    if pattern.endswith("*"):
+        return bool(_NAME_PREFIX.match(pattern[:-1]))
+    return names.is_valid_name(pattern)
+
+
+def matches(pattern: str, value: str) -> bool:
+    if pattern == "*":
+        return True
+    if pattern.endswith("*"):
+        return value.startswith(pattern[:-1])
+    return pattern == value
+
+
+@attrs.frozen(kw_only=True)
+class Grant:
+    namespaces: tuple[str, ...]
+    actions: tuple[str, ...]
+    queues: tuple[str, ...] = ("*",)
+
+    def allows(self, action: str, namespace: str, queue: str | None) -> bool:
+        return (
+            any(matches(p, namespace) for p in self.namespaces)
+            and any(matches(p, action) for p in self.actions)
+            and (queue is None or any(matches(p, queue) for p in self.queues))
+        )
+
+    def covers_namespace(self, namespace: str) -> bool:
+        return any(matches(p, namespace) for p in self.namespaces)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespaces": list(self.namespaces),
+            "actions": list(self.actions),
+            "queues": list(self.queues),
+        }
+
+
+ALL_ACCESS = (Grant(namespaces=("*",), actions=("*",), queues=("*",)),)
+
+
+class GrantError(ValueError):
+    """A grant list that cannot be stored; the message names the offending part."""
+
+
+def parse_grants(raw: Any) -> tuple[Grant, ...]:
+    """Validate a JSON grant list (from the API, the CLI or the database)."""
+    if not isinstance(raw, list) or not raw:
+        raise GrantError("grants must be a non-empty list")
+    if len(raw) > MAX_GRANTS:
+        raise GrantError(f"at most {MAX_GRANTS} grants")
+    grants = []
+    for index, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise GrantError(f"grants[{index}] must be an object")
+        unknown = set(item) - {"namespaces", "actions", "queues"}
+        if unknown:
+            raise GrantError(f"grants[{index}] has unknown fields {sorted(unknown)}")
+        parts: dict[str, tuple[str, ...]] = {}
+        for field in ("namespaces", "actions", "queues"):
+            value = item.get(field, ["*"] if field == "queues" else None)
+            if (
+                not isinstance(value, list)
+                or not value
+                or len(value) > MAX_PATTERNS
+                or not all(isinstance(v, str) for v in value)
+            ):
+                raise GrantError(f"grants[{index}].{field} must be a non-empty list of strings")
+            for pattern in value:
+                if not _valid_pattern(pattern, action=field == "actions"):
+                    raise GrantError(f"grants[{index}].{field}: invalid pattern {pattern!r}")
+            parts[field] = tuple(value)
+        grants.append(Grant(**parts))
+    return tuple(grants)
+
+
+def grants_from_db(text: str) -> tuple[Grant, ...]:
+    return parse_grants(jsondoc.loads_strict(text))
+
+
+def grants_to_db(grants: Iterable[Grant]) -> str:
+    return jsondoc.dumps([g.to_json() for g in grants])
+
+
+def allowed(grants: Iterable[Grant], action: str, namespace: str, queue: str | None = None) -> bool:
+    return any(g.allows(action, namespace, queue) for g in grants)
+
+
+def sees_namespace(grants: Iterable[Grant], namespace: str) -> bool:
+    return any(g.covers_namespace(namespace) for g in grants)

@@ -1,0 +1,1 @@
+"""Service plumbing shared by every daemon: config, logging, metrics, health, the runner."""

@@ -1,0 +1,104 @@
+"""Configuration: defaults < TOML file < environment variables (documented in docs/configuration.md).
+
+The TOML file is named by ``--config`` or ``ORBIT_CONFIG``. Every key has an environment variable
+``ORBIT_<SECTION>_<KEY>`` (``ORBIT_DATABASE_URL`` for the database). Unknown keys are an error:
+a typo in production config must not be silently ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+
+from orbit_common.db.pool import DatabaseUrl
+
+
+@attrs.frozen(kw_only=True)
+class DatabaseConfig:
+    url: str = attrs.field(default="", repr=False)
+    pool_min: int = 1
+    pool_max: int = 20
+
+    def parsed(self) -> DatabaseUrl:
+        if not self.url:
+            raise ConfigError("no database configured: set ORBIT_DATABASE_URL or [database].url")
+        return DatabaseUrl.parse(self.url)
+
+
+@attrs.frozen(kw_only=True)
+class ApiConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = 1024 * 1024
+    public_url: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class ServiceConfig:
+    """Settings every daemon shares."""
+
+    log_level: str = "INFO"
+    log_format: str = "json"  # json | text
+    drain_timeout_s: float = 30.0
+    readiness_interval_s: float = 5.0
+    # Daemons other than the API serve /healthz, /readyz and /metrics here.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class OrbitConfig:
+    database: DatabaseConfig = attrs.field(factory=DatabaseConfig)
+    api: ApiConfig = attrs.field(factory=ApiConfig)
+    service: ServiceConfig = attrs.field(factory=ServiceConfig)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+
+SECTIONS: dict[str, type[Any]] = {
+    "database": DatabaseConfig,
+    "api": ApiConfig,
+    "service": ServiceConfig,
+}
+ENV_ALIASES = {"ORBIT_DATABASE_URL": ("database", "url")}
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
+    result: dict[str, dict[str, Any]] = {}
+    for section, section_type in SECTIONS.items():
+        for field in attrs.fields(section_type):
+            name = f"ORBIT_{section.upper()}_{field.name.upper()}"
+            if name in environ:
+                result.setdefault(section, {})[field.name] = environ[name]
+    for name, (section, key) in ENV_ALIASES.items():
+        if environ.get(name):
+            result.setdefault(section, {})[key] = environ[name]
+    return result
+
+
+def load_config(path: Path | None = None, environ: dict[str, str] | None = None) -> OrbitConfig:
+    """Load the configuration (see the module docstring)."""
+    environ = dict(os.environ) if environ is None else environ
+    path = path or (Path(environ["ORBIT_CONFIG"]) if environ.get("ORBIT_CONFIG") else None)
+    data: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    for section, values in _env_overrides(environ).items():
+        data.setdefault(section, {}).update(values)
+    try:
+        return _converter.structure(data, OrbitConfig)
+    except cattrs.BaseValidationError as exc:
+        messages = "; ".join(cattrs.transform_error(exc))
+        raise ConfigError(f"invalid configuration: {messages}") from exc

@@ -11,13 +11,14 @@ from orbit_common.service.config import OrbitConfig
 DB = web.AppKey("db", Database)
 CONFIG = web.AppKey("config", OrbitConfig)
 
-PRINCIPAL = "orbit.principal"
-REQUEST_ID = "orbit.request_id"
+PRINCIPAL = web.RequestKey("principal", Principal)
+REQUEST_ID = web.RequestKey("request_id", str)
 
 
 def principal_of(request: web.Request) -> Principal:
     principal = request.get(PRINCIPAL)
-    assert isinstance(principal, Principal), "route is not behind the auth middleware"
+    if principal is None:
+        raise RuntimeError("route is not behind the auth middleware")
     return principal
 
 

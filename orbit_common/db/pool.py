@@ -85,7 +85,6 @@ class DatabaseUrl:
         kwargs: dict[str, Any] = {
             "user": self.user,
             "password": self.password,
-            "db": self.database or None,
             "charset": "utf8mb4",
             "autocommit": False,
             "init_command": INIT_COMMAND,
@@ -101,7 +100,7 @@ class DatabaseUrl:
 
 def connect_sync(url: DatabaseUrl, **overrides: Any) -> pymysql.connections.Connection[Any]:
     """A blocking PyMySQL connection with Orbit's session settings (tools and migrations)."""
-    kwargs = url.connect_kwargs() | overrides
+    kwargs = url.connect_kwargs() | {"database": url.database or None} | overrides
     return pymysql.connect(**kwargs)
 
 
@@ -139,6 +138,10 @@ async def open_database(
     """Open a pool with Orbit's session settings (see the module docstring)."""
     parsed = DatabaseUrl.parse(url) if isinstance(url, str) else url
     pool = await aiomysql.create_pool(
-        minsize=minsize, maxsize=maxsize, pool_recycle=pool_recycle, **parsed.connect_kwargs()
+        minsize=minsize,
+        maxsize=maxsize,
+        pool_recycle=pool_recycle,
+        db=parsed.database or None,
+        **parsed.connect_kwargs(),
     )
     return Database(pool, parsed)

@@ -156,8 +156,20 @@ def is_running(instance: Instance) -> bool:
     return True
 
 
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 def _wait_ready(instance: Instance, user: str, password: str, timeout_s: float) -> None:
+    # Probe the socket ourselves first: PyMySQL leaks a socket when a handshake fails halfway.
     deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not _listening(instance.socket):
+        time.sleep(0.05)
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
@@ -192,11 +204,12 @@ def start(
     else:
         assert existing is not None
         instance = existing
-    subprocess.Popen(  # noqa: S603 - fixed argument list
-        _server_args(instance, extra_args or []),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    # Detach: a shell starts the server in the background and exits, so the server outlives
+    # this process and no Popen object is left waiting on it.
+    launcher = 'exec "$@" </dev/null >/dev/null 2>&1 &'
+    subprocess.run(  # noqa: S603 - fixed argument list
+        ["/bin/sh", "-c", launcher, "sh", *_server_args(instance, extra_args or [])],
+        check=True,
         start_new_session=True,
     )
     if fresh:

@@ -74,10 +74,10 @@ class DatabaseUrl:
         return attrs.evolve(self, database=database)
 
     def render(self, *, hide_password: bool = True) -> str:
-        password = "***" if hide_password and self.password else self.password
         auth = urllib.parse.quote(self.user, safe="")
-        if password:
-            auth += ":" + urllib.parse.quote(password, safe="")
+        if self.password:
+            # The mask is not URL-quoted, so it reads as "***" rather than "%2A%2A%2A".
+            auth += ":" + ("***" if hide_password else urllib.parse.quote(self.password, safe=""))
         query = f"?unix_socket={self.unix_socket}" if self.unix_socket else ""
         return f"mysql://{auth}@{self.host}:{self.port}/{self.database}{query}"
 

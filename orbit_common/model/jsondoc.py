@@ -1,7 +1,8 @@
 """Strict JSON documents.
 
 Request bodies are parsed strictly: duplicate keys in one object, nesting deeper than
-``MAX_DEPTH``, NaN/Infinity and invalid UTF-8 are refused. Numbers are parsed exactly (decimals as
+``MAX_DEPTH``, NaN/Infinity, invalid UTF-8 and lone surrogate escapes (``"\\ud800"``, which no
+UTF-8 text can hold) are refused. Numbers are parsed exactly (decimals as
 :class:`decimal.Decimal`) so a canonical form -- used for request digests -- never loses digits.
 """
 
@@ -63,7 +64,7 @@ def loads_strict(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     if _depth(text) > max_depth:
         raise errors.JsonTooDeep(f"JSON nests deeper than {max_depth} levels")
     try:
-        return json.loads(
+        value = json.loads(
             text,
             object_pairs_hook=_pairs,
             parse_float=decimal.Decimal,
@@ -71,6 +72,29 @@ def loads_strict(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
         )
     except json.JSONDecodeError as exc:
         raise errors.MalformedJson(f"invalid JSON at line {exc.lineno} column {exc.colno}") from exc
+    except ValueError as exc:  # int() refuses integers longer than sys.get_int_max_str_digits()
+        raise errors.MalformedJson("a number has too many digits") from exc
+    except decimal.InvalidOperation as exc:  # an exponent beyond the decimal context's range
+        raise errors.MalformedJson("a number is out of range") from exc
+    _check_strings(value)
+    return value
+
+
+def _check_strings(value: Any) -> None:
+    """Refuse strings holding lone surrogates (from ``\\uXXXX`` escapes): not encodable."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise errors.MalformedJson("a string contains a lone surrogate escape") from exc
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_strings(key)
+            _check_strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            _check_strings(item)
 
 
 def dumps(value: Any) -> str:

@@ -35,7 +35,8 @@ def decode(cursor: str, kind: str, filters: dict[str, Any]) -> list[Any]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         doc = json.loads(base64.urlsafe_b64decode(padded.encode()))
-    except (binascii.Error, ValueError, UnicodeDecodeError) as exc:
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: a forged cursor of nested arrays fits in a request line.
         raise errors.InvalidCursor() from exc
     if (
         not isinstance(doc, dict)

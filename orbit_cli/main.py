@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import pymysql
 
 from orbit_common import errors
 from orbit_common.db import migrator
@@ -95,6 +96,8 @@ def migrate_up(ctx: click.Context, lock_timeout: int) -> None:
         applied = m.up(log=click.echo)
     except migrator.MigrationError as exc:
         raise click.ClickException(str(exc)) from exc
+    except pymysql.err.MySQLError as exc:  # unreachable server, missing privilege, …
+        raise click.ClickException(f"database error: {exc}") from exc
     click.echo(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
 
 
@@ -103,7 +106,10 @@ def migrate_up(ctx: click.Context, lock_timeout: int) -> None:
 @click.pass_context
 def migrate_status(ctx: click.Context, as_json: bool) -> None:
     """List migrations and their state; exits 1 when any is dirty, edited, missing or pending."""
-    entries = migrator.Migrator(_url(ctx)).status()
+    try:
+        entries = migrator.Migrator(_url(ctx)).status()
+    except pymysql.err.MySQLError as exc:
+        raise click.ClickException(f"database error: {exc}") from exc
     if as_json:
         _echo_json([{"id": e.id, "status": e.status.value, "detail": e.detail,
                      "finished_at": e.finished_at.isoformat() if e.finished_at else None}

@@ -78,8 +78,11 @@ class DatabaseUrl:
         if self.password:
             # The mask is not URL-quoted, so it reads as "***" rather than "%2A%2A%2A".
             auth += ":" + ("***" if hide_password else urllib.parse.quote(self.password, safe=""))
-        query = f"?unix_socket={self.unix_socket}" if self.unix_socket else ""
-        return f"mysql://{auth}@{self.host}:{self.port}/{self.database}{query}"
+        # Quoted so that parse() reads the same values back ("+" in a query string is a space).
+        socket = urllib.parse.quote(self.unix_socket, safe="/") if self.unix_socket else ""
+        query = f"?unix_socket={socket}" if socket else ""
+        database = urllib.parse.quote(self.database, safe="")
+        return f"mysql://{auth}@{self.host}:{self.port}/{database}{query}"
 
     def connect_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {

@@ -62,7 +62,29 @@ class ConfigError(ValueError):
     pass
 
 
+def _int(value: Any, _type: Any) -> int:
+    # TOML gives ints; the environment gives strings. A float (1.9) or a bool is a typo, not 1.
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"{value!r} is not an integer")
+    return int(value)
+
+
+def _float(value: Any, _type: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(f"{value!r} is not a number")
+    return float(value)
+
+
+def _str(value: Any, _type: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value
+
+
 _converter = cattrs.Converter(forbid_extra_keys=True)
+_converter.register_structure_hook(int, _int)
+_converter.register_structure_hook(float, _float)
+_converter.register_structure_hook(str, _str)
 
 SECTIONS: dict[str, type[Any]] = {
     "database": DatabaseConfig,

@@ -1,0 +1,120 @@
+"""orbit_common.service.config: defaults < TOML file < environment; unknown keys are errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orbit_common.service.config import (
+    ApiConfig,
+    ConfigError,
+    DatabaseConfig,
+    OrbitConfig,
+    load_config,
+)
+
+
+def _toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "orbit.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_file_or_environment() -> None:
+    config = load_config(None, {})
+    assert config == OrbitConfig()
+    assert config.api.port == 8080
+    assert config.api.max_body_bytes == 1024 * 1024
+    assert config.database.url == ""
+
+
+def test_environment_overrides_convert_strings_to_the_key_type() -> None:
+    config = load_config(
+        None,
+        {
+            "ORBIT_API_PORT": "9000",
+            "ORBIT_API_HOST": "192.0.2.1",
+            "ORBIT_DATABASE_POOL_MAX": "30",
+            "ORBIT_SERVICE_DRAIN_TIMEOUT_S": "2.5",
+            "ORBIT_DATABASE_URL": "mysql://u:p@db/orbit",
+            "ORBIT_UNRELATED": "ignored",
+        },
+    )
+    assert config.api.port == 9000
+    assert config.api.host == "192.0.2.1"
+    assert config.database.pool_max == 30
+    assert config.service.drain_timeout_s == 2.5
+    assert config.database.url == "mysql://u:p@db/orbit"
+
+
+def test_the_toml_file_is_read_and_the_environment_wins(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        '[database]\nurl = "mysql://a@h/x"\npool_max = 7\n\n[api]\nport = 1234\nhost = "::"\n',
+    )
+    config = load_config(path, {"ORBIT_API_PORT": "4321"})
+    assert config.database == DatabaseConfig(url="mysql://a@h/x", pool_max=7)
+    assert config.api == ApiConfig(port=4321, host="::")
+
+
+def test_orbit_config_names_the_file_and_an_explicit_path_wins(tmp_path: Path) -> None:
+    named = _toml(tmp_path, "[api]\nport = 1111\n")
+    other = tmp_path / "other.toml"
+    other.write_text("[api]\nport = 2222\n")
+    assert load_config(None, {"ORBIT_CONFIG": str(named)}).api.port == 1111
+    assert load_config(other, {"ORBIT_CONFIG": str(named)}).api.port == 2222
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[api]\nport = 1\nbogus = 2\n", r"extra fields found \(bogus\) @ \$\.api"),
+        ("[apii]\nport = 1\n", r"extra fields found \(apii\) @ \$"),
+        ("api = 3\n", r"@ \$\.api"),
+        ('[api]\nport = "x"\n', r"expected int @ \$\.api\.port"),
+        ("[api]\nport = 1.9\n", r"expected int @ \$\.api\.port"),
+        ("[api]\nport = true\n", r"expected int @ \$\.api\.port"),
+        ("[api]\nhost = 1\n", r"expected str @ \$\.api\.host"),
+        ('[service]\ndrain_timeout_s = "soon"\n', r"expected float @ \$\.service\.drain_timeout_s"),
+        ("[service]\ndrain_timeout_s = false\n", r"expected float @ \$\.service\.drain_timeout_s"),
+    ],
+)
+def test_unknown_keys_and_wrong_types_in_the_file_are_errors(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(_toml(tmp_path, text), {})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "path"),
+    [
+        ("ORBIT_API_PORT", "abc", r"\$\.api\.port"),
+        ("ORBIT_API_PORT", "", r"\$\.api\.port"),
+        ("ORBIT_API_PORT", "80.5", r"\$\.api\.port"),
+        ("ORBIT_API_MAX_BODY_BYTES", "1MiB", r"\$\.api\.max_body_bytes"),
+        ("ORBIT_SERVICE_DRAIN_TIMEOUT_S", "forever", r"\$\.service\.drain_timeout_s"),
+    ],
+)
+def test_a_bad_number_in_the_environment_is_an_error(name: str, value: str, path: str) -> None:
+    with pytest.raises(ConfigError, match=f"invalid configuration: .* @ {path}"):
+        load_config(None, {name: value})
+
+
+def test_an_unreadable_or_invalid_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.toml", {})
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(_toml(tmp_path, "[api\nport = 1\n"), {})
+
+
+def test_database_parsed_requires_a_url() -> None:
+    with pytest.raises(ConfigError, match="no database configured"):
+        DatabaseConfig().parsed()
+    assert DatabaseConfig(url="mysql://u@h/d").parsed().database == "d"
+
+
+def test_the_database_url_is_not_in_the_repr() -> None:
+    config = load_config(None, {"ORBIT_DATABASE_URL": "mysql://u:hunter2@h/d"})
+    assert "hunter2" not in repr(config)

@@ -58,7 +58,9 @@ def int_param(params: dict[str, str], name: str, *, default: int, low: int, high
     raw = params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    # isascii: "²" and other Unicode digits pass isdigit() but not int(); the length bound keeps
+    # int() away from its digit limit.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18) or not low <= int(raw) <= high:
         raise errors.ValidationFailed(
             [{"path": f"?{name}", "message": f"an integer from {low} to {high}"}]
         )

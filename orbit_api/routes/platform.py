@@ -28,6 +28,7 @@ def idempotency_key(request: web.Request) -> str | None:
 
 
 async def whoami(request: web.Request) -> web.Response:
+    query_params(request, ())  # takes none: an unknown parameter is an error, as everywhere
     return web.json_response(await commands.whoami(request.app[DB], principal_of(request)))
 
 
@@ -50,6 +51,7 @@ async def list_namespaces(request: web.Request) -> web.Response:
 
 
 async def create_namespace(request: web.Request) -> web.Response:
+    query_params(request, ())
     key = idempotency_key(request)
     dto, _raw = await read_json(request, CreateNamespaceRequest)
     outcome = await commands.create_namespace(

@@ -56,7 +56,10 @@ class IdempotencyRequest:
         ttl_s: int = DEFAULT_TTL_S,
     ) -> IdempotencyRequest:
         """Validate the key and digest the canonical request (operation and scope included)."""
-        raw = key.encode("utf-8")
+        try:
+            raw = key.encode("utf-8")
+        except UnicodeEncodeError:  # header bytes that are not UTF-8 arrive as lone surrogates
+            raw = b""
         if not raw or len(raw) > KEY_MAX_BYTES or not key.isprintable():
             raise errors.ValidationFailed([{
                 "path": "Idempotency-Key",

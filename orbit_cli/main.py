@@ -17,7 +17,7 @@ import pymysql
 from orbit_common import errors
 from orbit_common.db import migrator
 from orbit_common.db.pool import Database, DatabaseUrl, open_database
-from orbit_common.model import ids
+from orbit_common.model import ids, jsondoc
 from orbit_common.platform import applications as apps
 from orbit_common.platform import authz, commands
 from orbit_common.platform import credentials as creds
@@ -169,8 +169,12 @@ def _grants(raw: str | None) -> tuple[authz.Grant, ...]:
     if raw is None:
         return authz.ALL_ACCESS
     try:
-        return authz.parse_grants(json.loads(raw))
-    except (ValueError, authz.GrantError) as exc:
+        # Strict like the API: a repeated key ({"namespaces": [..], "namespaces": ["*"]}) must not
+        # silently widen a grant to its last value.
+        return authz.parse_grants(jsondoc.loads_strict(raw))
+    except errors.BadRequest as exc:
+        raise click.BadParameter(f"{exc.code}: {exc.detail}", param_hint="--grants") from exc
+    except authz.GrantError as exc:
         raise click.BadParameter(str(exc), param_hint="--grants") from exc
 
 

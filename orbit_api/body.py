@@ -27,6 +27,8 @@ async def read_json(request: web.Request, cls: type[T]) -> tuple[T, Any]:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise errors.PayloadTooLarge(f"the body may be at most {limit} bytes") from exc
+    except web.RequestPayloadError as exc:  # e.g. a gzip Content-Encoding that does not inflate
+        raise errors.BadRequest("the request body could not be read or decoded") from exc
     if not raw:
         raise errors.MalformedJson("the request body is empty")
     document = jsondoc.loads_strict(raw)

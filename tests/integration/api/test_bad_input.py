@@ -6,6 +6,7 @@ counts of every platform table are the same before and after.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 from collections.abc import AsyncIterator
@@ -209,6 +210,42 @@ async def test_a_chunked_body_within_the_limit_is_accepted(
             yield body[start : start + 7]
 
     response = await api.post("/v1/namespaces", data=chunks(), headers=_json_headers(tenant))
+    assert response.status == 201, await response.text()
+
+
+async def test_a_gzip_body_that_does_not_inflate_is_a_400_problem(
+    api: TestClient[Any, Any], tenant: Tenant, writes: WriteWatch
+) -> None:
+    writes.reset()
+    response = await api.post(
+        "/v1/namespaces",
+        data=b"this is not gzip",
+        headers=_json_headers(tenant, **{"Content-Encoding": "gzip"}),
+    )
+    await assert_problem(response, 400, "bad_request")
+    writes.assert_unchanged()
+
+
+async def test_a_gzip_body_inflating_beyond_the_limit_is_413(
+    api: TestClient[Any, Any], tenant: Tenant, writes: WriteWatch
+) -> None:
+    writes.reset()
+    bomb = gzip.compress(_oversized() * 4)
+    assert len(bomb) < MIB // 10
+    response = await api.post(
+        "/v1/namespaces", data=bomb, headers=_json_headers(tenant, **{"Content-Encoding": "gzip"})
+    )
+    await assert_problem(response, 413, "payload_too_large")
+    writes.assert_unchanged()
+
+
+async def test_a_gzip_body_within_the_limit_is_accepted(
+    api: TestClient[Any, Any], tenant: Tenant
+) -> None:
+    body = gzip.compress(json.dumps({"name": unique("gzip")}).encode())
+    response = await api.post(
+        "/v1/namespaces", data=body, headers=_json_headers(tenant, **{"Content-Encoding": "gzip"})
+    )
     assert response.status == 201, await response.text()
 
 

@@ -228,8 +228,7 @@ async def _concurrent_posts(
 
     try:
         tasks = [asyncio.create_task(one(s, b)) for s, b in zip(sessions, bodies, strict=True)]
-        await asyncio.sleep(0)  # every task is waiting on the event
-        start.set()
+        start.set()  # a start line: no request goes out before all tasks exist
         return await asyncio.gather(*tasks)
     finally:
         for session in sessions:

@@ -130,6 +130,7 @@ class TransactionRunner:
             raise
         phase = _Phase.BODY
         broken = False
+        lost_commit: BaseException | None = None
         try:
             async with conn.cursor(aiomysql.DictCursor) as cur:
                 await cur.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation.value}")
@@ -146,21 +147,24 @@ class TransactionRunner:
             if kind is dberrors.Kind.CONNECTION:
                 broken = True
                 if phase is _Phase.COMMIT:
-                    return await self._resolve_unknown_commit(name, recheck, exc)
-                TX_RETRIES.labels(name, "connection").inc()
-                log.warning("transaction %s: connection lost before commit (%s)", name, exc)
-                return _RETRY
-            broken = not await _rollback(conn)
-            if kind is dberrors.Kind.RETRY:
-                TX_RETRIES.labels(name, str(dberrors.errno_of(exc))).inc()
-                return _RETRY
-            if isinstance(exc, errors.OrbitError):
-                raise
-            raise dberrors.translate(exc) from exc
+                    lost_commit = exc  # resolved below, after this connection is released
+                else:
+                    TX_RETRIES.labels(name, "connection").inc()
+                    log.warning("transaction %s: connection lost before commit (%s)", name, exc)
+                    return _RETRY
+            else:
+                broken = not await _rollback(conn)
+                if kind is dberrors.Kind.RETRY:
+                    TX_RETRIES.labels(name, str(dberrors.errno_of(exc))).inc()
+                    return _RETRY
+                if isinstance(exc, errors.OrbitError):
+                    raise
+                raise dberrors.translate(exc) from exc
         finally:
             if broken:
                 conn.close()
             self._pool.release(conn)
+        return await self._resolve_unknown_commit(name, recheck, lost_commit)
 
     async def _resolve_unknown_commit(
         self,

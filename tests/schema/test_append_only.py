@@ -1,0 +1,166 @@
+"""Append-only tables refuse UPDATE and DELETE with a trigger (SIGNAL SQLSTATE '45000').
+
+Later issues add their append-only tables (definition versions, schedule versions, …) to
+``APPEND_ONLY`` with a statement that inserts one valid row.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import pymysql
+import pytest
+
+from orbit_common.db.pool import DatabaseUrl
+from tests.support import migrations
+
+ER_SIGNAL_EXCEPTION = 1644
+
+
+@attrs.frozen(kw_only=True)
+class AppendOnlyTable:
+    name: str
+    key_columns: tuple[str, ...]
+    # Inserts one row; its parameters are the key columns' values, in order.
+    insert: str
+    # A column UPDATE tries to change.
+    column: str
+
+
+APPEND_ONLY = (
+    AppendOnlyTable(
+        name="orbit_events",
+        key_columns=("namespace_id", "id"),
+        insert="""
+INSERT INTO orbit_events (namespace_id, id, aggregate_type, aggregate_id, aggregate_revision,
+  event_type, from_state, to_state, payload, occurred_at)
+VALUES (%s, %s, 'namespace', %s, 1, 'namespace.created', NULL, 'ACTIVE', '{"a": 1}',
+  UTC_TIMESTAMP(6))
+""",
+        column="payload",
+    ),
+    AppendOnlyTable(
+        name="orbit_audit_events",
+        key_columns=("id",),
+        insert="""
+INSERT INTO orbit_audit_events (id, namespace_id, application_id, actor_kind, actor_id, action,
+  resource_type, resource_id, resource_revision, reason, occurred_at)
+VALUES (%s, NULL, NULL, 'operator', 'pytest', 'credential.revoke', 'credential', NULL, 2,
+  'because', UTC_TIMESTAMP(6))
+""",
+        column="reason",
+    ),
+)
+IDS = [t.name for t in APPEND_ONLY]
+
+
+@pytest.fixture
+def conn(fresh_install: DatabaseUrl) -> Iterator[pymysql.connections.Connection[Any]]:
+    connection = migrations.connect(fresh_install)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+def _insert(cur: Any, table: AppendOnlyTable) -> tuple[bytes, ...]:
+    key = tuple(secrets.token_bytes(16) for _ in table.key_columns)
+    params = key + ((secrets.token_bytes(16),) if table.name == "orbit_events" else ())
+    cur.execute(table.insert, params)
+    assert cur.rowcount == 1
+    return key
+
+
+def _where(table: AppendOnlyTable) -> str:
+    # column names come from APPEND_ONLY above, never from input
+    return " AND ".join(f"{c} = %s" for c in table.key_columns)
+
+
+def _row(cur: Any, table: AppendOnlyTable, key: tuple[bytes, ...]) -> Any:
+    cur.execute(f"SELECT * FROM {table.name} WHERE {_where(table)}", key)
+    return cur.fetchone()
+
+
+def _diagnostics(cur: Any) -> tuple[str, int, str]:
+    """SQLSTATE, errno and message of the statement that just failed on this session."""
+    cur.execute(
+        "GET DIAGNOSTICS CONDITION 1 @st = RETURNED_SQLSTATE, @no = MYSQL_ERRNO,"
+        " @msg = MESSAGE_TEXT"
+    )
+    cur.execute("SELECT @st, @no, @msg")
+    sqlstate, errno, message = cur.fetchone()
+    return sqlstate, int(errno), message
+
+
+@pytest.mark.parametrize("table", APPEND_ONLY, ids=IDS)
+def test_insert_is_allowed(
+    conn: pymysql.connections.Connection[Any], table: AppendOnlyTable
+) -> None:
+    with conn.cursor() as cur:
+        key = _insert(cur, table)
+        assert _row(cur, table, key) is not None
+
+
+@pytest.mark.parametrize("table", APPEND_ONLY, ids=IDS)
+def test_update_is_rejected_and_the_row_is_unchanged(
+    conn: pymysql.connections.Connection[Any], table: AppendOnlyTable
+) -> None:
+    with conn.cursor() as cur:
+        key = _insert(cur, table)
+        before = _row(cur, table, key)
+        with pytest.raises(pymysql.err.OperationalError) as raised:
+            cur.execute(
+                f"UPDATE {table.name} SET {table.column} = %s WHERE {_where(table)}",
+                ("{}", *key),
+            )
+        assert raised.value.args[0] == ER_SIGNAL_EXCEPTION
+        assert _diagnostics(cur) == ("45000", ER_SIGNAL_EXCEPTION, f"{table.name} is append-only")
+        assert _row(cur, table, key) == before
+
+
+@pytest.mark.parametrize("table", APPEND_ONLY, ids=IDS)
+def test_delete_is_rejected_and_the_row_stays(
+    conn: pymysql.connections.Connection[Any], table: AppendOnlyTable
+) -> None:
+    with conn.cursor() as cur:
+        key = _insert(cur, table)
+        before = _row(cur, table, key)
+        with pytest.raises(pymysql.err.OperationalError) as raised:
+            cur.execute(f"DELETE FROM {table.name} WHERE {_where(table)}", key)
+        assert raised.value.args[0] == ER_SIGNAL_EXCEPTION
+        assert _diagnostics(cur) == ("45000", ER_SIGNAL_EXCEPTION, f"{table.name} is append-only")
+        assert _row(cur, table, key) == before
+
+
+@pytest.mark.parametrize("table", APPEND_ONLY, ids=IDS)
+def test_a_rejected_change_rolls_back_inside_a_transaction(
+    conn: pymysql.connections.Connection[Any], table: AppendOnlyTable
+) -> None:
+    """An UPDATE of every row in a transaction changes nothing, even rows inserted by it."""
+    with conn.cursor() as cur:
+        committed = _insert(cur, table)
+        before = _row(cur, table, committed)
+        conn.begin()
+        try:
+            _insert(cur, table)
+            with pytest.raises(pymysql.err.OperationalError) as raised:
+                cur.execute(f"UPDATE {table.name} SET {table.column} = %s", ("{}",))
+            assert raised.value.args[0] == ER_SIGNAL_EXCEPTION
+        finally:
+            conn.rollback()
+        assert _row(cur, table, committed) == before
+
+
+def test_every_append_only_table_has_both_triggers(fresh_install: DatabaseUrl) -> None:
+    rows = migrations.query(
+        fresh_install,
+        "SELECT EVENT_OBJECT_TABLE AS table_name, ACTION_TIMING AS timing,"
+        " EVENT_MANIPULATION AS event FROM information_schema.TRIGGERS"
+        " WHERE TRIGGER_SCHEMA = DATABASE()",
+    )
+    found = {(r["table_name"], r["timing"], r["event"]) for r in rows}
+    expected = {(t.name, "BEFORE", event) for t in APPEND_ONLY for event in ("UPDATE", "DELETE")}
+    assert expected <= found

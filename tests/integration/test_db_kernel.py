@@ -82,7 +82,8 @@ async def test_strict_mode_refuses_truncation(db: Database) -> None:
 async def test_database_clock_is_aware_utc(db: Database) -> None:
     now = await db.read("test.clock", clock.db_now)
     assert now.tzinfo is not None
-    assert now.utcoffset() is not None and now.utcoffset().total_seconds() == 0
+    assert now.utcoffset() is not None
+    assert now.utcoffset().total_seconds() == 0
 
 
 async def test_found_rows_counts_matched_rows_not_changed_rows(

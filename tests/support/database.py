@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ def server_url() -> DatabaseUrl:
     url = os.environ.get("ORBIT_TEST_DATABASE_URL")
     if url:
         return DatabaseUrl.parse(url)
-    instance = devdb.start(Path(f"/tmp/orbit-pytest-{os.getuid()}"))
+    # A per-user directory that devdb creates with mode 0700.
+    instance = devdb.start(Path(tempfile.gettempdir()) / f"orbit-pytest-{os.getuid()}")
     os.environ["ORBIT_TEST_DATABASE_URL"] = instance.url()
     return DatabaseUrl.parse(instance.url())
 

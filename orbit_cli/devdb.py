@@ -142,7 +142,7 @@ def _initialise(root: Path) -> None:
     ]
     if os.geteuid() == 0:
         args.append("--user=root")
-    result = subprocess.run(args, capture_output=True, text=True, check=False)  # noqa: S603
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise DevDbError(f"mariadb-install-db failed:\n{result.stdout}\n{result.stderr}")
 
@@ -196,18 +196,17 @@ def start(
     if existing is not None and is_running(existing):
         return existing
     fresh = existing is None
-    if fresh:
+    if existing is None:
         _initialise(root)
         instance = Instance(
             root=root, port=port or free_port(), user="orbit", password=secrets.token_urlsafe(24)
         )
     else:
-        assert existing is not None
         instance = existing
     # Detach: a shell starts the server in the background and exits, so the server outlives
     # this process and no Popen object is left waiting on it.
     launcher = 'exec "$@" </dev/null >/dev/null 2>&1 &'
-    subprocess.run(  # noqa: S603 - fixed argument list
+    subprocess.run(
         ["/bin/sh", "-c", launcher, "sh", *_server_args(instance, extra_args or [])],
         check=True,
         start_new_session=True,
@@ -256,12 +255,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--database", default="")
     args = parser.parse_args(argv)
     if args.action == "start":
-        print(start(args.dir).url(args.database))  # noqa: T201
+        print(start(args.dir).url(args.database))
     elif args.action == "url":
         instance = load(args.dir.resolve())
         if instance is None:
             raise SystemExit("no instance")
-        print(instance.url(args.database))  # noqa: T201
+        print(instance.url(args.database))
     else:
         stop(args.dir)
 

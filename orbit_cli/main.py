@@ -186,8 +186,10 @@ def _grants(raw: str | None) -> tuple[authz.Grant, ...]:
               help="Also write the result (with the API key) to this file, mode 0600.")
 @click.option("--api-url", default="", help="Recorded as api_url in --output.")
 @click.pass_context
-def admin_bootstrap(ctx: click.Context, application: str, namespace: str, credential: str,
-                    output: Path | None, api_url: str) -> None:
+def admin_bootstrap(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, application: str, namespace: str, credential: str,
+    output: Path | None, api_url: str,
+) -> None:
     """Create an application, a namespace and an all-access credential; prints the key once."""
     result = _with_db(ctx, lambda db: commands.bootstrap(
         db, application=application, namespace=namespace, credential=credential,

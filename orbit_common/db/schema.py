@@ -103,6 +103,8 @@ class SchemaChecker:
             problems=tuple(problems),
             migrations={e.id: e.status.value for e in entries},
             foreign_keys=foreign_keys,
-            durability={k: (v if isinstance(v, str | int) else str(v)) for k, v in settings.items()},
+            durability={
+                k: (v if isinstance(v, str | int) else str(v)) for k, v in settings.items()
+            },
             warnings=tuple(warnings),
         )

@@ -3,9 +3,10 @@
 Protocol
 --------
 A domain transaction is one ``async def body(cur) -> T`` that issues its statements on the cursor
-it is given (rows come back as dicts) and never commits; the runner owns BEGIN, COMMIT and ROLLBACK. Everything the body
-needs that must stay the same across re-runs -- new ids, the request digest, the idempotency key --
-is computed *before* the runner is called, so every re-run carries the same operation identity.
+it is given (rows come back as dicts) and never commits; the runner owns BEGIN, COMMIT and
+ROLLBACK. Everything the body needs that must stay the same across re-runs -- new ids, the
+request digest, the idempotency key -- is computed *before* the runner is called, so every
+re-run carries the same operation identity.
 
 Failure handling, by where it happens:
 

@@ -119,7 +119,9 @@ INSERT INTO orbit_credentials (id, application_id, name, prefix, secret_digest, 
 VALUES (%s, %s, %s, %s, %s, %s, 'ACTIVE', 1, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 """
 SELECT_BY_ID = f"SELECT {COLUMNS} FROM orbit_credentials WHERE id = %s"
-SELECT_BY_PREFIX_FOR_UPDATE = f"SELECT {COLUMNS} FROM orbit_credentials WHERE prefix = %s FOR UPDATE"
+SELECT_BY_PREFIX_FOR_UPDATE = (
+    f"SELECT {COLUMNS} FROM orbit_credentials WHERE prefix = %s FOR UPDATE"
+)
 LIST_FOR_APPLICATION = f"""
 SELECT {COLUMNS} FROM orbit_credentials WHERE application_id = %s ORDER BY created_at, id
 """
@@ -242,7 +244,10 @@ async def authenticate(cur: Any, api_key: str) -> Principal:
         raise errors.InvalidCredential()
     if not hmac.compare_digest(digest, row["secret_digest"]):
         raise errors.InvalidCredential()
-    if row["state"] != CredentialState.ACTIVE or row["application_state"] != ApplicationState.ACTIVE:
+    if (
+        row["state"] != CredentialState.ACTIVE
+        or row["application_state"] != ApplicationState.ACTIVE
+    ):
         raise errors.InvalidCredential()
     return Principal(
         credential_id=row["id"],

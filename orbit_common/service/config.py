@@ -1,4 +1,4 @@
-"""Configuration: defaults < TOML file < environment variables (documented in docs/configuration.md).
+"""Configuration: defaults < TOML file < environment variables (docs/configuration.md).
 
 The TOML file is named by ``--config`` or ``ORBIT_CONFIG``. Every key has an environment variable
 ``ORBIT_<SECTION>_<KEY>`` (``ORBIT_DATABASE_URL`` for the database). Unknown keys are an error:

@@ -9,7 +9,12 @@ from aiohttp import web
 from orbit_api import openapi
 from orbit_api.body import LIMIT_KEY
 from orbit_api.context import CONFIG, DB
-from orbit_api.middleware import auth_middleware, problem_middleware, request_id_middleware
+from orbit_api.middleware import (
+    auth_middleware,
+    metrics_middleware,
+    problem_middleware,
+    request_id_middleware,
+)
 from orbit_api.routes import platform
 from orbit_common.db.pool import Database
 from orbit_common.service.config import OrbitConfig
@@ -21,7 +26,13 @@ log = logging.getLogger(__name__)
 def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Application:
     """Build the aiohttp application (used by the daemon and by tests)."""
     app = web.Application(
-        middlewares=[request_id_middleware, problem_middleware, auth_middleware],
+        # Outermost first: metrics see the final status, including problem documents.
+        middlewares=[
+            metrics_middleware,
+            request_id_middleware,
+            problem_middleware,
+            auth_middleware,
+        ],
         # aiohttp enforces this while reading; read_json also checks Content-Length first.
         client_max_size=config.api.max_body_bytes,
     )
@@ -39,6 +50,7 @@ class ApiService:
     """The ``orbit api`` daemon: serves the application until drained."""
 
     name = "api"
+    serves_health = True  # /healthz, /readyz and /metrics are routes of the API itself
 
     def __init__(self, config: OrbitConfig, db: Database, gate: ReadinessGate) -> None:
         self.config = config

@@ -18,7 +18,7 @@ REQUEST_ID = web.RequestKey("request_id", str)
 def principal_of(request: web.Request) -> Principal:
     principal = request.get(PRINCIPAL)
     if not isinstance(principal, Principal):
-        raise RuntimeError("route is not behind the auth middleware")
+        raise TypeError("route is not behind the auth middleware")
     return principal
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 
+import prometheus_client
 from aiohttp import web
 
 from orbit_api import problems
@@ -17,8 +19,36 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+HTTP_REQUESTS = prometheus_client.Counter(
+    "orbit_http_requests_total",
+    "HTTP requests answered, by route template, method and status.",
+    ["route", "method", "status"],
+)
+HTTP_SECONDS = prometheus_client.Histogram(
+    "orbit_http_request_seconds",
+    "Time to answer an HTTP request, by route template and method.",
+    ["route", "method"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+)
+
 # Paths that need no credential. Everything else under /v1 does.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
+
+
+def _route_label(request: web.Request) -> str:
+    """The route template (never the raw path: ids would explode the label set)."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    response = await handler(request)
+    route = _route_label(request)
+    HTTP_SECONDS.labels(route, request.method).observe(time.perf_counter() - started)
+    HTTP_REQUESTS.labels(route, request.method, str(response.status)).inc()
+    return response
 
 
 @web.middleware

@@ -1,22 +1,27 @@
 """The process runner every daemon uses.
 
-Lifecycle: configure JSON logging → open the database pool → start the readiness gate → start the
-service → wait for SIGTERM/SIGINT → ``service.drain()`` (stop taking new work, finish in-flight
-transactions) bounded by ``drain_timeout_s`` → ``service.close()`` → close the pool. A second
-signal during the drain stops waiting and closes at once.
+Lifecycle: configure JSON logging → open the database pool → start the readiness gate → serve
+``/healthz``, ``/readyz`` and ``/metrics`` on ``[service] metrics_host:metrics_port`` (unless
+the service serves them itself, as the API does) → start the service → wait for SIGTERM/SIGINT
+→ ``service.drain()`` (stop taking new work, finish in-flight transactions) bounded by
+``drain_timeout_s`` → ``service.close()`` → close the pool. A second signal during the drain
+stops waiting and closes at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from typing import Protocol
 
+from aiohttp import web
+
 from orbit_common.db.pool import Database, open_database
 from orbit_common.db.schema import SchemaChecker
 from orbit_common.service.config import OrbitConfig
-from orbit_common.service.health import ReadinessGate
+from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
 from orbit_common.service.logging import configure_logging
 
 log = logging.getLogger(__name__)
@@ -26,6 +31,8 @@ class Service(Protocol):
     """A long-running daemon. ``start`` returns once it runs in the background."""
 
     name: str
+    serves_health: bool
+    """True when the service answers /healthz, /readyz and /metrics on its own HTTP port."""
 
     async def start(self) -> None: ...
 
@@ -45,6 +52,7 @@ async def serve(
 ) -> None:
     """Run one service until ``stop`` is set or a termination signal arrives."""
     stop = stop or asyncio.Event()
+    hurry = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = 0
 
@@ -52,6 +60,8 @@ async def serve(
         nonlocal signals
         signals += 1
         log.info("received %s", signal.Signals(signum).name, extra={"signals": signals})
+        if stop.is_set():
+            hurry.set()
         stop.set()
 
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -62,7 +72,12 @@ async def serve(
     )
     gate = ReadinessGate(SchemaChecker(db), config.service.readiness_interval_s)
     service = factory(config, db, gate)
+    health: web.AppRunner | None = None
     try:
+        if not service.serves_health:
+            health = await start_health_server(
+                gate, config.service.metrics_host, config.service.metrics_port
+            )
         await gate.refresh()
         if not gate.is_ready:
             log.warning("not ready yet", extra={"readiness": gate.details()})
@@ -71,18 +86,46 @@ async def serve(
         log.info("%s started", service.name)
         await stop.wait()
         log.info("%s draining", service.name)
-        try:
-            await asyncio.wait_for(service.drain(), config.service.drain_timeout_s)
-        except TimeoutError:
-            log.warning("%s drain timed out after %ss", service.name,
-                        config.service.drain_timeout_s)
+        await _drain(service, config.service.drain_timeout_s, hurry)
     finally:
         await service.close()
+        if health is not None:
+            await health.cleanup()
         await gate.stop()
         await db.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         log.info("%s stopped", service.name)
+
+
+async def _drain(service: Service, timeout_s: float, hurry: asyncio.Event) -> None:
+    """Drain within ``timeout_s``; a second signal (``hurry``) cuts it short."""
+    drain = asyncio.create_task(service.drain(), name=f"{service.name}-drain")
+    hurried = asyncio.create_task(hurry.wait(), name=f"{service.name}-hurry")
+    done, _ = await asyncio.wait({drain, hurried}, timeout=timeout_s,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    hurried.cancel()
+    if drain in done:
+        drain.result()
+        return
+    log.warning("%s drain cut short (%s)", service.name,
+                "second signal" if hurried in done else f"timed out after {timeout_s}s")
+    drain.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await drain
+
+
+async def start_health_server(gate: ReadinessGate, host: str, port: int) -> web.AppRunner:
+    """Serve /healthz, /readyz and /metrics for a daemon that has no HTTP API of its own."""
+    app = web.Application()
+    app[GATE_KEY] = gate
+    add_health_routes(app)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("health endpoints listening", extra={"addresses": [str(a) for a in runner.addresses]})
+    return runner
 
 
 def run(factory: ServiceFactory, config: OrbitConfig, service_name: str) -> None:

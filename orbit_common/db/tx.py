@@ -134,7 +134,7 @@ class TransactionRunner:
         lost_commit: BaseException | None = None
         try:
             async with conn.cursor(aiomysql.DictCursor) as cur:
-                await cur.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation.value}")
+                await _set_isolation(conn, cur, isolation)
                 await cur.execute("START TRANSACTION")
                 result = await body(cur)
             phase = _Phase.COMMIT
@@ -189,6 +189,20 @@ class TransactionRunner:
             return _RETRY
         TX_COMMIT_UNKNOWN.labels(name, "raised").inc()
         raise errors.CommitOutcomeUnknown() from cause
+
+
+_SESSION_ISOLATION = "_orbit_session_isolation"
+
+
+async def _set_isolation(conn: Any, cur: Any, isolation: Isolation) -> None:
+    """READ COMMITTED is made the session default once per connection (one round trip saved
+    per transaction); any other level is set for the next transaction only. Both use the
+    portable ``SET … TRANSACTION`` spelling: the variable's name differs between servers."""
+    if getattr(conn, _SESSION_ISOLATION, None) is not Isolation.READ_COMMITTED:
+        await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        setattr(conn, _SESSION_ISOLATION, Isolation.READ_COMMITTED)
+    if isolation is not Isolation.READ_COMMITTED:
+        await cur.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation.value}")
 
 
 async def _rollback(conn: Any) -> bool:

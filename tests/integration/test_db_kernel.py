@@ -14,7 +14,7 @@ from orbit_common import errors
 from orbit_common.db import clock
 from orbit_common.db import errors as dberrors
 from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
-from orbit_common.db.tx import TX_RETRIES, TransactionRunner
+from orbit_common.db.tx import TX_RETRIES, Isolation, TransactionRunner
 from orbit_common.model import ids
 from orbit_common.platform import applications as apps
 from orbit_common.platform.audit import Actor
@@ -291,3 +291,34 @@ async def test_unreachable_database_is_unavailable_not_a_crash() -> None:
     url = DatabaseUrl.parse("mysql://nobody:x@127.0.0.1:1/nothing")
     with pytest.raises(pymysql.err.OperationalError):
         await open_database(url)
+
+
+async def test_repeatable_read_is_available_per_transaction(
+    db: Database, db_url: DatabaseUrl, tenant: Tenant
+) -> None:
+    """REPEATABLE READ applies to that one transaction; the next one is READ COMMITTED again."""
+    other = connect_sync(db_url, autocommit=True)
+    sql = "SELECT description FROM orbit_namespaces WHERE id = %s"
+
+    def body_changing(value: str) -> Any:
+        async def body(cur: Any) -> list[str]:
+            seen = []
+            await cur.execute(sql, (tenant.namespace_id,))
+            seen.append((await cur.fetchone())["description"])
+            with other.cursor() as c:
+                c.execute("UPDATE orbit_namespaces SET description = %s WHERE id = %s",
+                          (value, tenant.namespace_id))
+            await cur.execute(sql, (tenant.namespace_id,))
+            seen.append((await cur.fetchone())["description"])
+            return seen
+
+        return body
+
+    try:
+        repeatable = await db.transaction("test.rr", body_changing("one"),
+                                          isolation=Isolation.REPEATABLE_READ)
+        committed = await db.transaction("test.rc", body_changing("two"))
+    finally:
+        other.close()
+    assert repeatable == ["", ""]
+    assert committed == ["one", "two"]

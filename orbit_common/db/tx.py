@@ -29,6 +29,7 @@ Failure handling, by where it happens:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import random
@@ -138,7 +139,7 @@ class TransactionRunner:
                 await cur.execute("START TRANSACTION")
                 result = await body(cur)
             phase = _Phase.COMMIT
-            await asyncio.shield(conn.commit())
+            await _commit_even_if_cancelled(conn)
             return result
         except asyncio.CancelledError:
             broken = True  # a statement may be half-sent; never reuse this connection
@@ -189,6 +190,21 @@ class TransactionRunner:
             return _RETRY
         TX_COMMIT_UNKNOWN.labels(name, "raised").inc()
         raise errors.CommitOutcomeUnknown() from cause
+
+
+async def _commit_even_if_cancelled(conn: Any) -> None:
+    """COMMIT, and if the caller is cancelled meanwhile, let the COMMIT finish first.
+
+    The outcome write is never abandoned halfway: cancellation (a drain, a client gone) is
+    re-raised only once the server has answered, so the outcome is known, not lost.
+    """
+    commit = asyncio.ensure_future(conn.commit())
+    try:
+        await asyncio.shield(commit)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await commit
+        raise
 
 
 _SESSION_ISOLATION = "_orbit_session_isolation"

@@ -7,6 +7,7 @@ client cannot know).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -127,3 +128,24 @@ async def test_without_a_recheck_the_outcome_is_reported_unknown(
     # It did commit: that is exactly why the caller must be told "unknown", not "failed".
     assert await _count(db, "SELECT COUNT(*) AS n FROM orbit_applications WHERE name = %s",
                         application) == 1
+
+
+async def test_a_caller_cancelled_during_commit_waits_for_the_commit(
+    db: Database, proxied_db: Database, proxy: FaultProxy, tenant: Tenant
+) -> None:
+    """Cancellation mid-COMMIT must not abandon the commit: the write lands, then the task
+    sees CancelledError. (Abandoning it would close the connection and the server would roll
+    back: the proxy reports that as ``client_left_during_delay``.)"""
+    principal = await _principal(db, tenant)
+    name = f"ns-{secrets.token_hex(5)}"
+    proxy.delay_s = 0.5
+    proxy.arm(Fault.DELAY_COMMIT)
+    task = asyncio.create_task(commands.create_namespace(
+        proxied_db, principal, name=name, description="", idempotency_key=None))
+    await asyncio.wait_for(proxy.fired.wait(), 10)  # COMMIT is being held by the proxy
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not proxy.client_left_during_delay
+    assert await _count(db, "SELECT COUNT(*) AS n FROM orbit_namespaces WHERE name = %s",
+                        name) == 1

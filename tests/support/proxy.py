@@ -7,6 +7,9 @@ It understands just enough of the MySQL protocol (length-prefixed packets) to re
 * ``CUT_AFTER_COMMIT``: forward COMMIT, wait for the server's answer, and drop the connection
   instead of relaying it (committed, but the client cannot know).
 
+* ``DELAY_COMMIT``: hold COMMIT for ``delay_s``; if the client disconnects meanwhile, never
+  forward it (the server then rolls back), otherwise forward it late.
+
 Other modes: ``BLACKHOLE`` (accept, forward nothing) and ``RESET`` (close new connections at once).
 """
 
@@ -23,6 +26,7 @@ class Fault(enum.Enum):
     NONE = "none"
     CUT_BEFORE_COMMIT = "cut_before_commit"
     CUT_AFTER_COMMIT = "cut_after_commit"
+    DELAY_COMMIT = "delay_commit"
     BLACKHOLE = "blackhole"
     RESET = "reset"
 
@@ -37,6 +41,8 @@ class FaultProxy:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        self.delay_s = 0.5
+        self.client_left_during_delay = False
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -111,6 +117,21 @@ class FaultProxy:
                     self.armed = False
                     self.fired.set()
                     return
+                if is_commit and self.armed and self.fault is Fault.DELAY_COMMIT:
+                    self.armed = False
+                    self.fired.set()
+                    try:
+                        # The client sends nothing while it awaits the answer, so a read
+                        # returns only at EOF: the client gave up on the connection.
+                        early = await asyncio.wait_for(reader.read(1), self.delay_s)
+                    except TimeoutError:
+                        early = None
+                    if early == b"":
+                        self.client_left_during_delay = True
+                        return
+                    link.up_writer.write(header + payload + (early or b""))
+                    await link.up_writer.drain()
+                    continue
                 if is_commit and self.armed and self.fault is Fault.CUT_AFTER_COMMIT:
                     self.armed = False
                     # Forward COMMIT, wait until the server has answered (the commit is

@@ -12,6 +12,9 @@ from orbit_common.model import jsondoc, strict
 
 T = TypeVar("T")
 
+# aiohttp inflates these; anything else would reach the JSON parser as opaque bytes.
+ACCEPTED_ENCODINGS = frozenset({"identity", "gzip", "deflate"})
+
 
 async def read_json(request: web.Request, cls: type[T]) -> tuple[T, Any]:
     """Parse a JSON body into ``cls``; returns the DTO and the raw document."""
@@ -19,6 +22,11 @@ async def read_json(request: web.Request, cls: type[T]) -> tuple[T, Any]:
     if content_type != "application/json":
         raise errors.UnsupportedMediaType(
             f"Content-Type must be application/json, not {content_type or 'missing'}"
+        )
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ACCEPTED_ENCODINGS:
+        raise errors.UnsupportedMediaType(
+            f"Content-Encoding {encoding!r} is not supported (use identity, gzip or deflate)"
         )
     limit = request.app[_LIMIT]
     if request.content_length is not None and request.content_length > limit:

@@ -91,19 +91,15 @@ SECTIONS: dict[str, type[Any]] = {
     "api": ApiConfig,
     "service": ServiceConfig,
 }
-ENV_ALIASES = {"ORBIT_DATABASE_URL": ("database", "url")}
-
-
 def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """``ORBIT_<SECTION>_<KEY>`` variables; an empty variable counts as unset (so an exported
+    but empty ``ORBIT_DATABASE_URL`` does not hide the config file's URL)."""
     result: dict[str, dict[str, Any]] = {}
     for section, section_type in SECTIONS.items():
         for field in attrs.fields(section_type):
             name = f"ORBIT_{section.upper()}_{field.name.upper()}"
-            if name in environ:
+            if environ.get(name, "") != "":
                 result.setdefault(section, {})[field.name] = environ[name]
-    for name, (section, key) in ENV_ALIASES.items():
-        if environ.get(name):
-            result.setdefault(section, {})[key] = environ[name]
     return result
 
 

@@ -91,7 +91,6 @@ def test_unknown_keys_and_wrong_types_in_the_file_are_errors(
     ("name", "value", "path"),
     [
         ("ORBIT_API_PORT", "abc", r"\$\.api\.port"),
-        ("ORBIT_API_PORT", "", r"\$\.api\.port"),
         ("ORBIT_API_PORT", "80.5", r"\$\.api\.port"),
         ("ORBIT_API_MAX_BODY_BYTES", "1MiB", r"\$\.api\.max_body_bytes"),
         ("ORBIT_SERVICE_DRAIN_TIMEOUT_S", "forever", r"\$\.service\.drain_timeout_s"),
@@ -118,3 +117,10 @@ def test_database_parsed_requires_a_url() -> None:
 def test_the_database_url_is_not_in_the_repr() -> None:
     config = load_config(None, {"ORBIT_DATABASE_URL": "mysql://u:hunter2@h/d"})
     assert "hunter2" not in repr(config)
+
+
+def test_an_empty_environment_variable_counts_as_unset(tmp_path: Path) -> None:
+    path = _toml(tmp_path, '[database]\nurl = "mysql://u:p@db/from_file"\n')
+    config = load_config(path, {"ORBIT_DATABASE_URL": "", "ORBIT_API_PORT": ""})
+    assert config.database.url == "mysql://u:p@db/from_file"
+    assert config.api.port == 8080

@@ -486,3 +486,17 @@ async def test_a_wrong_method_is_a_405_problem_with_allow(
     await assert_problem(response, 405, "method_not_allowed")
     assert {m.strip() for m in response.headers["Allow"].split(",")} == allow
     writes.assert_unchanged()
+
+
+@pytest.mark.parametrize("encoding", ["foo", "compress", "identity, foo"])
+async def test_an_unsupported_content_encoding_is_a_415_problem(
+    api: TestClient[Any, Any], tenant: Tenant, writes: WriteWatch, encoding: str
+) -> None:
+    writes.reset()
+    response = await api.post(
+        "/v1/namespaces",
+        data=b'{"name": "enc-x"}',
+        headers=_json_headers(tenant, **{"Content-Encoding": encoding}),
+    )
+    await assert_problem(response, 415, "unsupported_media_type")
+    writes.assert_unchanged()

@@ -27,6 +27,8 @@ from orbit_common.service.config import ConfigError, OrbitConfig, load_config
 
 T = TypeVar("T")
 
+PAGE = 500  # rows per keyset page when a command lists everything
+
 
 def _config(ctx: click.Context) -> OrbitConfig:
     obj = ctx.ensure_object(dict)
@@ -236,8 +238,16 @@ def app_create(ctx: click.Context, name: str) -> None:
 @admin_app.command("list")
 @click.pass_context
 def app_list(ctx: click.Context) -> None:
-    rows = _with_db(ctx, lambda db: db.read("applications.list", apps.list_applications))
-    for app in rows:
+    async def every(cur: Any) -> list[apps.Application]:
+        found: list[apps.Application] = []
+        while True:
+            page = await apps.list_applications(
+                cur, after_name=found[-1].name if found else "", limit=PAGE)
+            found.extend(page)
+            if len(page) < PAGE:
+                return found
+
+    for app in _with_db(ctx, lambda db: db.read("applications.list", every)):
         click.echo(f"{app.id.hex()}  {app.state.value:8}  {app.name}")
 
 
@@ -281,7 +291,14 @@ def namespace_create(ctx: click.Context, name: str, application: str, descriptio
 def namespace_list(ctx: click.Context, application: str) -> None:
     async def body(cur: Any) -> list[nss.Namespace]:
         app = await apps.find_application(cur, application)
-        return await nss.list_namespaces(cur, application_id=app.id, limit=10_000)
+        found: list[nss.Namespace] = []
+        while True:
+            page = await nss.list_namespaces(
+                cur, application_id=app.id, after_name=found[-1].name if found else "",
+                limit=PAGE)
+            found.extend(page)
+            if len(page) < PAGE:
+                return found
 
     for ns in _with_db(ctx, lambda db: db.read("namespaces.list", body)):
         click.echo(f"{ns.id.hex()}  {ns.state.value:8}  {ns.name}")

@@ -58,7 +58,9 @@ VALUES (%s, %s, 'ACTIVE', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 SELECT_BY_ID = f"SELECT {COLUMNS} FROM orbit_applications WHERE id = %s"
 SELECT_BY_NAME = f"SELECT {COLUMNS} FROM orbit_applications WHERE name = %s"
 SELECT_BY_NAME_FOR_UPDATE = SELECT_BY_NAME + " FOR UPDATE"
-LIST_APPLICATIONS = f"SELECT {COLUMNS} FROM orbit_applications ORDER BY name LIMIT %s"
+LIST_APPLICATIONS = (
+    f"SELECT {COLUMNS} FROM orbit_applications WHERE name > %s ORDER BY name LIMIT %s"
+)
 DISABLE_IF_REVISION = """
 UPDATE orbit_applications
 SET state = 'DISABLED', disabled_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6),
@@ -114,8 +116,11 @@ async def find_application(cur: Any, name: str, *, for_update: bool = False) -> 
     return Application.from_row(row)
 
 
-async def list_applications(cur: Any, *, limit: int = 1000) -> list[Application]:
-    await cur.execute(LIST_APPLICATIONS, (limit,))
+async def list_applications(
+    cur: Any, *, after_name: str = "", limit: int = 1000
+) -> list[Application]:
+    """Applications by name, keyset-paginated (uq_applications_name)."""
+    await cur.execute(LIST_APPLICATIONS, (after_name, limit))
     return [Application.from_row(r) for r in await cur.fetchall()]
 
 

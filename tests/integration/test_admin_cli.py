@@ -68,7 +68,7 @@ async def ok(db_url: DatabaseUrl, *args: str) -> Run:
 
 
 def name(prefix: str) -> str:
-    # "0…" sorts before the "app-…" tenants of other tests: `app list` shows the first 1000.
+    # "0…" sorts before the "app-…" tenants of other tests, which keeps listings readable.
     return f"0{prefix}-{secrets.token_hex(5)}"
 
 
@@ -477,3 +477,21 @@ async def test_revoking_a_revoked_credential_changes_nothing(
     second = (await ok(db_url, "credential", "revoke", prefix, "--reason", "two")).json()
     assert second == first
     writes.assert_unchanged()
+
+
+async def test_app_list_pages_through_every_application(
+    db_url: DatabaseUrl, sync_conn: pymysql.connections.Connection[Any]
+) -> None:
+    """More applications than one keyset page (500): every one is listed, once, in order."""
+    prefix = f"zz{secrets.token_hex(3)}"
+    names = [f"{prefix}-{i:04d}" for i in range(620)]
+    with sync_conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO orbit_applications (id, name, state, revision, created_at, updated_at)"
+            " VALUES (%s, %s, 'ACTIVE', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+            [(secrets.token_bytes(16), n) for n in names],
+        )
+    listing = (await ok(db_url, "app", "list")).out.splitlines()
+    listed = [line.split()[-1] for line in listing]
+    assert [n for n in listed if n.startswith(prefix)] == names
+    assert listed == sorted(listed)

@@ -107,7 +107,10 @@ def migrate_up(ctx: click.Context, lock_timeout: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def migrate_status(ctx: click.Context, as_json: bool) -> None:
-    """List migrations and their state; exits 1 when any is dirty, edited, missing or pending."""
+    """List migrations and their state; exits 1 when any is dirty, edited, missing or pending.
+
+    ``ahead`` (applied by a newer version, unknown to this one) is reported but not an error.
+    """
     try:
         entries = migrator.Migrator(_url(ctx)).status()
     except pymysql.err.MySQLError as exc:
@@ -120,7 +123,7 @@ def migrate_status(ctx: click.Context, as_json: bool) -> None:
         for e in entries:
             when = e.finished_at.isoformat(sep=" ", timespec="seconds") if e.finished_at else ""
             click.echo(f"{e.status.value:8} {e.id:40} {when} {e.detail}".rstrip())
-    if any(e.status is not migrator.Status.APPLIED for e in entries):
+    if any(e.status not in {migrator.Status.APPLIED, migrator.Status.AHEAD} for e in entries):
         sys.exit(1)
 
 

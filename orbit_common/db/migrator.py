@@ -93,7 +93,8 @@ class Status(enum.Enum):
     PENDING = "pending"
     DIRTY = "dirty"  # APPLYING (died midway) or FAILED
     EDITED = "edited"  # applied, but the file's checksum changed
-    MISSING = "missing"  # applied, but the file is gone
+    MISSING = "missing"  # applied, but its file is gone from the middle of the sequence
+    AHEAD = "ahead"  # applied by a newer Orbit: after every migration this version knows
 
 
 @attrs.frozen(kw_only=True)
@@ -313,16 +314,35 @@ def compare(files: list[MigrationFile], ledger: dict[str, dict[str, Any]]) -> li
         else:
             entries.append(Entry(id=f.id, status=Status.APPLIED, finished_at=row["finished_at"]))
     known = {f.id for f in files}
+    newest = max(known, default="")
     for migration_id, row in sorted(ledger.items()):
-        if migration_id not in known:
-            status = Status.DIRTY if row["state"] != "APPLIED" else Status.MISSING
-            entries.append(Entry(id=migration_id, status=status, detail="no such file on disk"))
+        if migration_id in known:
+            continue
+        if row["state"] != "APPLIED":
+            entries.append(Entry(id=migration_id, status=Status.DIRTY,
+                                 detail="no such file on disk"))
+        elif migration_id > newest:
+            # Rolling upgrade: a newer version expanded the schema; this one keeps working.
+            entries.append(Entry(id=migration_id, status=Status.AHEAD,
+                                 detail="applied by a newer version",
+                                 finished_at=row["finished_at"]))
+        else:
+            entries.append(Entry(id=migration_id, status=Status.MISSING,
+                                 detail="no such file on disk"))
     return entries
 
 
 def refuse_unsafe(entries: list[Entry]) -> None:
     """Raise when the ledger shows a dirty, edited or missing migration."""
     bad = [e for e in entries if e.status in {Status.DIRTY, Status.EDITED, Status.MISSING}]
+    ahead = [e.id for e in entries if e.status is Status.AHEAD]
+    pending = [e.id for e in entries if e.status is Status.PENDING]
+    if not bad and ahead and pending:
+        raise MigrationError(
+            f"refusing to migrate: the database has migrations from a newer version ({ahead}) "
+            f"but not {pending}, which this version would apply. Run the newest version's "
+            "migrator instead."
+        )
     if not bad:
         return
     lines = "; ".join(f"{e.id}: {e.status.value} ({e.detail})" for e in bad)

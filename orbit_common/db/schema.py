@@ -93,11 +93,16 @@ class SchemaChecker:
         problems = [
             f"migration {e.id} is {e.status.value}" + (f" ({e.detail})" if e.detail else "")
             for e in entries
-            if e.status is not migrator.Status.APPLIED
+            if e.status not in {migrator.Status.APPLIED, migrator.Status.AHEAD}
         ]
         if foreign_keys:
             problems.append(f"{foreign_keys} foreign keys found; Orbit's schema has none")
         warnings = durability_warnings(settings)
+        warnings.extend(
+            f"migration {e.id} was applied by a newer version; replace this process soon"
+            for e in entries
+            if e.status is migrator.Status.AHEAD
+        )
         return SchemaReport(
             ready=not problems,
             problems=tuple(problems),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,7 @@ async def test_a_missing_applied_migration_is_detected(
     applied: tuple[DatabaseUrl, Path],
 ) -> None:
     url, directory = applied
-    removed = "0003_events_and_audit"
+    removed = "0002_idempotency_keys"  # a hole in the sequence, not a newer version
     (directory / f"{removed}.sql").unlink()
     ledger_before = migrations.ledger(url)
 
@@ -123,3 +124,26 @@ async def test_a_missing_applied_migration_is_detected(
 
     problems = await _readiness_problems(url, directory)
     assert any(p.startswith(f"migration {removed} is missing") for p in problems), problems
+
+
+async def test_migrations_of_a_newer_version_keep_an_older_process_ready(
+    applied: tuple[DatabaseUrl, Path],
+) -> None:
+    """Rolling upgrade: a newer version applied 0099 (expand); this older code stays ready,
+    `up` has nothing to do, and `status` reports it as ahead without failing."""
+    url, directory = applied
+    newer = directory.parent / "newer"
+    shutil.copytree(directory, newer)
+    (newer / "0099_newer_expand.sql").write_text(
+        "-- depends: 0003_events_and_audit\n-- transactional: false\n\n"
+        "CREATE TABLE orbit_newer (id BINARY(16) NOT NULL PRIMARY KEY COMMENT '新版本的表')"
+        " COMMENT='新版本的表';\n"
+    )
+    migrations.rewrite_manifest(newer)
+    Migrator(url, directory=newer).up(log=lambda _msg: None)
+
+    statuses = _statuses(url, directory)
+    assert statuses.pop("0099_newer_expand") is Status.AHEAD
+    assert set(statuses.values()) == {Status.APPLIED}
+    assert Migrator(url, directory=directory).up(log=lambda _msg: None) == []
+    assert await _readiness_problems(url, directory) == ()

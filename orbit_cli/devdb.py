@@ -8,6 +8,7 @@ production database: production uses ``ORBIT_DATABASE_URL``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -188,10 +189,20 @@ def _wait_ready(instance: Instance, user: str, password: str, timeout_s: float) 
 def start(
     root: Path, *, port: int | None = None, extra_args: list[str] | None = None
 ) -> Instance:
-    """Initialise (first time) and start the instance in ``root``; idempotent."""
+    """Initialise (first time) and start the instance in ``root``; idempotent.
+
+    An exclusive file lock serialises concurrent callers (two test runs starting at once), so
+    a directory never gets two servers.
+    """
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o700)
+    with (root / "start.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start_locked(root, port, extra_args)
+
+
+def _start_locked(root: Path, port: int | None, extra_args: list[str] | None) -> Instance:
     existing = load(root)
     if existing is not None and is_running(existing):
         return existing

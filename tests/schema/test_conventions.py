@@ -16,6 +16,8 @@ NOT_BINARY_IDS = {
     ("orbit_audit_events", "actor_id"),
     # The HTTP request id as the client or the API logged it, for matching with logs.
     ("orbit_audit_events", "request_id"),
+    # A worker-chosen report identity (exact bytes), deduplicating re-sent reports.
+    ("pulse_attempt_receipts", "report_id"),
 }
 
 COLUMNS = """

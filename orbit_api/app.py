@@ -15,7 +15,7 @@ from orbit_api.middleware import (
     problem_middleware,
     request_id_middleware,
 )
-from orbit_api.routes import platform
+from orbit_api.routes import platform, queues, tasks
 from orbit_common.db.pool import Database
 from orbit_common.service.config import OrbitConfig
 from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
@@ -43,7 +43,13 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     add_health_routes(app)
     app.router.add_get("/v1/openapi.json", openapi.openapi)
     platform.add_routes(app)
+    queues.add_routes(app)
+    tasks.add_routes(app)
     return app
+
+
+for _module in (queues, tasks):
+    openapi.merge(_module.OPENAPI_PATHS, _module.OPENAPI_SCHEMAS)
 
 
 class ApiService:

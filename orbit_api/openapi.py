@@ -152,5 +152,19 @@ DOCUMENT: dict[str, Any] = {
 }
 
 
+def merge(paths: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """Add a route module's paths and component schemas; a duplicate is a programming error."""
+    for path, operations in paths.items():
+        existing = DOCUMENT["paths"].setdefault(path, {})
+        clash = set(existing) & set(operations)
+        if clash:
+            raise ValueError(f"OpenAPI: {path} {sorted(clash)} documented twice")
+        existing.update(operations)
+    for name, schema in schemas.items():
+        if name in DOCUMENT["components"]["schemas"]:
+            raise ValueError(f"OpenAPI: schema {name} defined twice")
+        DOCUMENT["components"]["schemas"][name] = schema
+
+
 async def openapi(_request: web.Request) -> web.Response:
     return web.json_response(DOCUMENT)

@@ -25,6 +25,14 @@ class Action(enum.StrEnum):
 
     NAMESPACES_READ = "namespaces.read"
     NAMESPACES_CREATE = "namespaces.create"
+    QUEUES_READ = "queues.read"
+    QUEUES_MANAGE = "queues.manage"  # create, update, pause, resume
+    TASKS_SUBMIT = "tasks.submit"
+    TASKS_READ = "tasks.read"  # tasks, their attempts, events and late evidence
+    TASKS_CANCEL = "tasks.cancel"
+    TASKS_REVIEW = "tasks.review"  # resolve NEEDS_REVIEW
+    TASKS_RETRY = "tasks.retry"  # manual retry of a finished task
+    WORKERS_WORK = "workers.work"  # register worker sessions, claim and report attempts
 
 
 ACTIONS = frozenset(a.value for a in Action)

@@ -437,7 +437,7 @@ async def test_credential_create_list_and_revoke(
         ("", "malformed_json"),
         ("[]", "non-empty list"),
         ('{"namespaces": ["*"], "actions": ["*"]}', "non-empty list"),
-        ('[{"namespaces": ["*"], "actions": ["tasks.submit"]}]', "invalid pattern"),
+        ('[{"namespaces": ["*"], "actions": ["tasks.launch"]}]', "invalid pattern"),
         ('[{"namespaces": ["Prod*"], "actions": ["*"]}]', "invalid pattern"),
         ('[{"namespaces": ["*"], "actions": ["*"], "tenants": ["x"]}]', "unknown fields"),
         # a repeated key must not silently widen the grant to its last value

@@ -71,8 +71,8 @@ def test_parse_grants_builds_grants_and_defaults_queues_to_everything() -> None:
             r"grants\[0\]\.actions: invalid pattern 'namespaces.delete'",
         ),
         (
-            [{"namespaces": ["*"], "actions": ["tasks.*"]}],
-            r"grants\[0\]\.actions: invalid pattern 'tasks.\*'",
+            [{"namespaces": ["*"], "actions": ["nosuchfamily.*"]}],
+            r"grants\[0\]\.actions: invalid pattern 'nosuchfamily.\*'",
         ),
         (
             [{"namespaces": ["*"], "actions": ["namespaces.re*"]}],

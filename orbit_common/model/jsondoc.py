@@ -4,6 +4,11 @@ Request bodies are parsed strictly: duplicate keys in one object, nesting deeper
 ``MAX_DEPTH``, NaN/Infinity, invalid UTF-8 and lone surrogate escapes (``"\\ud800"``, which no
 UTF-8 text can hold) are refused. Numbers are parsed exactly (decimals as
 :class:`decimal.Decimal`) so a canonical form -- used for request digests -- never loses digits.
+
+Decimal keeps the value but not the spelling (``1e5`` is written back as ``1E+5``, ``-0`` as
+``0``). Documents that must come back byte for byte (task inputs) are parsed with
+``keep_number_text=True``: every number is then a :class:`JsonNumber`, the token exactly as it
+was written, and :func:`dumps`/:func:`canonical` emit it verbatim.
 """
 
 from __future__ import annotations
@@ -15,6 +20,21 @@ from typing import Any
 from orbit_common import errors
 
 MAX_DEPTH = 32
+
+
+class JsonNumber(str):
+    """A JSON number kept as its original token text (``-0``, ``1E+5``, ``1.000``).
+
+    A ``str`` subclass so it costs nothing to create; only :func:`loads_strict` makes them, from
+    tokens the JSON grammar accepted, so the text is always a valid JSON number. Being a string,
+    it compares equal to the string of its text and the standard ``json`` module writes it as a
+    string: serialise documents holding it with :func:`dumps`.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"JsonNumber({str.__repr__(self)})"
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -52,8 +72,14 @@ def _depth(text: str) -> int:
     return deepest
 
 
-def loads_strict(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse a JSON document strictly (see the module docstring)."""
+def loads_strict(
+    data: bytes | str, *, max_depth: int = MAX_DEPTH, keep_number_text: bool = False
+) -> Any:
+    """Parse a JSON document strictly (see the module docstring).
+
+    With ``keep_number_text`` every number is a :class:`JsonNumber` holding its token; no
+    numeric conversion happens, so no number is too long or out of range.
+    """
     if isinstance(data, bytes):
         try:
             text = data.decode("utf-8")
@@ -63,12 +89,14 @@ def loads_strict(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
         text = data
     if _depth(text) > max_depth:
         raise errors.JsonTooDeep(f"JSON nests deeper than {max_depth} levels")
+    numbers: dict[str, Any] = (
+        {"parse_float": JsonNumber, "parse_int": JsonNumber}
+        if keep_number_text
+        else {"parse_float": decimal.Decimal}
+    )
     try:
         value = json.loads(
-            text,
-            object_pairs_hook=_pairs,
-            parse_float=decimal.Decimal,
-            parse_constant=_refuse_constant,
+            text, object_pairs_hook=_pairs, parse_constant=_refuse_constant, **numbers
         )
     except json.JSONDecodeError as exc:
         raise errors.MalformedJson(f"invalid JSON at line {exc.lineno} column {exc.colno}") from exc
@@ -98,7 +126,8 @@ def _check_strings(value: Any) -> None:
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON that keeps key order; Decimals keep their exact digits."""
+    """Compact JSON that keeps key order; Decimals keep their exact digits and
+    :class:`JsonNumber` its exact text."""
     return _encode(value, sort_keys=False)
 
 
@@ -114,6 +143,8 @@ def _encode(value: Any, *, sort_keys: bool) -> str:
         return "true"
     if value is False:
         return "false"
+    if isinstance(value, JsonNumber):  # before str: it is one
+        return str(value)
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, int):

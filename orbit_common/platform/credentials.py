@@ -280,6 +280,22 @@ async def recheck_principal(cur: Any, principal: Principal) -> tuple[authz.Grant
     return authz.grants_from_db(row["grants"])
 
 
+CREDENTIAL_GRANTS = """
+SELECT c.grants FROM orbit_credentials c
+JOIN orbit_applications a ON a.id = c.application_id
+WHERE c.id = %s AND c.state = 'ACTIVE' AND a.state = 'ACTIVE'
+"""
+
+
+async def active_grants(cur: Any, credential_id: bytes) -> tuple[authz.Grant, ...]:
+    """The grants of an active credential of an active application, or InvalidCredential."""
+    await cur.execute(CREDENTIAL_GRANTS, (credential_id,))
+    row = await cur.fetchone()
+    if row is None:
+        raise errors.InvalidCredential()
+    return authz.grants_from_db(row["grants"])
+
+
 async def authorize(
     cur: Any, principal: Principal, action: authz.Action, namespace_name: str,
     queue: str | None = None,

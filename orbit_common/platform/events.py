@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
+from orbit_common.db.batch import multi_insert
 from orbit_common.model import ids, jsondoc
 
 INSERT_EVENT = """
@@ -42,3 +46,36 @@ async def append_event(
         ),
     )
     return event_id
+
+
+@attrs.frozen(kw_only=True)
+class EventRecord:
+    """One raw state event for :func:`append_events` (the id is chosen by the caller)."""
+
+    namespace_id: bytes
+    id: bytes
+    aggregate_type: str
+    aggregate_id: bytes
+    aggregate_revision: int
+    event_type: str
+    from_state: str | None
+    to_state: str | None
+    payload: dict[str, Any]
+
+
+async def append_events(cur: Any, events: Sequence[EventRecord]) -> None:
+    """Append many events in one statement, inside the caller's transaction."""
+    if not events:
+        return
+    sql, params = multi_insert(
+        "INSERT INTO orbit_events (namespace_id, id, aggregate_type, aggregate_id,"
+        " aggregate_revision, event_type, from_state, to_state, payload, occurred_at)",
+        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))",
+        [
+            (e.namespace_id, ids.check_id(e.id), e.aggregate_type, ids.check_id(e.aggregate_id),
+             e.aggregate_revision, e.event_type, e.from_state, e.to_state,
+             jsondoc.dumps(e.payload))
+            for e in events
+        ],
+    )
+    await cur.execute(sql, params)

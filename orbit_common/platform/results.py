@@ -1,0 +1,82 @@
+"""Per-namespace result streams (``orbit_event_streams``) and result events.
+
+Protocol: a transaction that gives tasks an outcome (terminal or NEEDS_REVIEW) appends their
+raw state events and, in the same transaction, result events with a gap-free per-namespace
+sequence. The sequence is allocated under the namespace's stream row lock, taken **last** in the
+lock order and held only until commit, so producers serialise per namespace only for the few
+statements at the end of their transaction. A result event reuses the id of its raw state event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from orbit_common.db import errors as dberrors
+from orbit_common.db.batch import multi_insert
+from orbit_common.model import jsondoc
+
+
+@attrs.frozen(kw_only=True)
+class ResultEvent:
+    event_id: bytes
+    task_id: bytes
+    queue_id: bytes
+    task_revision: int
+    state: str
+    snapshot: dict[str, Any]
+
+
+LOCK_STREAM = "SELECT next_sequence FROM orbit_event_streams WHERE namespace_id = %s FOR UPDATE"
+CREATE_STREAM = """
+INSERT INTO orbit_event_streams (namespace_id, next_sequence, revision, created_at, updated_at)
+VALUES (%s, 1, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
+"""
+ADVANCE_STREAM = """
+UPDATE orbit_event_streams
+SET next_sequence = next_sequence + %s, revision = revision + 1, updated_at = UTC_TIMESTAMP(6)
+WHERE namespace_id = %s AND next_sequence = %s
+"""
+INSERT_RESULTS = (
+    "INSERT INTO orbit_result_events (namespace_id, id, sequence, task_id, queue_id,"
+    " task_revision, state, snapshot, committed_at)"
+)
+
+
+async def _lock_stream(cur: Any, namespace_id: bytes) -> int:
+    await cur.execute(LOCK_STREAM, (namespace_id,))
+    row = await cur.fetchone()
+    if row is not None:
+        return int(row["next_sequence"])
+    try:
+        await cur.execute(CREATE_STREAM, (namespace_id,))
+    except Exception as exc:
+        if not dberrors.is_duplicate(exc):
+            raise
+    await cur.execute(LOCK_STREAM, (namespace_id,))
+    return int((await cur.fetchone())["next_sequence"])
+
+
+async def append_results(cur: Any, namespace_id: bytes, events: Sequence[ResultEvent]) -> int:
+    """Append result events with consecutive sequences; returns the first sequence used.
+
+    Must be the last lock the caller's transaction takes (it serialises the namespace).
+    """
+    if not events:
+        return 0
+    first = await _lock_stream(cur, namespace_id)
+    rows = [
+        (namespace_id, e.event_id, first + i, e.task_id, e.queue_id, e.task_revision, e.state,
+         jsondoc.dumps(e.snapshot))
+        for i, e in enumerate(events)
+    ]
+    sql, params = multi_insert(
+        INSERT_RESULTS, "(%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))", rows
+    )
+    await cur.execute(sql, params)
+    await cur.execute(ADVANCE_STREAM, (len(events), namespace_id, first))
+    if cur.rowcount != 1:
+        raise RuntimeError("result stream moved while its row was locked")
+    return first

@@ -203,9 +203,10 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
             token_digest(token), session.instance_id, session.id, "OFFERED", when, to_db(expires),
         ))
         task_updates.append((row["id"], row["revision"], attempt_id, generation, to_db(expires)))
-        events.append(_event(session.namespace_id, row["id"], row["revision"] + 1, "task.leased",
-                             TaskState.WAITING, TaskState.LEASED,
-                             {"attempt_id": attempt_id.hex(), "generation": generation}))
+        events.append(task_event(
+            session.namespace_id, row["id"], row["revision"] + 1, "task.leased",
+            TaskState.WAITING, TaskState.LEASED,
+            {"attempt_id": attempt_id.hex(), "generation": generation}))
         grants.append(Grant(
             namespace_id=session.namespace_id, task_id=row["id"], attempt_id=attempt_id,
             generation=generation, token=token, queue=queue.name, handler=row["handler"],
@@ -226,8 +227,8 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
         " WHERE t.namespace_id = %s AND t.state = 'WAITING' AND t.revision = v.revision",
         (*values, session.namespace_id),
     )
-    _expect(cur, len(task_updates), "claim")
-    await _add_active(cur, session.namespace_id, {queue.id: len(grants)})
+    expect_rows(cur, len(task_updates), "claim")
+    await add_active(cur, session.namespace_id, {queue.id: len(grants)})
     await append_events(cur, events)
     return grants
 
@@ -235,12 +236,12 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
 # --- shared helpers --------------------------------------------------------------------------
 
 
-def _expect(cur: Any, count: int, what: str) -> None:
+def expect_rows(cur: Any, count: int, what: str) -> None:
     if cur.rowcount != count:
         raise errors.StaleRevision(f"{what}: {cur.rowcount} of {count} guarded rows matched")
 
 
-async def _add_active(cur: Any, namespace_id: bytes, deltas: dict[bytes, int]) -> None:
+async def add_active(cur: Any, namespace_id: bytes, deltas: dict[bytes, int]) -> None:
     """Queue counter increments, in primary-key order (after every task/attempt lock)."""
     for queue_id in sorted(deltas):
         delta = deltas[queue_id]
@@ -251,7 +252,7 @@ async def _add_active(cur: Any, namespace_id: bytes, deltas: dict[bytes, int]) -
             raise QueueConcurrencyError(f"queue {queue_id.hex()} counter would go negative")
 
 
-def _event(  # noqa: PLR0917 - one event's fields, positional for readability at call sites
+def task_event(  # noqa: PLR0917 - one event's fields, positional for readability at call sites
     namespace_id: bytes, task_id: bytes, revision: int, event_type: str,
            from_state: TaskState | None, to_state: TaskState | None,
            payload: dict[str, Any]) -> EventRecord:
@@ -398,7 +399,7 @@ async def start(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> li
             approved_ids.add(ref.attempt_id)
             approvals.append((lk.task["id"], lk.task["revision"], lk.attempt["id"],
                               to_db(expires)))
-            events.append(_event(namespace_id, lk.task["id"], lk.task["revision"] + 1,
+            events.append(task_event(namespace_id, lk.task["id"], lk.task["revision"] + 1,
                                  "task.started", TaskState.LEASED, TaskState.RUNNING,
                                  {"attempt_id": lk.attempt["id"].hex(),
                                   "generation": lk.attempt["generation"]}))
@@ -413,7 +414,7 @@ async def start(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> li
             " WHERE a.namespace_id = %s AND a.state = 'OFFERED'",
             (*values, when, namespace_id),
         )
-        _expect(cur, len(approvals), "start attempts")
+        expect_rows(cur, len(approvals), "start attempts")
         await cur.execute(
             f"UPDATE pulse_tasks t JOIN {table} v ON t.id = v.task_id"
             " SET t.state = 'RUNNING', t.revision = t.revision + 1, t.lease_expires_at = v.expires,"
@@ -423,7 +424,7 @@ async def start(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> li
             "   AND t.current_attempt_id = v.attempt_id",
             (*values, when, namespace_id),
         )
-        _expect(cur, len(approvals), "start tasks")
+        expect_rows(cur, len(approvals), "start tasks")
         await append_events(cur, events)
     return outcomes
 
@@ -505,7 +506,7 @@ async def renew(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> li
             "   AND a.lease_expires_at > UTC_TIMESTAMP(6) - INTERVAL 1 SECOND",
             (*values, namespace_id),
         )
-        _expect(cur, len(renewals), "renew attempts")
+        expect_rows(cur, len(renewals), "renew attempts")
         await cur.execute(
             f"UPDATE pulse_tasks t JOIN {table} v ON t.id = v.task_id"
             " SET t.lease_expires_at = v.expires, t.updated_at = UTC_TIMESTAMP(6)"
@@ -513,7 +514,7 @@ async def renew(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> li
             "   AND t.current_attempt_id = v.attempt_id",
             (*values, namespace_id),
         )
-        _expect(cur, len(renewals), "renew tasks")
+        expect_rows(cur, len(renewals), "renew tasks")
     await _insert_evidence(cur, evidence)
     return outcomes
 
@@ -786,7 +787,7 @@ async def finish(  # noqa: PLR0915 - one pass over the batch; each branch is a r
             jsondoc.dumps(error_doc) if error_doc is not None else None,
             1 if terminal else 0,
         ))
-        event = _event(namespace_id, task["id"], revision, "task." + decision.outcome_reason,
+        event = task_event(namespace_id, task["id"], revision, "task." + decision.outcome_reason,
                        TaskState(task["state"]), decision.task_state,
                        {"attempt_id": lk.attempt["id"].hex(),
                         "generation": lk.attempt["generation"], "outcome": report.outcome})
@@ -806,7 +807,7 @@ async def finish(  # noqa: PLR0915 - one pass over the batch; each branch is a r
     if attempt_updates:
         await _apply_attempt_endings(cur, namespace_id, attempt_updates, now)
         await _apply_task_endings(cur, namespace_id, task_updates, now)
-        await _add_active(cur, namespace_id, dict(released))
+        await add_active(cur, namespace_id, dict(released))
         await append_events(cur, events)
     await _insert_evidence(cur, evidence)
     if receipts:
@@ -833,7 +834,7 @@ async def _apply_attempt_endings(cur: Any, namespace_id: bytes, rows: list[tuple
         " WHERE a.namespace_id = %s AND a.state IN ('OFFERED', 'RUNNING')",
         (*values, to_db(now), namespace_id),
     )
-    _expect(cur, len(rows), "end attempts")
+    expect_rows(cur, len(rows), "end attempts")
 
 
 async def _apply_task_endings(cur: Any, namespace_id: bytes, rows: list[tuple[Any, ...]],
@@ -854,7 +855,7 @@ async def _apply_task_endings(cur: Any, namespace_id: bytes, rows: list[tuple[An
         "   AND t.current_attempt_id = v.attempt_id AND t.state IN ('LEASED', 'RUNNING')",
         (*values, to_db(now), namespace_id),
     )
-    _expect(cur, len(rows), "end tasks")
+    expect_rows(cur, len(rows), "end tasks")
 
 
 # --- recovery --------------------------------------------------------------------------------
@@ -958,7 +959,7 @@ async def _recover_namespace(cur: Any, namespace_id: bytes, task_ids: list[bytes
             1 if decision.effect_uncertain else 0, decision.outcome_reason, None,
             jsondoc.dumps(error), 1 if terminal else 0,
         ))
-        event = _event(namespace_id, task["id"], revision, "task." + decision.outcome_reason,
+        event = task_event(namespace_id, task["id"], revision, "task." + decision.outcome_reason,
                        TaskState(task["state"]), decision.task_state,
                        {"attempt_id": attempt["id"].hex(), "generation": attempt["generation"]})
         events.append(event)
@@ -972,7 +973,7 @@ async def _recover_namespace(cur: Any, namespace_id: bytes, task_ids: list[bytes
     # The guard re-checks revision and, through the attempt id, that no finish or renewal
     # slipped in; lease expiry was re-checked above under the row lock.
     await _apply_task_endings(cur, namespace_id, task_updates, now)
-    await _add_active(cur, namespace_id, dict(released))
+    await add_active(cur, namespace_id, dict(released))
     await append_events(cur, events)
     await append_results(cur, namespace_id, results)
     return len(tasks)
@@ -1028,8 +1029,8 @@ async def _fail_waiting(cur: Any, namespace_id: bytes, task_ids: list[bytes], re
             (state.value, why, jsondoc.dumps(error), None if uncertain else to_db(now),
              namespace_id, task["id"], task["revision"]),
         )
-        _expect(cur, 1, "deadline")
-        event = _event(namespace_id, task["id"], task["revision"] + 1, "task." + why,
+        expect_rows(cur, 1, "deadline")
+        event = task_event(namespace_id, task["id"], task["revision"] + 1, "task." + why,
                        TaskState.WAITING, state, {})
         events.append(event)
         results.append(ResultEvent(

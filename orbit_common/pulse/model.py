@@ -53,6 +53,15 @@ TASK_TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset({
     (TaskState.NEEDS_REVIEW, TaskState.FAILED),
 })
 
+# Two edges the diagram does not draw, taken only by a task that carries an uncertain effect
+# from an earlier attempt (effect_uncertain = 1). The specification forbids that flag on
+# SUCCEEDED/FAILED/CANCELLED and forbids dropping it, so a cancel or a deadline that would end
+# such a task automatically sends it to a human instead (docs/api/tasks-lifecycle.md).
+UNCERTAIN_TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset({
+    (TaskState.WAITING, TaskState.NEEDS_REVIEW),
+    (TaskState.LEASED, TaskState.NEEDS_REVIEW),
+})
+
 
 class AttemptState(enum.StrEnum):
     OFFERED = "OFFERED"

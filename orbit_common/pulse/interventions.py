@@ -1,0 +1,400 @@
+"""Human interventions on tasks: cancel, review (NEEDS_REVIEW → an outcome), manual retry.
+
+Every intervention is authorized inside its transaction (the task's queue decides the grant),
+is idempotent (an optional Idempotency-Key; and repeating the same intent changes nothing), and
+commits an audit event with the actor, the reason and any evidence reference together with the
+change it records.
+
+Cancel (specification 000 §2 and 000007)
+    WAITING / LEASED → CANCELLED at once (a live offer is WITHDRAWN and its queue slot released).
+    RUNNING → a durable cancel intent (``cancel_requested_at``); the task ends CANCELLED only when
+    the worker confirms it stopped, and a success that commits first wins.
+    A task carrying an uncertain effect goes to NEEDS_REVIEW instead of CANCELLED.
+    A finished task is returned unchanged (a confirmed success is never overwritten).
+Review (000015)
+    Only NEEDS_REVIEW → SUCCEEDED (optional result) or FAILED, with reason, evidence reference
+    and actor; the uncertainty flag is resolved by the human decision.
+Manual retry (000015)
+    A FAILED or CANCELLED task gets one new task with ``retry_of`` pointing at it (a unique
+    index makes it at most one direct successor); the old task, its attempts and evidence are
+    untouched. The caller must confirm that re-running is safe.
+
+Lock order: idempotency → task → attempt → queue counter → result stream.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import attrs
+
+from orbit_common import errors
+from orbit_common.db import errors as dberrors
+from orbit_common.db.clock import as_utc, db_now, to_db
+from orbit_common.db.pool import Database
+from orbit_common.model import ids, jsondoc
+from orbit_common.platform import authz, credentials, idempotency, namespaces
+from orbit_common.platform.audit import AuditRecord, append_audit
+from orbit_common.platform.events import append_events
+from orbit_common.platform.idempotency import IdempotencyRequest, Replay
+from orbit_common.platform.results import ResultEvent, append_results
+from orbit_common.pulse import leases
+from orbit_common.pulse.model import Task, TaskState
+
+REASON_MAX = 1024
+
+
+class TaskNotFound(errors.NotFound):
+    code = "task_not_found"
+    title = "No such task for this credential"
+
+
+class TaskNotReviewable(errors.Conflict):
+    code = "task_not_reviewable"
+    title = "Only a task in NEEDS_REVIEW can be reviewed"
+
+
+class TaskNotRetryable(errors.Conflict):
+    code = "task_not_retryable"
+    title = "Only a FAILED or CANCELLED task can be retried by hand"
+
+
+class AlreadyRetried(errors.Conflict):
+    code = "already_retried"
+    title = "This task already has a manual retry"
+
+
+class CancelNeedsReview(errors.Conflict):
+    code = "task_needs_review"
+    title = "The task awaits review; resolve it with a review instead of a cancel"
+
+
+class ConfirmationRequired(errors.BadRequest):
+    code = "confirmation_required"
+    title = "A manual retry must confirm that re-running the task is safe"
+
+
+SELECT_TASK = f"SELECT {Task.COLUMNS} FROM pulse_tasks t WHERE t.namespace_id = %s AND t.id = %s"
+
+
+def task_view(task: Task, queue: str) -> dict[str, Any]:
+    """The representation interventions answer with (a subset of the task detail)."""
+    return {
+        "id": task.id.hex(), "queue": queue, "handler": task.handler, "state": task.state.value,
+        "revision": task.revision, "cancel_requested": task.cancel_requested_at is not None,
+        "effect_uncertain": task.effect_uncertain, "outcome_reason": task.outcome_reason,
+        "retry_of": task.retry_of.hex() if task.retry_of else None,
+        "completed_at": task.completed_at.isoformat() if task.completed_at else None,
+    }
+
+
+async def _locked_task(cur: Any, principal: credentials.Principal, action: authz.Action,
+                       namespace: str, task_id: bytes) -> tuple[Task, str, bytes]:
+    """Authorize and lock the task; returns it with its queue name and namespace id."""
+    ns = await credentials.authorize(cur, principal, action, namespace)
+    await cur.execute(SELECT_TASK + " FOR UPDATE", (ns.id, task_id))
+    row = await cur.fetchone()
+    if row is None:
+        raise TaskNotFound()
+    task = Task.from_row(row)
+    await cur.execute("SELECT name FROM pulse_queues WHERE namespace_id = %s AND id = %s",
+                      (ns.id, task.queue_id))
+    queue = (await cur.fetchone())["name"]
+    grants = await credentials.recheck_principal(cur, principal)
+    if not authz.allowed(grants, authz.Action.TASKS_READ.value, namespace, queue) and \
+            not authz.allowed(grants, action.value, namespace, queue):
+        raise TaskNotFound()
+    if not authz.allowed(grants, action.value, namespace, queue):
+        raise errors.Forbidden(f"the credential may not {action.value} in queue {queue!r}")
+    return task, queue, ns.id
+
+
+def _check_reason(reason: str | None, *, required: bool) -> None:
+    if required and not reason:
+        raise errors.ValidationFailed([{"path": "$.reason", "message": "required"}])
+    if reason is not None and len(reason) > REASON_MAX:
+        raise errors.ValidationFailed([{"path": "$.reason",
+                                        "message": f"at most {REASON_MAX} characters"}])
+
+
+async def _run(
+    db: Database,
+    name: str,
+    *,
+    principal: credentials.Principal,
+    action: authz.Action,
+    namespace: str,
+    idem: IdempotencyRequest | None,
+    act: Any,
+) -> Replay:
+    """Run one intervention: authorize the namespace, then (optionally) claim the idempotency
+    identity, then ``act(cur, namespace_id)`` → ``(status, body, resource id)``."""
+
+    async def body(cur: Any) -> Replay:
+        ns = await credentials.authorize(cur, principal, action, namespace)
+        claim = None
+        if idem is not None:
+            outcome = await idempotency.begin(cur, attrs.evolve(idem, namespace_id=ns.id),
+                                              ids.new_id())
+            if isinstance(outcome, Replay):
+                return outcome
+            claim = outcome
+        status, view, resource = await act(cur, ns.id)
+        if claim is not None:
+            await idempotency.complete(cur, claim, status=status, body=view,
+                                       resource_id=resource)
+        return Replay(status=status, body=view, resource_id=resource)
+
+    async def recheck(cur: Any) -> Replay | None:
+        assert idem is not None  # noqa: S101 - only passed when idem is set
+        ns = await namespaces.find_namespace(cur, namespace)
+        if ns is None:
+            return None
+        return await idempotency.lookup(cur, attrs.evolve(idem, namespace_id=ns.id))
+
+    return await db.transaction(name, body, recheck=recheck if idem is not None else None)
+
+
+def _idem(operation: str, key: str | None, task_id: bytes, request: dict[str, Any],
+          principal: credentials.Principal) -> IdempotencyRequest | None:
+    if key is None:
+        return None
+    return IdempotencyRequest.build(
+        namespace_id=bytes(16),  # replaced by the real namespace inside the transaction
+        operation=operation, scope=task_id, key=key, request=request,
+        credential_id=principal.credential_id,
+    )
+
+
+# --- cancel ----------------------------------------------------------------------------------
+
+
+async def cancel_task(db: Database, principal: credentials.Principal, *, namespace: str,
+                      task_id: bytes, reason: str | None, idempotency_key: str | None = None,
+                      request_id: str | None = None) -> Replay:
+    """Cancel a task (see the module docstring); 200 with the task's representation."""
+    _check_reason(reason, required=False)
+    idem = _idem("tasks.cancel", idempotency_key, task_id, {"reason": reason}, principal)
+
+    async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
+        task, queue, _ = await _locked_task(cur, principal, authz.Action.TASKS_CANCEL,
+                                            namespace, task_id)
+        if task.state.terminal:
+            return 200, task_view(task, queue), task.id
+        if task.state is TaskState.NEEDS_REVIEW:
+            raise CancelNeedsReview()
+        now = await db_now(cur)
+        if task.state is TaskState.RUNNING:
+            if task.cancel_requested_at is None:
+                await cur.execute(
+                    "UPDATE pulse_tasks SET cancel_requested_at = %s, cancel_reason = %s,"
+                    " revision = revision + 1, updated_at = UTC_TIMESTAMP(6)"
+                    " WHERE namespace_id = %s AND id = %s AND revision = %s AND state = 'RUNNING'",
+                    (to_db(now), reason, namespace_id, task.id, task.revision))
+                leases.expect_rows(cur, 1, "cancel intent")
+                await append_events(cur, [leases.task_event(
+                    namespace_id, task.id, task.revision + 1, "task.cancel_requested",
+                    TaskState.RUNNING, TaskState.RUNNING, {"reason": reason})])
+        else:
+            await _cancel_now(cur, namespace_id, task, reason, now)
+        after = await _reload(cur, namespace_id, task.id)
+        await append_audit(cur, AuditRecord(
+            actor=principal.actor, action="task.cancel", resource_type="task",
+            resource_id=task.id, resource_revision=after.revision, namespace_id=namespace_id,
+            application_id=principal.application_id, reason=reason,
+            before={"state": task.state.value, "revision": task.revision},
+            after={"state": after.state.value, "revision": after.revision,
+                   "cancel_requested": after.cancel_requested_at is not None},
+            request_id=request_id,
+        ))
+        return 200, task_view(after, queue), task.id
+
+    return await _run(db, "tasks.cancel", principal=principal, action=authz.Action.TASKS_CANCEL,
+                      namespace=namespace, idem=idem, act=act)
+
+
+async def _cancel_now(cur: Any, namespace_id: bytes, task: Task, reason: str | None,
+                      now: dt.datetime) -> None:
+    """WAITING or LEASED: end it now (NEEDS_REVIEW if it carries an uncertain effect)."""
+    target = TaskState.NEEDS_REVIEW if task.effect_uncertain else TaskState.CANCELLED
+    why = "cancelled_with_uncertain_effect" if task.effect_uncertain else "cancelled"
+    if task.state is TaskState.LEASED and task.current_attempt_id is not None:
+        await cur.execute(
+            "SELECT queue_id FROM pulse_attempts WHERE namespace_id = %s AND id = %s FOR UPDATE",
+            (namespace_id, task.current_attempt_id))
+        queue_id = (await cur.fetchone())["queue_id"]
+        await cur.execute(
+            "UPDATE pulse_attempts SET state = 'WITHDRAWN', finished_at = %s, error = %s"
+            " WHERE namespace_id = %s AND id = %s AND state = 'OFFERED'",
+            (to_db(now), jsondoc.dumps({"type": "cancelled", "message": "cancelled before start"}),
+             namespace_id, task.current_attempt_id))
+        leases.expect_rows(cur, 1, "withdraw offer")
+    else:
+        queue_id = None
+    await cur.execute(
+        "UPDATE pulse_tasks SET state = %s, revision = revision + 1, cancel_requested_at = %s,"
+        " cancel_reason = %s, outcome_reason = %s, current_attempt_id = NULL,"
+        " lease_expires_at = NULL, completed_at = %s, updated_at = UTC_TIMESTAMP(6)"
+        " WHERE namespace_id = %s AND id = %s AND revision = %s AND state = %s",
+        (target.value, to_db(now), reason, why,
+         None if target is TaskState.NEEDS_REVIEW else to_db(now),
+         namespace_id, task.id, task.revision, task.state.value))
+    leases.expect_rows(cur, 1, "cancel")
+    if queue_id is not None:
+        await leases.add_active(cur, namespace_id, {queue_id: -1})
+    event = leases.task_event(namespace_id, task.id, task.revision + 1, "task." + why,
+                          task.state, target, {"reason": reason})
+    await append_events(cur, [event])
+    await append_results(cur, namespace_id, [ResultEvent(
+        event_id=event.id, task_id=task.id, queue_id=task.queue_id,
+        task_revision=task.revision + 1, state=target.value,
+        snapshot={"task_id": task.id.hex(), "handler": task.handler, "state": target.value,
+                  "revision": task.revision + 1, "outcome_reason": why,
+                  "attempts_used": task.attempts_used,
+                  "effect_uncertain": task.effect_uncertain, "result": None,
+                  "error": {"type": "cancelled", "message": reason or ""}})])
+
+
+async def _reload(cur: Any, namespace_id: bytes, task_id: bytes) -> Task:
+    await cur.execute(SELECT_TASK, (namespace_id, task_id))
+    return Task.from_row(await cur.fetchone())
+
+
+# --- review ----------------------------------------------------------------------------------
+
+DECISIONS = ("succeeded", "failed")
+
+
+async def review_task(db: Database, principal: credentials.Principal, *, namespace: str,
+                      task_id: bytes, decision: str, reason: str, evidence_ref: str | None,
+                      result: str | None = None, idempotency_key: str | None = None,
+                      request_id: str | None = None) -> Replay:
+    """Resolve NEEDS_REVIEW to SUCCEEDED or FAILED, audited with reason and evidence."""
+    problems = []
+    if decision not in DECISIONS:
+        problems.append({"path": "$.decision", "message": "succeeded or failed"})
+    if result is not None and decision != "succeeded":
+        problems.append({"path": "$.result", "message": "only with decision succeeded"})
+    if evidence_ref is not None and len(evidence_ref) > REASON_MAX:
+        problems.append({"path": "$.evidence_ref",
+                         "message": f"at most {REASON_MAX} characters"})
+    if problems:
+        raise errors.ValidationFailed(problems)
+    _check_reason(reason, required=True)
+    idem = _idem("tasks.review", idempotency_key, task_id,
+                 {"decision": decision, "reason": reason, "evidence_ref": evidence_ref,
+                  "result": result}, principal)
+
+    async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
+        task, queue, _ = await _locked_task(cur, principal, authz.Action.TASKS_REVIEW,
+                                            namespace, task_id)
+        if task.state is not TaskState.NEEDS_REVIEW:
+            raise TaskNotReviewable(f"the task is {task.state.value}")
+        now = await db_now(cur)
+        target = TaskState.SUCCEEDED if decision == "succeeded" else TaskState.FAILED
+        why = f"reviewed_{decision}"
+        await cur.execute(
+            "UPDATE pulse_tasks SET state = %s, revision = revision + 1, effect_uncertain = 0,"
+            " outcome_reason = %s, result = COALESCE(%s, result), completed_at = %s,"
+            " updated_at = UTC_TIMESTAMP(6)"
+            " WHERE namespace_id = %s AND id = %s AND revision = %s AND state = 'NEEDS_REVIEW'",
+            (target.value, why, result, to_db(now), namespace_id, task.id, task.revision))
+        leases.expect_rows(cur, 1, "review")
+        event = leases.task_event(namespace_id, task.id, task.revision + 1,
+                              "task." + why, TaskState.NEEDS_REVIEW, target,
+                              {"reason": reason, "evidence_ref": evidence_ref})
+        await append_events(cur, [event])
+        after = await _reload(cur, namespace_id, task.id)
+        await append_audit(cur, AuditRecord(
+            actor=principal.actor, action="task.review", resource_type="task",
+            resource_id=task.id, resource_revision=after.revision, namespace_id=namespace_id,
+            application_id=principal.application_id, reason=reason, evidence_ref=evidence_ref,
+            before={"state": task.state.value, "effect_uncertain": task.effect_uncertain},
+            after={"state": after.state.value, "decision": decision}, request_id=request_id,
+        ))
+        await append_results(cur, namespace_id, [ResultEvent(
+            event_id=event.id, task_id=task.id, queue_id=task.queue_id,
+            task_revision=after.revision, state=target.value,
+            snapshot={"task_id": task.id.hex(), "handler": task.handler, "state": target.value,
+                      "revision": after.revision, "outcome_reason": why,
+                      "attempts_used": task.attempts_used, "effect_uncertain": False,
+                      "result": jsondoc.loads_strict(after.result) if after.result else None,
+                      "error": None, "review": {"reason": reason,
+                                                "evidence_ref": evidence_ref}})])
+        return 200, task_view(after, queue), task.id
+
+    return await _run(db, "tasks.review", principal=principal, action=authz.Action.TASKS_REVIEW,
+                      namespace=namespace, idem=idem, act=act)
+
+
+# --- manual retry ----------------------------------------------------------------------------
+
+
+async def retry_task(db: Database, principal: credentials.Principal, *, namespace: str,
+                     task_id: bytes, reason: str, rerun_confirmed: bool,
+                     idempotency_key: str | None = None,
+                     request_id: str | None = None) -> Replay:
+    """Create the one direct successor of a FAILED or CANCELLED task (201)."""
+    _check_reason(reason, required=True)
+    if rerun_confirmed is not True:
+        raise ConfirmationRequired("set rerun_confirmed to true to declare re-running safe")
+    new_id = ids.new_id()
+    idem = _idem("tasks.retry", idempotency_key, task_id, {"reason": reason}, principal)
+
+    async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
+        task, queue, _ = await _locked_task(cur, principal, authz.Action.TASKS_RETRY,
+                                            namespace, task_id)
+        if task.state not in {TaskState.FAILED, TaskState.CANCELLED}:
+            raise TaskNotRetryable(f"the task is {task.state.value}")
+        await cur.execute("SELECT id FROM pulse_tasks WHERE namespace_id = %s AND retry_of = %s",
+                          (namespace_id, task.id))
+        existing = await cur.fetchone()
+        if existing is not None:
+            raise AlreadyRetried(successor=existing["id"].hex())
+        now = await db_now(cur)
+        created = task.created_at
+
+        def relative(at: dt.datetime | None) -> Any:
+            return None if at is None else to_db(now + (as_utc(at) - created))
+
+        try:
+            await cur.execute(RETRY_INSERT, (
+                to_db(now), to_db(now), relative(task.deadline_at),
+                relative(task.start_deadline_at), new_id, namespace_id, task.id))
+        except Exception as exc:
+            if dberrors.is_duplicate(exc, "uq_tasks_retry_parent"):
+                raise AlreadyRetried() from exc
+            raise
+        await append_events(cur, [leases.task_event(
+            namespace_id, new_id, 1, "task.accepted", None, TaskState.WAITING,
+            {"retry_of": task.id.hex(), "reason": reason})])
+        await append_audit(cur, AuditRecord(
+            actor=principal.actor, action="task.retry", resource_type="task",
+            resource_id=task.id, resource_revision=task.revision, namespace_id=namespace_id,
+            application_id=principal.application_id, reason=reason,
+            before={"state": task.state.value},
+            after={"successor": new_id.hex()}, request_id=request_id,
+        ))
+        successor = await _reload(cur, namespace_id, new_id)
+        return 201, task_view(successor, queue), new_id
+
+    return await _run(db, "tasks.retry", principal=principal, action=authz.Action.TASKS_RETRY,
+                      namespace=namespace, idem=idem, act=act)
+
+
+# The successor copies the original's work and frozen policies; deadlines keep their relative
+# length from the new acceptance time; attempts, results and evidence start afresh.
+RETRY_INSERT = """
+INSERT INTO pulse_tasks (namespace_id, id, queue_id, handler, input, state, revision, priority,
+  available_at, business_key, deadline_at, start_deadline_at, attempt_timeout_ms, max_attempts,
+  retry_initial_ms, retry_max_ms, retry_multiplier, retry_jitter, offer_lease_ms,
+  execution_lease_ms, rerun_safe, retry_of, created_at, updated_at)
+SELECT o.namespace_id, v.new_id, o.queue_id, o.handler, o.input, 'WAITING', 1, o.priority,
+  v.now, o.business_key, v.deadline_at, v.start_deadline_at, o.attempt_timeout_ms,
+  o.max_attempts, o.retry_initial_ms, o.retry_max_ms, o.retry_multiplier, o.retry_jitter,
+  o.offer_lease_ms, o.execution_lease_ms, o.rerun_safe, o.id, v.now, v.now
+FROM (SELECT %s AS now, %s AS created, %s AS deadline_at, %s AS start_deadline_at,
+             %s AS new_id) v
+JOIN pulse_tasks o ON o.namespace_id = %s AND o.id = %s
+"""

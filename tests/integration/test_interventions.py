@@ -1,0 +1,190 @@
+"""Cancel, review and manual retry against the real database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orbit_common.db.pool import Database
+from orbit_common.platform import credentials
+from orbit_common.pulse import interventions, leases
+from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant
+from tests.conftest import Tenant
+from tests.integration.test_leases import claim, expire_now, finish, recover, report, start
+from tests.support.lease_fixtures import add_tasks, make_queue, open_session, scalar, task_row
+
+
+async def principal(db: Database, tenant: Tenant) -> credentials.Principal:
+    return await db.read("test.auth", lambda cur: credentials.authenticate(cur, tenant.api_key))
+
+
+async def cancel(db: Database, tenant: Tenant, task_id: bytes, **kw: Any) -> Any:
+    return await interventions.cancel_task(db, await principal(db, tenant),
+                                           namespace=tenant.namespace, task_id=task_id,
+                                           reason=kw.pop("reason", "no longer needed"), **kw)
+
+
+async def running_task(db: Database, tenant: Tenant, **kw: Any) -> tuple[bytes, Grant]:
+    queue = await make_queue(db, tenant)
+    (task_id,) = await add_tasks(db, tenant, queue, **kw)
+    session = await open_session(db, tenant, [queue])
+    (grant,) = await claim(db, session, queue)
+    await start(db, tenant, [grant])
+    return task_id, grant
+
+
+async def test_cancel_waiting_is_immediate_and_audited(db: Database, tenant: Tenant) -> None:
+    queue = await make_queue(db, tenant)
+    (task_id,) = await add_tasks(db, tenant, queue)
+    outcome = await cancel(db, tenant, task_id)
+    assert outcome.status == 200
+    assert outcome.body["state"] == "CANCELLED"
+    row = await task_row(db, tenant, task_id)
+    assert row["state"] == "CANCELLED"
+    assert row["completed_at"] is not None
+    audit = await scalar(db, "SELECT CONCAT(actor_kind, ':', reason) AS a FROM orbit_audit_events"
+                             " WHERE resource_id = %s AND action = 'task.cancel'", task_id)
+    assert audit == "credential:no longer needed"
+    assert await scalar(db, "SELECT COUNT(*) AS n FROM orbit_result_events WHERE task_id = %s"
+                            " AND state = 'CANCELLED'", task_id) == 1
+
+
+async def test_cancel_leased_withdraws_the_offer(db: Database, tenant: Tenant) -> None:
+    queue = await make_queue(db, tenant)
+    (task_id,) = await add_tasks(db, tenant, queue)
+    session = await open_session(db, tenant, [queue])
+    (grant,) = await claim(db, session, queue)
+    await cancel(db, tenant, task_id)
+    assert (await task_row(db, tenant, task_id))["state"] == "CANCELLED"
+    assert await scalar(db, "SELECT state FROM pulse_attempts WHERE id = %s",
+                        grant.attempt_id) == "WITHDRAWN"
+    assert await scalar(db, "SELECT active_attempts FROM pulse_queues WHERE id = %s",
+                        queue.id) == 0
+    (outcome,) = await start(db, tenant, [grant])
+    assert not outcome.approved
+
+
+async def test_cancel_running_is_an_intent_confirmed_by_the_worker(
+    db: Database, tenant: Tenant
+) -> None:
+    task_id, grant = await running_task(db, tenant)
+    outcome = await cancel(db, tenant, task_id)
+    assert outcome.body["state"] == "RUNNING"
+    assert outcome.body["cancel_requested"] is True
+    renewed = await db.transaction("t", lambda cur: leases.renew(
+        cur, tenant.namespace_id,
+        [AttemptRef(attempt_id=grant.attempt_id, token=grant.token,
+                    generation=grant.generation)]))
+    assert renewed[0].cancel_requested
+    (done,) = await finish(db, tenant, [report(grant, "cancelled", error={"type": "stopped"})])
+    assert done.task_state == "CANCELLED"
+
+
+async def test_a_success_that_commits_first_wins_over_a_cancel(
+    db: Database, tenant: Tenant
+) -> None:
+    task_id, grant = await running_task(db, tenant)
+    await cancel(db, tenant, task_id)
+    (done,) = await finish(db, tenant, [report(grant, "succeeded", result="{}")])
+    assert done.task_state == "SUCCEEDED"
+    again = await cancel(db, tenant, task_id)
+    assert again.body["state"] == "SUCCEEDED"
+
+
+async def test_cancelled_report_without_a_cancel_request_is_refused(
+    db: Database, tenant: Tenant
+) -> None:
+    task_id, grant = await running_task(db, tenant)
+    (done,) = await finish(db, tenant, [report(grant, "cancelled", error={"type": "x"})])
+    assert not done.accepted
+    assert done.reason == "cancel_not_requested"
+    assert (await task_row(db, tenant, task_id))["state"] == "RUNNING"
+
+
+async def test_cancel_of_a_task_carrying_uncertainty_goes_to_review(
+    db: Database, tenant: Tenant
+) -> None:
+    task_id, _grant = await running_task(db, tenant, rerun_safe=True)
+    await expire_now(db, tenant, task_id)
+    await recover(db)
+    assert (await task_row(db, tenant, task_id))["effect_uncertain"] == 1
+    outcome = await cancel(db, tenant, task_id)
+    assert outcome.body["state"] == "NEEDS_REVIEW"
+
+
+async def test_cancel_is_idempotent_with_a_key(db: Database, tenant: Tenant) -> None:
+    queue = await make_queue(db, tenant)
+    (task_id,) = await add_tasks(db, tenant, queue)
+    first = await cancel(db, tenant, task_id, idempotency_key="c1")
+    second = await cancel(db, tenant, task_id, idempotency_key="c1")
+    assert first.body == second.body
+    assert await scalar(db, "SELECT COUNT(*) AS n FROM orbit_audit_events WHERE resource_id = %s",
+                        task_id) == 1
+
+
+async def test_review_resolves_needs_review(db: Database, tenant: Tenant) -> None:
+    task_id, grant = await running_task(db, tenant)
+    await finish(db, tenant, [report(grant, "unknown", error={"type": "Timeout"})])
+    who = await principal(db, tenant)
+    with pytest.raises(interventions.errors.ValidationFailed):
+        await interventions.review_task(db, who, namespace=tenant.namespace, task_id=task_id,
+                                        decision="maybe", reason="x", evidence_ref=None)
+    outcome = await interventions.review_task(
+        db, who, namespace=tenant.namespace, task_id=task_id, decision="succeeded",
+        reason="checked the ledger", evidence_ref="TICKET-7", result='{"charged": true}')
+    assert outcome.body["state"] == "SUCCEEDED"
+    row = await task_row(db, tenant, task_id)
+    assert row["effect_uncertain"] == 0
+    assert row["result"] == '{"charged": true}'
+    evidence = await scalar(db, "SELECT evidence_ref FROM orbit_audit_events WHERE resource_id"
+                                " = %s AND action = 'task.review'", task_id)
+    assert evidence == "TICKET-7"
+    with pytest.raises(interventions.TaskNotReviewable):
+        await interventions.review_task(db, who, namespace=tenant.namespace, task_id=task_id,
+                                        decision="failed", reason="x", evidence_ref=None)
+
+
+async def test_manual_retry_creates_exactly_one_successor(db: Database, tenant: Tenant) -> None:
+    task_id, grant = await running_task(db, tenant)
+    await finish(db, tenant, [report(grant, "failed", error={"type": "Boom"})])
+    who = await principal(db, tenant)
+    with pytest.raises(interventions.ConfirmationRequired):
+        await interventions.retry_task(db, who, namespace=tenant.namespace, task_id=task_id,
+                                       reason="fixed upstream", rerun_confirmed=False)
+    outcome = await interventions.retry_task(db, who, namespace=tenant.namespace,
+                                             task_id=task_id, reason="fixed upstream",
+                                             rerun_confirmed=True)
+    assert outcome.status == 201
+    successor = bytes.fromhex(outcome.body["id"])
+    row = await task_row(db, tenant, successor)
+    assert row["retry_of"] == task_id
+    assert row["state"] == "WAITING"
+    assert row["attempts_used"] == 0
+    assert (await task_row(db, tenant, task_id))["state"] == "FAILED"
+    with pytest.raises(interventions.AlreadyRetried):
+        await interventions.retry_task(db, who, namespace=tenant.namespace, task_id=task_id,
+                                       reason="again", rerun_confirmed=True)
+
+
+async def test_interventions_see_only_their_tenant(db: Database, tenant: Tenant) -> None:
+    from tests.conftest import make_tenant
+
+    other = await make_tenant(db)
+    queue = await make_queue(db, tenant)
+    (task_id,) = await add_tasks(db, tenant, queue)
+    with pytest.raises(interventions.TaskNotFound):
+        await interventions.cancel_task(db, await principal(db, other),
+                                        namespace=other.namespace, task_id=task_id, reason=None)
+    assert (await task_row(db, tenant, task_id))["state"] == "WAITING"
+
+
+async def test_forged_finish_reports_cannot_end_a_task(db: Database, tenant: Tenant) -> None:
+    task_id, grant = await running_task(db, tenant)
+    wrong_generation = FinishReport(
+        ref=AttemptRef(attempt_id=grant.attempt_id, token=grant.token,
+                       generation=grant.generation + 1),
+        report_id=b"x", outcome="succeeded", result="{}")
+    (done,) = await finish(db, tenant, [wrong_generation])
+    assert done.reason == "invalid_attempt"
+    assert (await task_row(db, tenant, task_id))["state"] == "RUNNING"

@@ -177,3 +177,12 @@ class IntegrityViolation(OrbitError):
 
     code = "integrity_violation"
     title = "The database refused a write that breaks an integrity rule"
+
+
+# --- pulse (issue 3) ---------------------------------------------------------------------------
+
+
+class QueueNotFound(NotFound):
+    """No such queue, or one the credential may not see (the two are not told apart)."""
+
+    code = "queue_not_found"

@@ -18,6 +18,12 @@ ACCEPTED_ENCODINGS = frozenset({"identity", "gzip", "deflate"})
 
 async def read_json(request: web.Request, cls: type[T]) -> tuple[T, Any]:
     """Parse a JSON body into ``cls``; returns the DTO and the raw document."""
+    document = await read_document(request)
+    return strict.structure(document, cls), document
+
+
+async def read_document(request: web.Request, **parse: Any) -> Any:
+    """A strictly parsed JSON body: content type, encoding and size checked first."""
     content_type = request.content_type
     if content_type != "application/json":
         raise errors.UnsupportedMediaType(
@@ -39,8 +45,7 @@ async def read_json(request: web.Request, cls: type[T]) -> tuple[T, Any]:
         raise errors.BadRequest("the request body could not be read or decoded") from exc
     if not raw:
         raise errors.MalformedJson("the request body is empty")
-    document = jsondoc.loads_strict(raw)
-    return strict.structure(document, cls), document
+    return jsondoc.loads_strict(raw, **parse)
 
 
 _LIMIT = web.AppKey("max_body_bytes", int)

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import attrs
 import click
 
 from orbit_cli import devdb
@@ -26,7 +27,7 @@ from orbit_common.db import migrator
 from orbit_common.db.pool import DatabaseUrl
 
 # Every daemon that exists today; later capabilities add theirs.
-DAEMONS = ("api",)
+DAEMONS = ("api", "dispatcher")
 
 
 @click.group()
@@ -85,7 +86,10 @@ def _wait_http(url: str, timeout_s: float) -> bool:
               show_default=True, help="State directory of the local stack.")
 @click.option("--api-port", default=lambda: int(os.environ.get("ORBIT_API_PORT", "8080")),
               show_default="8080 or $ORBIT_API_PORT")
-def dev_up(root: Path, api_port: int) -> None:
+@click.option("--dispatcher-port", type=int,
+              default=lambda: int(os.environ.get("ORBIT_DISPATCHER_PORT", "0")) or None,
+              show_default="API port + 1 or $ORBIT_DISPATCHER_PORT")
+def dev_up(root: Path, api_port: int, dispatcher_port: int | None) -> None:
     """Run the whole stack locally until Ctrl-C."""
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -102,20 +106,36 @@ def dev_up(root: Path, api_port: int) -> None:
         applied = migrator.Migrator(parsed).up(log=click.echo)
         click.echo(f"migrations: applied {len(applied)}" if applied else "migrations: up to date")
         api_url = f"http://127.0.0.1:{api_port}"
-        _bootstrap_once(root, url, api_url)
-        _supervise(root, url, api_port, api_url)
+        ports = Ports(api=api_port, dispatcher=dispatcher_port or api_port + 1)
+        _bootstrap_once(root, url, api_url, ports.dispatcher_url)
+        _supervise(root, url, ports)
     finally:
         if instance is not None:
             click.echo("stopping the private database …")
             devdb.stop(root / "mysql")
 
 
-def _bootstrap_once(root: Path, url: str, api_url: str) -> None:
+@attrs.frozen
+class Ports:
+    api: int
+    dispatcher: int
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api}"
+
+    @property
+    def dispatcher_url(self) -> str:
+        return f"http://127.0.0.1:{self.dispatcher}"
+
+
+def _bootstrap_once(root: Path, url: str, api_url: str, dispatcher_url: str) -> None:
     path = root / "bootstrap.json"
     if path.exists():
         doc = json.loads(path.read_text())
-        if doc.get("api_url") != api_url:
+        if doc.get("api_url") != api_url or doc.get("dispatcher_url") != dispatcher_url:
             doc["api_url"] = api_url
+            doc["dispatcher_url"] = dispatcher_url
             from orbit_cli.main import write_secret_file
 
             write_secret_file(path, doc)
@@ -134,6 +154,10 @@ def _bootstrap_once(root: Path, url: str, api_url: str) -> None:
             "`orbit admin credential create`."
         )
     doc = json.loads(path.read_text())
+    doc["dispatcher_url"] = dispatcher_url
+    from orbit_cli.main import write_secret_file
+
+    write_secret_file(path, doc)
     click.echo("bootstrap: created application, namespace and an all-access API key:")
     click.echo(f"  api_key   = {doc['api_key']}   (shown once; saved in {path}, mode 0600)")
     click.echo(f"  namespace = {doc['namespace']}")
@@ -143,8 +167,10 @@ def _spawn(name: str, env: dict[str, str]) -> subprocess.Popen[Any]:
     return subprocess.Popen([sys.executable, "-m", "orbit_cli", name], env=env)
 
 
-def _supervise(root: Path, url: str, api_port: int, api_url: str) -> None:
-    env = {**os.environ, "ORBIT_DATABASE_URL": url, "ORBIT_API_PORT": str(api_port)}
+def _supervise(root: Path, url: str, ports: Ports) -> None:
+    api_url = ports.api_url
+    env = {**os.environ, "ORBIT_DATABASE_URL": url, "ORBIT_API_PORT": str(ports.api),
+           "ORBIT_DISPATCHER_PORT": str(ports.dispatcher)}
     stopping = False
 
     def request_stop(_signum: int, _frame: Any) -> None:
@@ -158,6 +184,7 @@ def _supervise(root: Path, url: str, api_port: int, api_url: str) -> None:
         if _wait_http(f"{api_url}/readyz", 30):
             click.echo(f"\nOrbit is up.\n  API:    {api_url}  (try: curl -H 'Authorization: "
                        f"Bearer <api_key>' {api_url}/v1/whoami)\n  health: {api_url}/readyz\n"
+                       f"  workers: {ports.dispatcher_url}  (docs/api/worker.md)\n"
                        f"  key:    {root / 'bootstrap.json'}\nPress Ctrl-C to stop.")
         else:
             click.echo("warning: the API did not become ready within 30 s; see its logs above")

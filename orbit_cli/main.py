@@ -372,6 +372,18 @@ def api_command(ctx: click.Context) -> None:
     runner.run(ApiService, config, "api")
 
 
+@cli.command("dispatcher")
+@click.pass_context
+def dispatcher_command(ctx: click.Context) -> None:
+    """Run the dispatcher daemon (worker sessions, leases, recovery)."""
+    from orbit_common.service import runner
+    from orbit_dispatcher.service import DispatcherService
+
+    config = _config(ctx)
+    _url(ctx)
+    runner.run(DispatcherService, config, "dispatcher")
+
+
 def _register_dev() -> None:
     from orbit_cli.dev import dev
 

@@ -226,3 +226,38 @@ async def check_active(cur: Any, session: Session) -> None:
 async def expire_lapsed(cur: Any, limit: int = 500) -> int:
     await cur.execute(EXPIRE_LAPSED, (limit,))
     return int(cur.rowcount)
+
+
+class SessionNotFound(errors.NotFound):
+    code = "session_not_found"
+    title = "No such worker session for this credential"
+
+
+SELECT_SESSION = """
+SELECT instance_id, generation, credential_id, queues, handlers, max_in_flight, state,
+       expires_at, expires_at > UTC_TIMESTAMP(6) AS alive
+FROM pulse_worker_sessions WHERE namespace_id = %s AND id = %s
+"""
+
+
+async def load(cur: Any, principal: credentials.Principal, *, namespace: str,
+               session_id: bytes) -> tuple[Session, bool]:
+    """A session of the caller's credential, and whether it is ACTIVE and alive.
+
+    Finishing and renewing attempts do not need a live session (the attempt token is the
+    credential); claiming and polling do.
+    """
+    ns = await credentials.authorize(cur, principal, authz.Action.WORKERS_WORK, namespace)
+    await cur.execute(SELECT_SESSION, (ns.id, session_id))
+    row = await cur.fetchone()
+    if row is None or row["credential_id"] != principal.credential_id:
+        raise SessionNotFound()
+    names = jsondoc.loads_strict(row["queues"])
+    refs = await _resolve_queues(cur, ns.id, names)
+    session = Session(
+        namespace_id=ns.id, namespace=namespace, id=session_id, instance_id=row["instance_id"],
+        generation=row["generation"], credential_id=row["credential_id"], queues=refs,
+        handlers=tuple(jsondoc.loads_strict(row["handlers"])),
+        max_in_flight=row["max_in_flight"], expires_at=as_utc(row["expires_at"]),
+    )
+    return session, row["state"] == SessionState.ACTIVE and bool(row["alive"])

@@ -39,6 +39,19 @@ class ApiConfig:
 
 
 @attrs.frozen(kw_only=True)
+class DispatcherConfig:
+    """The worker gateway (``orbit dispatcher``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8081
+    claim_batch: int = 32  # tasks per claim transaction
+    idle_poll_min_ms: int = 20  # first back-off when a claim finds nothing
+    idle_poll_max_ms: int = 500  # back-off cap while queues stay empty
+    recovery_interval_s: float = 1.0  # lease-expiry / deadline / session scan period
+    node: str = ""  # observability label; defaults to host:pid
+
+
+@attrs.frozen(kw_only=True)
 class ServiceConfig:
     """Settings every daemon shares."""
 
@@ -55,6 +68,7 @@ class ServiceConfig:
 class OrbitConfig:
     database: DatabaseConfig = attrs.field(factory=DatabaseConfig)
     api: ApiConfig = attrs.field(factory=ApiConfig)
+    dispatcher: DispatcherConfig = attrs.field(factory=DispatcherConfig)
     service: ServiceConfig = attrs.field(factory=ServiceConfig)
 
 
@@ -89,6 +103,7 @@ _converter.register_structure_hook(str, _str)
 SECTIONS: dict[str, type[Any]] = {
     "database": DatabaseConfig,
     "api": ApiConfig,
+    "dispatcher": DispatcherConfig,
     "service": ServiceConfig,
 }
 def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,1 @@
+"""The dispatcher: the worker gateway (sessions, two-step dispatch, renewals, results, recovery)."""

@@ -1,0 +1,447 @@
+"""The dispatcher daemon: worker sessions over WebSocket (or HTTP long-poll) and recovery.
+
+Per connected WebSocket session the dispatcher runs a *claimer*: while the worker has announced
+free slots (``ready``), it claims due tasks from the session's queues in short batched
+transactions and pushes them as ``grants``; when nothing is due it backs off with jitter. It also
+heartbeats the session row while the connection lives and pushes ``cancel`` notices for running
+attempts whose task has a cancel request. Nothing in memory is authoritative: a killed
+dispatcher loses only connections; leases it granted expire and the recovery scan (here too, on
+every replica, SKIP LOCKED) resolves them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import prometheus_client
+from aiohttp import WSMsgType, web
+
+from orbit_api.body import LIMIT_KEY, read_document
+from orbit_api.context import CONFIG, DB, principal_of
+from orbit_api.middleware import (
+    auth_middleware,
+    metrics_middleware,
+    problem_middleware,
+    request_id_middleware,
+)
+from orbit_common import errors
+from orbit_common.db.pool import Database
+from orbit_common.model import ids, jsondoc
+from orbit_common.pulse import leases, workers
+from orbit_common.pulse.workers import Session
+from orbit_common.service.config import OrbitConfig
+from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
+from orbit_dispatcher import protocol
+
+log = logging.getLogger(__name__)
+
+GRANTS = prometheus_client.Counter("orbit_dispatch_grants_total", "Attempts granted to workers.")
+CLAIMS = prometheus_client.Counter("orbit_dispatch_claims_total",
+                                   "Claim transactions, by whether they found work.", ["found"])
+RECOVERED = prometheus_client.Counter("orbit_recovery_tasks_total",
+                                      "Tasks resolved by the recovery scan.", ["kind"])
+SESSIONS = prometheus_client.Gauge("orbit_dispatch_sessions", "WebSocket sessions connected.")
+HEARTBEAT_S = 10.0
+CANCEL_SCAN_S = 1.0
+MAX_POLL_WAIT_MS = 30_000
+
+
+class Connection:
+    """One worker session on one WebSocket."""
+
+    def __init__(self, service: DispatcherService, session: Session,
+                 ws: web.WebSocketResponse) -> None:
+        self.service = service
+        self.session = session
+        self.ws = ws
+        self.slots = 0
+        self.ready = asyncio.Event()
+        self.send_lock = asyncio.Lock()
+        self.notified: set[bytes] = set()
+        self.closing = False
+
+    async def send(self, text: str) -> None:
+        async with self.send_lock:
+            if not self.ws.closed:
+                await self.ws.send_str(text)
+
+    async def send_json(self, doc: dict[str, Any]) -> None:
+        await self.send(json.dumps(doc, ensure_ascii=False))
+
+    async def claimer(self) -> None:
+        config = self.service.config.dispatcher
+        backoff = config.idle_poll_min_ms
+        rotation = 0
+        while not self.closing:
+            await self.ready.wait()
+            if self.service.draining:
+                return
+            await self.service.gate.wait()
+            queues = self.session.queues[rotation:] + self.session.queues[:rotation]
+            rotation = (rotation + 1) % len(self.session.queues)
+            grants = await self.service.claim(self.session, queues, self.slots)
+            if grants:
+                self.slots -= len(grants)
+                if self.slots <= 0:
+                    self.ready.clear()
+                await self.send(protocol.grants_frame(grants))
+                backoff = config.idle_poll_min_ms
+                continue
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.0) / 1000)  # noqa: S311
+            backoff = min(config.idle_poll_max_ms, backoff * 2)
+
+    async def heartbeat(self) -> None:
+        while not self.closing:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await self.service.db.transaction(
+                    "dispatch.heartbeat", lambda cur: workers.heartbeat(cur, self.session))
+            except workers.SessionLost:
+                await self.send_json({"type": "error", "id": None, "code": "session_lost",
+                                      "detail": "the session was fenced by a newer one or "
+                                                "expired; register again"})
+                await self.ws.close()
+                return
+
+    async def cancel_notices(self) -> None:
+        while not self.closing:
+            await asyncio.sleep(CANCEL_SCAN_S)
+            found = await self.service.db.read(
+                "dispatch.cancel_scan",
+                lambda cur: self.service.cancel_requested(cur, self.session))
+            fresh = [a for a in found if a not in self.notified]
+            if fresh:
+                self.notified.update(fresh)
+                await self.send_json({"type": "cancel",
+                                      "attempt_ids": [a.hex() for a in fresh]})
+
+    async def handle(self, text: str) -> None:
+        """One client frame; a malformed one gets an ``error`` frame and changes nothing."""
+        request_id = None
+        try:
+            doc = jsondoc.loads_strict(text)
+            if not isinstance(doc, dict) or not isinstance(doc.get("type"), str):
+                raise errors.ValidationFailed([{"path": "$.type", "message": "required"}])
+            request_id = doc.get("id")
+            if request_id is not None and (not isinstance(request_id, str)
+                                           or not 1 <= len(request_id) <= 64):
+                request_id = None
+                raise errors.ValidationFailed([{"path": "$.id",
+                                                "message": "a string of 1-64 characters"}])
+            kind = doc["type"]
+            if kind == "ready":
+                slots = doc.get("slots")
+                if isinstance(slots, bool) or not isinstance(slots, int) \
+                        or not 0 <= slots <= 10_000:
+                    raise errors.ValidationFailed([{"path": "$.slots",
+                                                    "message": "an integer from 0 to 10000"}])
+                self.slots = slots
+                if slots > 0:
+                    self.ready.set()
+                else:
+                    self.ready.clear()
+                return
+            op = self.service.operations().get(kind)
+            if op is None:
+                raise errors.ValidationFailed([{"path": "$.type",
+                                                "message": "ready, start, renew or finish"}])
+            items = await op(self.session.namespace_id, doc)
+            await self.send_json({"type": "reply", "id": request_id, "op": kind,
+                                  "items": items})
+        except errors.OrbitError as exc:
+            await self.send_json({"type": "error", "id": request_id, "code": exc.code,
+                                  "detail": exc.detail,
+                                  **({"errors": exc.errors}
+                                     if isinstance(exc, errors.ValidationFailed) else {})})
+
+
+class DispatcherService:
+    """``orbit dispatcher``: the aiohttp application plus the recovery loop."""
+
+    name = "dispatcher"
+    serves_health = True
+
+    def __init__(self, config: OrbitConfig, db: Database, gate: ReadinessGate) -> None:
+        self.config = config
+        self.db = db
+        self.gate = gate
+        self.node = config.dispatcher.node or f"{socket.gethostname()}:{os.getpid()}"
+        self.connections: set[Connection] = set()
+        self.draining = False
+        self.runner: web.AppRunner | None = None
+        self.recovery: asyncio.Task[None] | None = None
+        self.app = self._make_app()
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.runner = web.AppRunner(self.app, access_log=None,
+                                    shutdown_timeout=self.config.service.drain_timeout_s)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.config.dispatcher.host, self.config.dispatcher.port)
+        await site.start()
+        self.recovery = asyncio.create_task(self._recovery_loop(), name="dispatch-recovery")
+        log.info("dispatcher listening", extra={"host": self.config.dispatcher.host,
+                                                "port": self.config.dispatcher.port,
+                                                "node": self.node})
+
+    async def drain(self) -> None:
+        """Stop granting, tell workers to reconnect elsewhere, let in-flight calls finish."""
+        self.draining = True
+        for conn in list(self.connections):
+            conn.closing = True
+            conn.ready.set()
+            await conn.ws.close(code=1001, message=b"dispatcher draining")
+        if self.recovery is not None:
+            self.recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.recovery
+            self.recovery = None
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    async def close(self) -> None:
+        await self.drain()
+
+    # --- domain calls -----------------------------------------------------------------------
+
+    async def claim(self, session: Session, queues: Any, slots: int) -> list[leases.Grant]:
+        grants: list[leases.Grant] = []
+        for queue in queues:
+            want = min(slots - len(grants), self.config.dispatcher.claim_batch)
+            if want <= 0:
+                break
+            got = await self.db.transaction("dispatch.claim", _claimer(session, queue, want))
+            CLAIMS.labels("yes" if got else "no").inc()
+            grants.extend(got)
+        GRANTS.inc(len(grants))
+        return grants
+
+    @staticmethod
+    async def cancel_requested(cur: Any, session: Session) -> list[bytes]:
+        await cur.execute(
+            "SELECT a.id FROM pulse_attempts a JOIN pulse_tasks t"
+            " ON t.namespace_id = a.namespace_id AND t.id = a.task_id"
+            " WHERE a.namespace_id = %s AND a.worker_session_id = %s AND a.state = 'RUNNING'"
+            " AND t.cancel_requested_at IS NOT NULL AND t.current_attempt_id = a.id",
+            (session.namespace_id, session.id))
+        return [row["id"] for row in await cur.fetchall()]
+
+    def operations(self) -> dict[str, Callable[[bytes, Any], Awaitable[list[dict[str, Any]]]]]:
+        return {"start": self.op_start, "renew": self.op_renew, "finish": self.op_finish}
+
+    async def op_start(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
+        refs = protocol.parse_refs(doc)
+        out = await self.db.transaction("dispatch.start",
+                                        lambda cur: leases.start(cur, namespace_id, refs))
+        return [protocol.start_json(o) for o in out]
+
+    async def op_renew(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
+        refs = protocol.parse_refs(doc)
+        out = await self.db.transaction("dispatch.renew",
+                                        lambda cur: leases.renew(cur, namespace_id, refs))
+        return [protocol.renew_json(o) for o in out]
+
+    async def op_finish(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
+        reports = protocol.parse_finish(doc)
+        out = await self.db.transaction("dispatch.finish",
+                                        lambda cur: leases.finish(cur, namespace_id, reports))
+        return [protocol.finish_json(o) for o in out]
+
+    async def _recovery_loop(self) -> None:
+        interval = self.config.dispatcher.recovery_interval_s
+        while True:
+            await asyncio.sleep(interval * random.uniform(0.5, 1.5))  # noqa: S311
+            if not self.gate.is_ready:
+                continue
+            try:
+                while True:
+                    n = await self.db.transaction("recovery.leases",
+                                                  lambda cur: leases.recover_expired(cur, 128))
+                    RECOVERED.labels("lease").inc(n)
+                    if n < 128:
+                        break
+                n = await self.db.transaction("recovery.deadlines",
+                                              lambda cur: leases.expire_waiting(cur, 128))
+                RECOVERED.labels("deadline").inc(n)
+                await self.db.transaction("recovery.sessions",
+                                          lambda cur: workers.expire_lapsed(cur, 500))
+            except errors.OrbitError as exc:
+                log.warning("recovery pass failed: %s", exc, extra={"code": exc.code})
+
+    # --- HTTP -------------------------------------------------------------------------------
+
+    def _make_app(self) -> web.Application:
+        app = web.Application(middlewares=[metrics_middleware, request_id_middleware,
+                                           problem_middleware, auth_middleware],
+                              client_max_size=self.config.api.max_body_bytes)
+        app[DB] = self.db
+        app[CONFIG] = self.config
+        app[GATE_KEY] = self.gate
+        app[LIMIT_KEY] = self.config.api.max_body_bytes
+        add_health_routes(app)
+        base = "/v1/namespaces/{namespace}/worker/sessions"
+        app.router.add_post(base, self.http_register)
+        app.router.add_get(base + "/{session_id}/ws", self.http_ws)
+        app.router.add_post(base + "/{session_id}/poll", self.http_poll)
+        app.router.add_post(base + "/{session_id}/start", self._http_op("start"))
+        app.router.add_post(base + "/{session_id}/renew", self._http_op("renew"))
+        app.router.add_post(base + "/{session_id}/finish", self._http_op("finish"))
+        app.router.add_post(base + "/{session_id}/heartbeat", self.http_heartbeat)
+        app.router.add_delete(base + "/{session_id}", self.http_close)
+        return app
+
+    async def _load(self, request: web.Request, *, live: bool) -> Session:
+        try:
+            session_id = ids.from_hex(request.match_info["session_id"])
+        except ValueError as exc:
+            raise workers.SessionNotFound() from exc
+        principal = principal_of(request)
+        namespace = request.match_info["namespace"]
+        session, alive = await self.db.read("dispatch.session", lambda cur: workers.load(
+            cur, principal, namespace=namespace, session_id=session_id))
+        if live and not alive:
+            raise workers.SessionLost()
+        return session
+
+    async def http_register(self, request: web.Request) -> web.Response:
+        doc = await _read_object(request)
+        allowed = {"instance_key", "queues", "handlers", "max_in_flight"}
+        unknown = set(doc) - allowed
+        if unknown:
+            raise errors.ValidationFailed([{"path": "$", "message":
+                                            f"unknown fields {sorted(unknown)}"}])
+        instance_key, queues = doc.get("instance_key"), doc.get("queues")
+        handlers, max_in_flight = doc.get("handlers"), doc.get("max_in_flight", 16)
+        problems = []
+        if not isinstance(instance_key, str):
+            problems.append({"path": "$.instance_key", "message": "a string"})
+        if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
+            problems.append({"path": "$.queues", "message": "an array of queue names"})
+        if not isinstance(handlers, list) or not all(isinstance(h, str) for h in handlers):
+            problems.append({"path": "$.handlers", "message": "an array of handler names"})
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
+            problems.append({"path": "$.max_in_flight", "message": "an integer"})
+        if problems:
+            raise errors.ValidationFailed(problems)
+        instance_key = cast(str, instance_key)
+        queues, handlers = cast(list[str], queues), cast(list[str], handlers)
+        principal = principal_of(request)
+        session_id, instance_id = ids.new_id(), ids.new_id()
+        session = await self.db.transaction("dispatch.register", lambda cur: workers.register(
+            cur, principal, namespace=request.match_info["namespace"],
+            instance_key=instance_key, queues=queues, handlers=handlers,
+            max_in_flight=max_in_flight, session_id=session_id, instance_id=instance_id,
+            node=self.node))
+        return web.json_response({
+            "session_id": session.id.hex(), "generation": session.generation,
+            "expires_at": session.expires_at.isoformat(timespec="microseconds"),
+            "heartbeat_interval_ms": int(HEARTBEAT_S * 1000),
+        }, status=201)
+
+    async def http_ws(self, request: web.Request) -> web.StreamResponse:
+        session = await self._load(request, live=True)
+        if self.draining:
+            raise errors.ServiceUnavailable("the dispatcher is draining; connect to another")
+        ws = web.WebSocketResponse(heartbeat=20, max_msg_size=32 * 1024 * 1024)
+        await ws.prepare(request)
+        conn = Connection(self, session, ws)
+        self.connections.add(conn)
+        SESSIONS.inc()
+        loops = [asyncio.create_task(conn.claimer(), name="ws-claimer"),
+                 asyncio.create_task(conn.heartbeat(), name="ws-heartbeat"),
+                 asyncio.create_task(conn.cancel_notices(), name="ws-cancel")]
+        try:
+            async for message in ws:
+                if message.type == WSMsgType.TEXT:
+                    await conn.handle(message.data)
+                elif message.type == WSMsgType.ERROR:
+                    break
+                if any(t.done() for t in loops):
+                    break
+        finally:
+            conn.closing = True
+            conn.ready.set()
+            for task in loops:
+                task.cancel()
+            for task in loops:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self.connections.discard(conn)
+            SESSIONS.dec()
+            with contextlib.suppress(errors.OrbitError):
+                await self.db.transaction("dispatch.close",
+                                          lambda cur: workers.close(cur, session))
+        return ws
+
+    async def http_poll(self, request: web.Request) -> web.Response:
+        session = await self._load(request, live=True)
+        doc = await _read_object(request)
+        unknown = set(doc) - {"max", "wait_ms"}
+        max_, wait_ms = doc.get("max", 1), doc.get("wait_ms", 0)
+        if unknown or isinstance(max_, bool) or not isinstance(max_, int) \
+                or not 1 <= max_ <= leases.MAX_BATCH or isinstance(wait_ms, bool) \
+                or not isinstance(wait_ms, int) or not 0 <= wait_ms <= MAX_POLL_WAIT_MS:
+            raise errors.ValidationFailed([{"path": "$", "message": "max 1-256, wait_ms "
+                                            f"0-{MAX_POLL_WAIT_MS}, no other fields"}])
+        await self.db.transaction("dispatch.heartbeat",
+                                  lambda cur: workers.heartbeat(cur, session))
+        deadline = asyncio.get_running_loop().time() + wait_ms / 1000
+        backoff = self.config.dispatcher.idle_poll_min_ms
+        while True:
+            grants = [] if self.draining else await self.claim(session, session.queues, max_)
+            now = asyncio.get_running_loop().time()
+            if grants or now >= deadline:
+                break
+            await asyncio.sleep(min(deadline - now, backoff / 1000))
+            backoff = min(self.config.dispatcher.idle_poll_max_ms, backoff * 2)
+        cancels = await self.db.read("dispatch.cancel_scan",
+                                     lambda cur: self.cancel_requested(cur, session))
+        body = ('{"grants": [' + ", ".join(protocol.grant_json(g) for g in grants) + '],'
+                ' "cancel": ' + json.dumps([c.hex() for c in cancels]) + "}")
+        return web.Response(text=body, content_type="application/json")
+
+    def _http_op(self, kind: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            session = await self._load(request, live=False)
+            doc = await _read_object(request)
+            items = await self.operations()[kind](session.namespace_id, doc)
+            return web.json_response({"items": items})
+
+        return handler
+
+    async def http_heartbeat(self, request: web.Request) -> web.Response:
+        session = await self._load(request, live=False)
+        await self.db.transaction("dispatch.heartbeat",
+                                  lambda cur: workers.heartbeat(cur, session))
+        return web.json_response({"session_id": session.id.hex(), "alive": True})
+
+    async def http_close(self, request: web.Request) -> web.Response:
+        session = await self._load(request, live=False)
+        await self.db.transaction("dispatch.close", lambda cur: workers.close(cur, session))
+        return web.Response(status=204)
+
+
+def _claimer(session: Session, queue: workers.QueueRef,
+             want: int) -> Callable[[Any], Awaitable[list[leases.Grant]]]:
+    async def body(cur: Any) -> list[leases.Grant]:
+        return await leases.claim(cur, session, queue, want)
+
+    return body
+
+
+async def _read_object(request: web.Request) -> dict[str, Any]:
+    """A JSON object body (strict parsing, size limit, content type) for worker calls."""
+    doc = await read_document(request)
+    if not isinstance(doc, dict):
+        raise errors.ValidationFailed([{"path": "$", "message": "expected a JSON object"}])
+    return doc

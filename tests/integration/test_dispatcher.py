@@ -1,0 +1,181 @@
+"""The dispatcher's worker protocol in-process (real database, real HTTP and WebSocket)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from orbit_common.db.pool import Database, DatabaseUrl
+from orbit_common.db.schema import SchemaChecker
+from orbit_common.service.health import ReadinessGate
+from orbit_dispatcher.service import DispatcherService
+from tests.conftest import Tenant, api_config
+from tests.support.lease_fixtures import add_tasks, make_queue, scalar, task_row
+
+
+@pytest.fixture
+async def dispatcher(db: Database, db_url: DatabaseUrl) -> AsyncIterator[TestClient[Any, Any]]:
+    gate = ReadinessGate(SchemaChecker(db))
+    await gate.refresh()
+    service = DispatcherService(api_config(db_url), db, gate)
+    client = TestClient(TestServer(service.app))
+    await client.start_server()
+    try:
+        yield client
+    finally:
+        service.draining = True
+        await client.close()
+
+
+def base(tenant: Tenant) -> str:
+    return f"/v1/namespaces/{tenant.namespace}/worker/sessions"
+
+
+async def register(client: TestClient[Any, Any], tenant: Tenant, queue: str,
+                   handlers: list[str] | None = None) -> str:
+    response = await client.post(base(tenant), headers=tenant.auth, json={
+        "instance_key": "w-1", "queues": [queue], "handlers": handlers or ["noop"],
+        "max_in_flight": 8})
+    assert response.status == 201, await response.text()
+    return str((await response.json())["session_id"])
+
+
+async def next_frame(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
+    async with asyncio.timeout(10):
+        while True:
+            message = await ws.receive()
+            assert message.type == aiohttp.WSMsgType.TEXT, message
+            frame = json.loads(message.data)
+            if frame["type"] == kind:
+                return frame
+
+
+async def test_websocket_session_runs_a_task_end_to_end(
+    dispatcher: TestClient[Any, Any], db: Database, tenant: Tenant
+) -> None:
+    queue = await make_queue(db, tenant)
+    (task_id,) = await add_tasks(db, tenant, queue, input_json='{"n": 1}')
+    session_id = await register(dispatcher, tenant, queue.name)
+    async with dispatcher.ws_connect(f"{base(tenant)}/{session_id}/ws",
+                                     headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "slots": 4})
+        grants = (await next_frame(ws, "grants"))["grants"]
+        assert [g["task_id"] for g in grants] == [task_id.hex()]
+        grant = grants[0]
+        assert grant["input"] == {"n": 1}
+        assert grant["generation"] == 1
+        ref = {k: grant[k] for k in ("attempt_id", "token", "generation")}
+        await ws.send_json({"type": "start", "id": "s1", "items": [ref]})
+        reply = await next_frame(ws, "reply")
+        assert reply["id"] == "s1"
+        assert reply["items"][0]["approved"] is True
+        await ws.send_json({"type": "renew", "id": "r1", "items": [ref]})
+        assert (await next_frame(ws, "reply"))["items"][0]["renewed"] is True
+        await ws.send_json({"type": "finish", "id": "f1", "items": [
+            {**ref, "report_id": "rep-1", "outcome": "succeeded", "result": {"ok": True}}]})
+        reply = await next_frame(ws, "reply")
+        assert reply["items"][0]["accepted"] is True
+        assert reply["items"][0]["task_state"] == "SUCCEEDED"
+    row = await task_row(db, tenant, task_id)
+    assert row["state"] == "SUCCEEDED"
+    assert json.loads(row["result"]) == {"ok": True}
+
+
+async def test_the_grant_carries_the_input_byte_exact(
+    dispatcher: TestClient[Any, Any], db: Database, tenant: Tenant
+) -> None:
+    queue = await make_queue(db, tenant)
+    raw = '{"n": 12345678901234567890.123456789, "e": 1E+5}'
+    await add_tasks(db, tenant, queue, input_json=raw)
+    session_id = await register(dispatcher, tenant, queue.name)
+    async with dispatcher.ws_connect(f"{base(tenant)}/{session_id}/ws",
+                                     headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "slots": 1})
+        async with asyncio.timeout(10):
+            message = await ws.receive()
+    assert raw in message.data
+
+
+async def test_malformed_frames_get_error_frames_and_change_nothing(
+    dispatcher: TestClient[Any, Any], db: Database, tenant: Tenant
+) -> None:
+    queue = await make_queue(db, tenant)
+    session_id = await register(dispatcher, tenant, queue.name)
+    async with dispatcher.ws_connect(f"{base(tenant)}/{session_id}/ws",
+                                     headers=tenant.auth) as ws:
+        for frame in ["not json", '{"type": "explode"}', '{"type": "ready", "slots": -1}',
+                      '{"type": "start", "id": "x", "items": [{"attempt_id": "zz"}]}',
+                      '{"type": "finish", "id": "y", "items": []}',
+                      '{"a": 1, "a": 2}']:
+            await ws.send_str(frame)
+            error = await next_frame(ws, "error")
+            assert error["code"] in {"malformed_json", "validation_failed", "duplicate_json_key"}
+    assert await scalar(db, "SELECT COUNT(*) AS n FROM pulse_attempts WHERE namespace_id = %s",
+                        tenant.namespace_id) == 0
+
+
+async def test_long_poll_fallback(dispatcher: TestClient[Any, Any], db: Database,
+                                  tenant: Tenant) -> None:
+    queue = await make_queue(db, tenant)
+    (task_id,) = await add_tasks(db, tenant, queue)
+    session_id = await register(dispatcher, tenant, queue.name)
+    url = f"{base(tenant)}/{session_id}"
+    response = await dispatcher.post(f"{url}/poll", headers=tenant.auth,
+                                     json={"max": 4, "wait_ms": 2000})
+    assert response.status == 200
+    grants = (await response.json())["grants"]
+    assert [g["task_id"] for g in grants] == [task_id.hex()]
+    ref = {k: grants[0][k] for k in ("attempt_id", "token", "generation")}
+    started = await (await dispatcher.post(f"{url}/start", headers=tenant.auth,
+                                           json={"items": [ref]})).json()
+    assert started["items"][0]["approved"]
+    finished = await (await dispatcher.post(f"{url}/finish", headers=tenant.auth, json={
+        "items": [{**ref, "report_id": "a", "outcome": "failed", "retryable": False,
+                   "error": {"type": "Boom"}}]})).json()
+    assert finished["items"][0]["task_state"] == "FAILED"
+    empty = await (await dispatcher.post(f"{url}/poll", headers=tenant.auth,
+                                         json={"max": 1, "wait_ms": 50})).json()
+    assert empty == {"grants": [], "cancel": []}
+
+
+async def test_another_tenant_cannot_use_a_session(
+    dispatcher: TestClient[Any, Any], db: Database, tenant: Tenant
+) -> None:
+    from tests.conftest import make_tenant
+
+    other = await make_tenant(db)
+    queue = await make_queue(db, tenant)
+    session_id = await register(dispatcher, tenant, queue.name)
+    response = await dispatcher.post(
+        f"/v1/namespaces/{other.namespace}/worker/sessions/{session_id}/poll",
+        headers=other.auth, json={"max": 1})
+    assert response.status == 404
+    assert (await response.json())["code"] == "session_not_found"
+    response = await dispatcher.post(
+        f"/v1/namespaces/{tenant.namespace}/worker/sessions/{session_id}/poll",
+        headers=other.auth, json={"max": 1})
+    assert response.status == 404
+
+
+async def test_registration_validates_input(dispatcher: TestClient[Any, Any], db: Database,
+                                            tenant: Tenant) -> None:
+    queue = await make_queue(db, tenant)
+    cases = [
+        {"instance_key": "w", "queues": [queue.name]},
+        {"instance_key": "w", "queues": [], "handlers": ["x"]},
+        {"instance_key": "w", "queues": [queue.name], "handlers": ["bad name"]},
+        {"instance_key": "w", "queues": [queue.name], "handlers": ["x"], "extra": 1},
+        {"instance_key": "w", "queues": ["no-such-queue"], "handlers": ["x"]},
+    ]
+    for body in cases:
+        response = await dispatcher.post(base(tenant), headers=tenant.auth, json=body)
+        assert response.status in {400, 404}, body
+        assert response.content_type == "application/problem+json"
+    assert await scalar(db, "SELECT COUNT(*) AS n FROM pulse_worker_sessions"
+                            " WHERE namespace_id = %s", tenant.namespace_id) == 0

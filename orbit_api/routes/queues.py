@@ -71,21 +71,27 @@ _RETRY_FIELDS = ("max_attempts", "initial_ms", "max_ms", "multiplier", "jitter")
 
 
 def _settings(dto: CreateQueueRequest) -> queues.QueueSettings:
-    problems: queues.Problems = []
+    problems = queues.check_queue_name(dto.name)
     multiplier = queues.parse_decimal(dto.retry.multiplier, "$.retry.multiplier", problems)
     jitter = queues.parse_decimal(dto.retry.jitter, "$.retry.jitter", problems)
-    if problems or multiplier is None or jitter is None:
-        raise errors.ValidationFailed(problems)
-    return queues.QueueSettings(
+    settings = queues.QueueSettings(
         description=dto.description,
         offer_lease_ms=dto.offer_lease_ms,
         execution_lease_ms=dto.execution_lease_ms,
         retry=RetryPolicy(
             max_attempts=dto.retry.max_attempts, initial_ms=dto.retry.initial_ms,
-            max_ms=dto.retry.max_ms, multiplier=multiplier, jitter=jitter,
+            max_ms=dto.retry.max_ms,
+            # A decimal that did not parse is already reported; the default stands in for it
+            # so that every other field is still judged.
+            multiplier=DEFAULT_RETRY.multiplier if multiplier is None else multiplier,
+            jitter=DEFAULT_RETRY.jitter if jitter is None else jitter,
         ),
         max_concurrent_attempts=dto.max_concurrent_attempts,
     )
+    problems += settings.problems()
+    if problems:
+        raise errors.ValidationFailed(problems)
+    return settings
 
 
 def _patch(dto: UpdateQueueRequest, raw: dict[str, Any]) -> queues.QueuePatch:
@@ -102,9 +108,7 @@ def _patch(dto: UpdateQueueRequest, raw: dict[str, Any]) -> queues.QueuePatch:
         multiplier = queues.parse_decimal(retry.multiplier, "$.retry.multiplier", problems)
     if retry.jitter is not None:
         jitter = queues.parse_decimal(retry.jitter, "$.retry.jitter", problems)
-    if problems:
-        raise errors.ValidationFailed(problems)
-    return queues.QueuePatch(
+    patch = queues.QueuePatch(
         description=dto.description,
         offer_lease_ms=dto.offer_lease_ms,
         execution_lease_ms=dto.execution_lease_ms,
@@ -117,6 +121,12 @@ def _patch(dto: UpdateQueueRequest, raw: dict[str, Any]) -> queues.QueuePatch:
             dto.max_concurrent_attempts if "max_concurrent_attempts" in raw else queues.UNSET
         ),
     )
+    problems += patch.problems()
+    if dto.revision < 1:
+        problems.insert(0, {"path": "$.revision", "message": "an integer of at least 1"})
+    if problems:
+        raise errors.ValidationFailed(problems)
+    return patch
 
 
 # --- handlers ----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from orbit_api.middleware import (
     problem_middleware,
     request_id_middleware,
 )
-from orbit_api.routes import platform, queues, tasks
+from orbit_api.routes import interventions, platform, queues, tasks
 from orbit_common.db.pool import Database
 from orbit_common.service.config import OrbitConfig
 from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
@@ -45,10 +45,11 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     platform.add_routes(app)
     queues.add_routes(app)
     tasks.add_routes(app)
+    interventions.add_routes(app)
     return app
 
 
-for _module in (queues, tasks):
+for _module in (queues, tasks, interventions):
     openapi.merge(_module.OPENAPI_PATHS, _module.OPENAPI_SCHEMAS)
 
 

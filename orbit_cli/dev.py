@@ -84,7 +84,7 @@ def _wait_http(url: str, timeout_s: float) -> bool:
 @dev.command("up")
 @click.option("--dir", "root", default=".orbit", type=click.Path(path_type=Path),
               show_default=True, help="State directory of the local stack.")
-@click.option("--api-port", default=lambda: int(os.environ.get("ORBIT_API_PORT", "8080")),
+@click.option("--api-port", type=int, default=lambda: int(os.environ.get("ORBIT_API_PORT", "8080")),
               show_default="8080 or $ORBIT_API_PORT")
 @click.option("--dispatcher-port", type=int,
               default=lambda: int(os.environ.get("ORBIT_DISPATCHER_PORT", "0")) or None,

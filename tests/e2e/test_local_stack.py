@@ -55,7 +55,8 @@ class Stack:
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [str(BIN / "orbit"), "dev", "up", "--dir", str(state), "--api-port", str(port)],
+                [str(BIN / "orbit"), "dev", "up", "--dir", str(state), "--api-port", str(port),
+                 "--dispatcher-port", str(devdb.free_port())],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

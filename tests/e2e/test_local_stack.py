@@ -49,14 +49,15 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
 class Stack:
     """One ``orbit dev up`` process with its output captured to a file."""
 
-    def __init__(self, state: Path, port: int, env: dict[str, str], log: Path) -> None:
+    def __init__(self, state: Path, port: int, env: dict[str, str], log: Path,
+                 dispatcher_port: int) -> None:
         self.state = state
         self.api_url = f"http://127.0.0.1:{port}"
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [str(BIN / "orbit"), "dev", "up", "--dir", str(state), "--api-port", str(port),
-                 "--dispatcher-port", str(devdb.free_port())],
+                 "--dispatcher-port", str(dispatcher_port)],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -116,9 +117,9 @@ def test_dev_up_bootstraps_once_serves_and_survives_restart(
     tmp_path: Path, stack_env: dict[str, str]
 ) -> None:
     state = tmp_path / "state"
-    port = devdb.free_port()
+    port, dispatcher_port = devdb.free_port(), devdb.free_port()
 
-    first = Stack(state, port, stack_env, tmp_path / "first.log")
+    first = Stack(state, port, stack_env, tmp_path / "first.log", dispatcher_port)
     try:
         first.wait_ready()
         bootstrap_file = state / "bootstrap.json"
@@ -154,7 +155,7 @@ def test_dev_up_bootstraps_once_serves_and_survives_restart(
     finally:
         first.kill()
 
-    second = Stack(state, port, stack_env, tmp_path / "second.log")
+    second = Stack(state, port, stack_env, tmp_path / "second.log", dispatcher_port)
     try:
         second.wait_ready()
         assert bootstrap_file.read_bytes() == original, "bootstrap ran a second time"

@@ -1,0 +1,660 @@
+"""The invariant checker (tests/support/invariants.py): green on real traffic, red on every
+corruption.
+
+(a) Real traffic through the lease functions and the interventions — concurrent claims from
+    several sessions, starts, renewals, finishes of every outcome, duplicated and stale reports,
+    lapsed offers and lapsed execution leases (moved into the past in SQL), recovery, deadlines,
+    cancels, reviews and manual retries — with the checker running concurrently in its own
+    snapshot, and at quiescence.
+(b) For each invariant, a scratch tenant in a scratch database (so no other test's check ever
+    sees the damage) is built clean through the real functions, corrupted with SQL, and the
+    checker must name that invariant; a clean tenant next to it stays clean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+import attrs
+import pymysql
+import pytest
+
+from orbit_common.db.batch import placeholders
+from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
+from orbit_common.model import ids
+from orbit_common.platform import credentials
+from orbit_common.pulse import interventions, leases
+from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant
+from orbit_common.pulse.workers import QueueRef, Session
+from tests.conftest import Tenant, make_tenant
+from tests.support import database
+from tests.support.invariants import check, check_db, codes
+from tests.support.lease_fixtures import add_tasks, make_queue, open_session
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def ref(grant: Grant) -> AttemptRef:
+    return AttemptRef(attempt_id=grant.attempt_id, token=grant.token, generation=grant.generation)
+
+
+async def claim(db: Database, session: Session, queue: QueueRef, n: int) -> list[Grant]:
+    return await db.transaction("test.claim", lambda cur: leases.claim(cur, session, queue, n))
+
+
+async def start(db: Database, tenant: Tenant, grants: Sequence[Grant]) -> list[Any]:
+    refs = [ref(g) for g in grants]
+    return await db.transaction("test.start",
+                                lambda cur: leases.start(cur, tenant.namespace_id, refs))
+
+
+async def renew(db: Database, tenant: Tenant, grants: Sequence[Grant]) -> list[Any]:
+    refs = [ref(g) for g in grants]
+    return await db.transaction("test.renew",
+                                lambda cur: leases.renew(cur, tenant.namespace_id, refs))
+
+
+async def finish(db: Database, tenant: Tenant, reports: Sequence[FinishReport]) -> list[Any]:
+    return await db.transaction("test.finish",
+                                lambda cur: leases.finish(cur, tenant.namespace_id, reports))
+
+
+async def recover(db: Database) -> int:
+    return await db.transaction("test.recover", lambda cur: leases.recover_expired(cur, 1000))
+
+
+async def expire_waiting(db: Database) -> int:
+    return await db.transaction("test.deadlines", lambda cur: leases.expire_waiting(cur, 1000))
+
+
+def report(grant: Grant, outcome: str, report_id: bytes = b"r1", **kw: Any) -> FinishReport:
+    if outcome == "succeeded":
+        kw.setdefault("result", '{"ok": true}')
+    elif outcome != "failed" or "error" not in kw:
+        kw.setdefault("error", {"type": outcome})
+    return FinishReport(ref=ref(grant), report_id=report_id, outcome=outcome, **kw)
+
+
+async def expire_leases(db: Database, tenant: Tenant, task_ids: Sequence[bytes]) -> None:
+    """Move the live leases of ``task_ids`` into the past (as if their holders went silent)."""
+    if not task_ids:
+        return
+    marks = placeholders(len(task_ids))
+
+    async def body(cur: Any) -> None:
+        # One instant for both rows: a task's lease and its attempt's always agree.
+        await cur.execute("SELECT UTC_TIMESTAMP(6) - INTERVAL 1 SECOND AS past")
+        past = (await cur.fetchone())["past"]
+        await cur.execute(
+            "UPDATE pulse_tasks SET lease_expires_at = %s"
+            f" WHERE namespace_id = %s AND state IN ('LEASED', 'RUNNING') AND id IN ({marks})",
+            (past, tenant.namespace_id, *task_ids))
+        await cur.execute(
+            "UPDATE pulse_attempts SET lease_expires_at = %s"
+            f" WHERE namespace_id = %s AND state IN ('OFFERED', 'RUNNING')"
+            f" AND task_id IN ({marks})", (past, tenant.namespace_id, *task_ids))
+
+    await db.transaction("test.expire", body)
+
+
+async def principal(db: Database, tenant: Tenant) -> credentials.Principal:
+    return await db.read("test.auth", lambda cur: credentials.authenticate(cur, tenant.api_key))
+
+
+async def rows(db: Database, sql: str, *params: Any) -> list[dict[str, Any]]:
+    async def body(cur: Any) -> list[dict[str, Any]]:
+        await cur.execute(sql, params)
+        return [dict(r) for r in await cur.fetchall()]
+
+    return await db.read("test.rows", body)
+
+
+async def tasks_in(db: Database, tenant: Tenant, state: str) -> list[bytes]:
+    found = await rows(db, "SELECT id FROM pulse_tasks WHERE namespace_id = %s AND state = %s"
+                           " ORDER BY id", tenant.namespace_id, state)
+    return [r["id"] for r in found]
+
+
+# --- (a) real traffic ------------------------------------------------------------------------
+
+
+async def _cancel(db: Database, tenant: Tenant, who: credentials.Principal,
+                  task_id: bytes) -> None:
+    with contextlib.suppress(interventions.CancelNeedsReview):
+        await interventions.cancel_task(db, who, namespace=tenant.namespace, task_id=task_id,
+                                        reason="traffic")
+
+
+@attrs.define
+class Traffic:
+    """One tenant's workload; ``run_round`` exercises every path once more."""
+
+    db: Database
+    tenant: Tenant
+    who: credentials.Principal
+    queues: list[QueueRef]
+    sessions: list[Session]
+    sync: pymysql.connections.Connection[Any]
+    finished: list[Grant] = attrs.Factory(list)   # grants whose attempt ended: stale holders
+    sent: list[FinishReport] = attrs.Factory(list)  # reports to re-send verbatim
+    checks: int = 0
+
+    def check_now(self) -> list[str]:
+        self.checks += 1
+        return check(self.sync, [self.tenant.namespace_id])
+
+    async def run_round(self, number: int) -> None:
+        db, tenant = self.db, self.tenant
+        batches = await asyncio.gather(*(claim(db, s, q, 6)
+                                         for s in self.sessions for q in self.queues))
+        grants = [g for batch in batches for g in batch]
+        assert len({g.task_id for g in grants}) == len(grants), "a task was granted twice"
+        lapsed_offers = grants[::7]
+        to_start = [g for g in grants if g not in lapsed_offers]
+        await expire_leases(db, tenant, [g.task_id for g in lapsed_offers])
+        refused = await start(db, tenant, lapsed_offers)
+        assert all(not o.approved and o.reason == "offer_expired" for o in refused)
+        half = len(to_start) // 2
+        started = await asyncio.gather(start(db, tenant, to_start[:half]),
+                                       start(db, tenant, to_start[half:]))
+        assert all(o.approved for batch in started for o in batch)
+        # Repeated starts are approved again and change nothing.
+        assert all(o.approved for o in await start(db, tenant, to_start[:3]))
+
+        lost = to_start[1::6]
+        cancelled = to_start[2::6]
+        running = [g for g in to_start if g not in lost]
+        await expire_leases(db, tenant, [g.task_id for g in lost])
+        for grant in cancelled:
+            await _cancel(db, tenant, self.who, grant.task_id)
+        renewed = await renew(db, tenant, running)
+        assert all(o.renewed for o in renewed)
+        assert all(not o.renewed for o in await renew(db, tenant, lost))
+
+        reports = []
+        for i, grant in enumerate(running):
+            if grant in cancelled:
+                outcome = "cancelled" if i % 3 else "succeeded"  # a success that commits first
+                reports.append(report(grant, outcome))
+                continue
+            kind = (i + number) % 5
+            reports.append(
+                report(grant, "succeeded") if kind == 0 else
+                report(grant, "failed", retryable=True, error={"type": "Flaky"}) if kind == 1 else
+                report(grant, "failed", retryable=False, error={"type": "Bad"}) if kind == 2 else
+                report(grant, "unknown") if kind == 3 else
+                report(grant, "succeeded", result=f'{{"n": {i}}}'))
+        stale = [report(g, "succeeded", b"late-%d" % number) for g in self.finished[-5:]]
+        replays = self.sent[-4:]
+        # Two concurrent finish batches, a third with stale and re-sent reports, while the
+        # checker reads its own snapshot in a thread: every committed state must be consistent.
+        third = len(reports) // 3
+        outcomes, snapshot_check = await asyncio.gather(
+            asyncio.gather(finish(db, tenant, reports[:third]),
+                           finish(db, tenant, reports[third:]),
+                           finish(db, tenant, stale + replays)),
+            asyncio.to_thread(self.check_now),
+        )
+        assert snapshot_check == []
+        late = outcomes[2][:len(stale)]
+        assert all(not o.accepted and o.reason == "attempt_finished" for o in late)
+        assert all(o.replayed for o in outcomes[2][len(stale):])
+        # A duplicate of one report in the next batch returns the original receipt.
+        if reports:
+            (again,) = await finish(db, tenant, reports[:1])
+            assert again.replayed
+        self.sent += reports
+        self.finished += running + lapsed_offers + lost
+
+        assert await recover(db) >= len(lapsed_offers) + len(lost)
+
+        waiting = await rows(db, "SELECT id FROM pulse_tasks WHERE namespace_id = %s"
+                                 " AND state = 'WAITING' AND handler = 'noop' ORDER BY id LIMIT 2",
+                             tenant.namespace_id)
+        for task_id in [r["id"] for r in waiting]:
+            await _cancel(db, tenant, self.who, task_id)
+        leased = await claim(db, self.sessions[0], self.queues[0], 2)
+        for grant in leased:
+            await _cancel(db, tenant, self.who, grant.task_id)  # withdraws the offer
+        assert all(not o.approved for o in await start(db, tenant, leased))
+        self.finished += leased
+
+        for i, task_id in enumerate((await tasks_in(db, tenant, "NEEDS_REVIEW"))[:4]):
+            await interventions.review_task(
+                db, self.who, namespace=tenant.namespace, task_id=task_id,
+                decision="succeeded" if i % 2 else "failed", reason="checked",
+                evidence_ref=f"TICKET-{number}-{i}")
+        for state in ("FAILED", "CANCELLED"):
+            for task_id in (await tasks_in(db, tenant, state))[:2]:
+                with contextlib.suppress(interventions.AlreadyRetried):
+                    await interventions.retry_task(db, self.who, namespace=tenant.namespace,
+                                                   task_id=task_id, reason="again",
+                                                   rerun_confirmed=True)
+        assert self.check_now() == []
+
+
+async def test_real_traffic_keeps_every_invariant(
+    db: Database, tenant: Tenant, sync_conn: pymysql.connections.Connection[Any]
+) -> None:
+    plain = await make_queue(db, tenant, max_attempts=3)
+    capped = await make_queue(db, tenant, max_concurrent=5, max_attempts=2)
+    await add_tasks(db, tenant, plain, 30, rerun_safe=True, max_attempts=3)
+    await add_tasks(db, tenant, plain, 30, rerun_safe=False, max_attempts=2)
+    await add_tasks(db, tenant, capped, 20, rerun_safe=True, max_attempts=1)
+    late = await add_tasks(db, tenant, plain, 4, handler="never", deadline_s=600)
+    sessions = [await open_session(db, tenant, [plain, capped]) for _ in range(3)]
+    traffic = Traffic(db=db, tenant=tenant, who=await principal(db, tenant),
+                      queues=[plain, capped], sessions=sessions, sync=sync_conn)
+    assert traffic.check_now() == []
+    for number in range(5):
+        await traffic.run_round(number)
+
+    # Deadlines pass (moved in SQL) for tasks nobody can run; one carries an uncertain effect.
+    async def past_deadline(cur: Any) -> None:
+        await cur.execute(
+            "UPDATE pulse_tasks SET deadline_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND,"
+            " effect_uncertain = (id = %s) WHERE namespace_id = %s AND id IN (%s, %s, %s)",
+            (late[0], tenant.namespace_id, *late[:3]))
+
+    await db.transaction("test.deadline", past_deadline)
+    assert await expire_waiting(db) >= 3
+
+    # Quiesce: finish whatever runs, let the rest lapse and recover.
+    live = await rows(db, "SELECT id FROM pulse_tasks WHERE namespace_id = %s"
+                          " AND state IN ('LEASED', 'RUNNING')", tenant.namespace_id)
+    await expire_leases(db, tenant, [r["id"] for r in live])
+    await recover(db)
+    assert traffic.check_now() == []
+    assert check(sync_conn, [tenant.namespace_id], quiescent=True,
+                 grace=dt.timedelta(0)) == []
+    assert await check_db(db, [tenant.namespace_id], quiescent=True) == []
+
+    # The traffic really covered every path the invariants speak about.
+    task_states = {r["state"] for r in await rows(
+        db, "SELECT DISTINCT state FROM pulse_tasks WHERE namespace_id = %s",
+        tenant.namespace_id)}
+    assert {"WAITING", "SUCCEEDED", "FAILED", "CANCELLED", "NEEDS_REVIEW"} <= task_states
+    attempt_states = {r["state"] for r in await rows(
+        db, "SELECT DISTINCT state FROM pulse_attempts WHERE namespace_id = %s",
+        tenant.namespace_id)}
+    assert {"SUCCEEDED", "FAILED", "UNKNOWN", "CANCELLED", "OFFER_EXPIRED", "LEASE_EXPIRED",
+            "WITHDRAWN"} <= attempt_states
+    event_types = {r["event_type"] for r in await rows(
+        db, "SELECT DISTINCT event_type FROM orbit_events WHERE namespace_id = %s",
+        tenant.namespace_id)}
+    assert {f"task.{t}" for t in (
+        "accepted", "leased", "started", "succeeded", "retry_scheduled", "non_retryable",
+        "outcome_unknown", "cancel_requested", "cancelled", "offer_expired", "lease_lost",
+        "lease_lost_retry", "reviewed_succeeded", "reviewed_failed", "deadline_exceeded",
+        "deadline_exceeded_with_uncertain_effect")} <= event_types
+    successors = await rows(db, "SELECT COUNT(*) AS n FROM pulse_tasks WHERE namespace_id = %s"
+                                " AND retry_of IS NOT NULL", tenant.namespace_id)
+    assert successors[0]["n"] > 0
+    evidence = await rows(db, "SELECT COUNT(*) AS n FROM pulse_attempt_evidence"
+                              " WHERE namespace_id = %s", tenant.namespace_id)
+    assert evidence[0]["n"] > 0
+    assert traffic.checks >= 12
+
+
+# --- (b) every invariant catches its corruption ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scratch_url(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
+    """A migrated database of its own: corrupted rows never reach another test's check."""
+    name = database.scratch_name("orbit_invariants")
+    yield database.create_database(server_url, name)
+    database.drop_database(server_url, name)
+
+
+@pytest.fixture
+async def scratch_db(scratch_url: DatabaseUrl) -> AsyncIterator[Database]:
+    db = await open_database(scratch_url, minsize=1, maxsize=4)
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+@pytest.fixture
+def scratch_conn(scratch_url: DatabaseUrl) -> Iterator[pymysql.connections.Connection[Any]]:
+    conn = connect_sync(scratch_url, autocommit=True)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@attrs.frozen(kw_only=True)
+class Scenario:
+    """A clean tenant with one task in every state, built through the real functions."""
+
+    tenant: Tenant
+    queue: QueueRef
+    task: dict[str, bytes]  # state name (and "successor") → task id
+    grant: dict[str, Grant]  # state name → its (last) grant
+
+
+async def build_scenario(db: Database) -> Scenario:
+    tenant = await make_tenant(db)
+    queue = await make_queue(db, tenant)
+    session = await open_session(db, tenant, [queue])
+    who = await principal(db, tenant)
+    task: dict[str, bytes] = {}
+    grant: dict[str, Grant] = {}
+    for name, outcome in (("SUCCEEDED", "succeeded"), ("FAILED", "failed"),
+                          ("NEEDS_REVIEW", "unknown"), ("RUNNING", None), ("LEASED", None)):
+        (task[name],) = await add_tasks(db, tenant, queue)
+        (grant[name],) = await claim(db, session, queue, 1)
+        assert grant[name].task_id == task[name]
+        if name != "LEASED":
+            await start(db, tenant, [grant[name]])
+        if outcome is not None:
+            (done,) = await finish(db, tenant, [report(grant[name], outcome)])
+            assert done.task_state == name
+    (task["WAITING"], task["CANCELLED"]) = await add_tasks(db, tenant, queue, 2)
+    await interventions.cancel_task(db, who, namespace=tenant.namespace,
+                                    task_id=task["CANCELLED"], reason="scenario")
+    retried = await interventions.retry_task(db, who, namespace=tenant.namespace,
+                                             task_id=task["FAILED"], reason="scenario",
+                                             rerun_confirmed=True)
+    task["successor"] = bytes.fromhex(retried.body["id"])
+    return Scenario(tenant=tenant, queue=queue, task=task, grant=grant)
+
+
+def sql(conn: pymysql.connections.Connection[Any], statement: str, *params: Any) -> Any:
+    with conn.cursor() as cur:
+        cur.execute(statement, params)
+        return cur.fetchall()
+
+
+@contextlib.contextmanager
+def unchecked(conn: pymysql.connections.Connection[Any], table: str,
+              constraint: str) -> Iterator[None]:
+    """Let a corruption past a CHECK constraint (MariaDB: per session; MySQL: the scratch
+    database's table stops enforcing it)."""
+    ((version,),) = sql(conn, "SELECT VERSION()")
+    if "mariadb" in version.lower():
+        sql(conn, "SET SESSION check_constraint_checks = 0")
+        try:
+            yield
+        finally:
+            sql(conn, "SET SESSION check_constraint_checks = 1")
+    else:
+        sql(conn, f"ALTER TABLE {table} ALTER CHECK {constraint} NOT ENFORCED")
+        yield
+
+
+def _attempt(conn: Any, sc: Scenario, name: str) -> bytes:
+    return sc.grant[name].attempt_id
+
+
+def _insert_attempt(conn: Any, sc: Scenario, task_id: bytes, generation: int, state: str,
+                    *, finished: bool) -> bytes:
+    attempt_id = ids.new_id()
+    sql(conn,
+        "INSERT INTO pulse_attempts (namespace_id, id, task_id, queue_id, generation,"
+        " token_digest, worker_instance_id, worker_session_id, state, offered_at, started_at,"
+        " lease_expires_at, finished_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,"
+        " UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR,"
+        " IF(%s, UTC_TIMESTAMP(6), NULL))",
+        sc.tenant.namespace_id, attempt_id, task_id, sc.queue.id, generation,
+        secrets.token_bytes(32), ids.new_id(), ids.new_id(), state, finished)
+    return attempt_id
+
+
+def _insert_event(conn: Any, sc: Scenario, task_id: bytes, revision: int, event_type: str,
+                  from_state: str | None, to_state: str | None, *,
+                  at: str = "UTC_TIMESTAMP(6)") -> bytes:
+    event_id = ids.new_id()
+    sql(conn,
+        "INSERT INTO orbit_events (namespace_id, id, aggregate_type, aggregate_id,"
+        " aggregate_revision, event_type, from_state, to_state, payload, occurred_at)"
+        f" VALUES (%s, %s, 'task', %s, %s, %s, %s, %s, '{{}}', {at})",
+        sc.tenant.namespace_id, event_id, task_id, revision, event_type, from_state, to_state)
+    return event_id
+
+
+def _revision(conn: Any, sc: Scenario, name: str) -> int:
+    ((revision,),) = sql(conn, "SELECT revision FROM pulse_tasks WHERE namespace_id = %s"
+                               " AND id = %s", sc.tenant.namespace_id, sc.task[name])
+    return int(revision)
+
+
+def _set_task(conn: Any, sc: Scenario, name: str, assignment: str, *params: Any) -> None:
+    sql(conn, f"UPDATE pulse_tasks SET {assignment} WHERE namespace_id = %s AND id = %s",
+        *params, sc.tenant.namespace_id, sc.task[name])
+
+
+def c_second_live_attempt(conn: Any, sc: Scenario) -> None:
+    _insert_attempt(conn, sc, sc.task["RUNNING"], 7, "OFFERED", finished=False)
+
+
+def c_generation_gap(conn: Any, sc: Scenario) -> None:
+    sql(conn, "UPDATE pulse_attempts SET generation = 3 WHERE namespace_id = %s AND id = %s",
+        sc.tenant.namespace_id, sc.grant["SUCCEEDED"].attempt_id)
+
+
+def c_attempts_used(conn: Any, sc: Scenario) -> None:
+    _set_task(conn, sc, "WAITING", "attempts_used = 1")
+
+
+def c_orphan_attempt(conn: Any, sc: Scenario) -> None:
+    _insert_attempt(conn, sc, ids.new_id(), 1, "LEASE_EXPIRED", finished=True)
+
+
+def c_state_disagrees(conn: Any, sc: Scenario) -> None:
+    _set_task(conn, sc, "LEASED", "state = 'RUNNING'")
+
+
+def c_lease_disagrees(conn: Any, sc: Scenario) -> None:
+    _set_task(conn, sc, "RUNNING", "lease_expires_at = lease_expires_at + INTERVAL 1 SECOND")
+
+
+def c_foreign_attempt(conn: Any, sc: Scenario) -> None:
+    _set_task(conn, sc, "LEASED", "current_attempt_id = %s", sc.grant["RUNNING"].attempt_id)
+
+
+def c_live_attempt_of_finished_task(conn: Any, sc: Scenario) -> None:
+    sql(conn, "UPDATE pulse_attempts SET state = 'RUNNING', finished_at = NULL"
+              " WHERE namespace_id = %s AND id = %s",
+        sc.tenant.namespace_id, sc.grant["FAILED"].attempt_id)
+
+
+def c_idle_task_names_attempt(conn: Any, sc: Scenario) -> None:
+    _set_task(conn, sc, "SUCCEEDED", "current_attempt_id = %s", sc.grant["SUCCEEDED"].attempt_id)
+
+
+def c_no_completed_at(conn: Any, sc: Scenario) -> None:
+    with unchecked(conn, "pulse_tasks", "ck_tasks_terminal_completed"):
+        _set_task(conn, sc, "SUCCEEDED", "completed_at = NULL")
+
+
+def c_second_outcome_event(conn: Any, sc: Scenario) -> None:
+    _insert_event(conn, sc, sc.task["CANCELLED"], _revision(conn, sc, "CANCELLED"),
+                  "task.cancelled_again", "WAITING", "CANCELLED")
+
+
+def c_missing_outcome_event(conn: Any, sc: Scenario) -> None:
+    # The task claims an outcome it never reached through an event (events cannot be deleted).
+    with unchecked(conn, "pulse_tasks", "ck_tasks_terminal_completed"):
+        _set_task(conn, sc, "WAITING", "state = 'FAILED', completed_at = UTC_TIMESTAMP(6)")
+
+
+def c_missing_result_event(conn: Any, sc: Scenario) -> None:
+    sql(conn, "DELETE FROM orbit_result_events WHERE namespace_id = %s AND task_id = %s",
+        sc.tenant.namespace_id, sc.task["SUCCEEDED"])
+
+
+def c_result_without_state_event(conn: Any, sc: Scenario) -> None:
+    ((n,),) = sql(conn, "SELECT MAX(sequence) FROM orbit_result_events WHERE namespace_id = %s",
+                  sc.tenant.namespace_id)
+    sql(conn, "INSERT INTO orbit_result_events (namespace_id, id, sequence, task_id, queue_id,"
+              " task_revision, state, snapshot, committed_at) VALUES (%s, %s, %s, %s, %s, %s,"
+              " 'FAILED', '{}', UTC_TIMESTAMP(6))",
+        sc.tenant.namespace_id, ids.new_id(), n + 1, sc.task["RUNNING"], sc.queue.id,
+        _revision(conn, sc, "RUNNING"))
+    sql(conn, "UPDATE orbit_event_streams SET next_sequence = next_sequence + 1"
+              " WHERE namespace_id = %s", sc.tenant.namespace_id)
+
+
+def c_sequence_gap(conn: Any, sc: Scenario) -> None:
+    sql(conn, "DELETE FROM orbit_result_events WHERE namespace_id = %s AND sequence = 1",
+        sc.tenant.namespace_id)
+
+
+def c_stream_counter(conn: Any, sc: Scenario) -> None:
+    sql(conn, "UPDATE orbit_event_streams SET next_sequence = next_sequence + 1"
+              " WHERE namespace_id = %s", sc.tenant.namespace_id)
+
+
+def c_queue_counter(conn: Any, sc: Scenario) -> None:
+    sql(conn, "UPDATE pulse_queues SET active_attempts = active_attempts + 1"
+              " WHERE namespace_id = %s AND id = %s", sc.tenant.namespace_id, sc.queue.id)
+
+
+def c_uncertain_final(conn: Any, sc: Scenario) -> None:
+    with unchecked(conn, "pulse_tasks", "ck_tasks_uncertain_not_final"):
+        _set_task(conn, sc, "SUCCEEDED", "effect_uncertain = 1")
+
+
+def c_uncertainty_dropped(conn: Any, sc: Scenario) -> None:
+    _set_task(conn, sc, "NEEDS_REVIEW", "effect_uncertain = 0")
+
+
+def c_success_overwritten(conn: Any, sc: Scenario) -> None:
+    _set_task(conn, sc, "SUCCEEDED", "state = 'FAILED'")
+
+
+def c_bad_transition(conn: Any, sc: Scenario) -> None:
+    revision = _revision(conn, sc, "WAITING") + 1
+    _insert_event(conn, sc, sc.task["WAITING"], revision, "task.teleported", "WAITING",
+                  "SUCCEEDED")
+    _set_task(conn, sc, "WAITING", "revision = %s", revision)
+
+
+def c_terminal_same_state(conn: Any, sc: Scenario) -> None:
+    revision = _revision(conn, sc, "SUCCEEDED") + 1
+    _insert_event(conn, sc, sc.task["SUCCEEDED"], revision, "task.touched", "SUCCEEDED",
+                  "SUCCEEDED")
+    _set_task(conn, sc, "SUCCEEDED", "revision = %s", revision)
+
+
+def c_unevented_change(conn: Any, sc: Scenario) -> None:
+    _set_task(conn, sc, "RUNNING", "revision = revision + 1")
+
+
+def c_duplicate_revision(conn: Any, sc: Scenario) -> None:
+    _insert_event(conn, sc, sc.task["RUNNING"], _revision(conn, sc, "RUNNING"),
+                  "task.echo", "RUNNING", "RUNNING")
+
+
+def c_events_out_of_order(conn: Any, sc: Scenario) -> None:
+    revision = _revision(conn, sc, "RUNNING") + 1
+    _insert_event(conn, sc, sc.task["RUNNING"], revision, "task.cancel_requested", "RUNNING",
+                  "RUNNING", at="UTC_TIMESTAMP(6) - INTERVAL 1 DAY")
+    _set_task(conn, sc, "RUNNING", "revision = %s", revision)
+
+
+def c_second_creation_event(conn: Any, sc: Scenario) -> None:
+    revision = _revision(conn, sc, "successor") + 1
+    _insert_event(conn, sc, sc.task["successor"], revision, "task.accepted", None, "WAITING")
+    _set_task(conn, sc, "successor", "revision = %s", revision)
+
+
+CORRUPTIONS: list[tuple[str, Callable[[Any, Scenario], None]]] = [
+    ("live_attempts", c_second_live_attempt),
+    ("generations", c_generation_gap),
+    ("generations", c_attempts_used),
+    ("orphan_attempt", c_orphan_attempt),
+    ("current_attempt", c_state_disagrees),
+    ("current_attempt", c_lease_disagrees),
+    ("current_attempt", c_foreign_attempt),
+    ("stray_live_attempt", c_live_attempt_of_finished_task),
+    ("stray_live_attempt", c_second_live_attempt),
+    ("idle_task_lease", c_idle_task_names_attempt),
+    ("completed_at", c_no_completed_at),
+    ("outcome_event", c_second_outcome_event),
+    ("outcome_event", c_missing_outcome_event),
+    ("result_event", c_missing_result_event),
+    ("result_event", c_missing_outcome_event),
+    ("result_event_mismatch", c_result_without_state_event),
+    ("result_sequence", c_sequence_gap),
+    ("result_sequence", c_stream_counter),
+    ("queue_counter", c_queue_counter),
+    ("queue_counter", c_live_attempt_of_finished_task),
+    ("uncertain_final", c_uncertain_final),
+    ("uncertainty_dropped", c_uncertainty_dropped),
+    ("success_overwritten", c_success_overwritten),
+    ("transition", c_bad_transition),
+    ("transition", c_terminal_same_state),
+    ("event_revisions", c_unevented_change),
+    ("event_revisions", c_duplicate_revision),
+    ("event_revisions", c_events_out_of_order),
+    ("event_revisions", c_second_creation_event),
+]
+
+
+@pytest.mark.parametrize(("code", "corrupt"), CORRUPTIONS,
+                         ids=[f"{code}-{fn.__name__[2:]}" for code, fn in CORRUPTIONS])
+async def test_the_checker_reports_each_corruption(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any], code: str,
+    corrupt: Callable[[Any, Scenario], None],
+) -> None:
+    damaged = await build_scenario(scratch_db)
+    bystander = await build_scenario(scratch_db)
+    assert check(scratch_conn, [damaged.tenant.namespace_id]) == []
+    corrupt(scratch_conn, damaged)
+    found = check(scratch_conn, [damaged.tenant.namespace_id])
+    assert code in codes(found), found
+    assert all(v.startswith("[") and "] " in v for v in found)
+    assert check(scratch_conn, [bystander.tenant.namespace_id]) == []
+    assert code in codes(check(scratch_conn))  # unscoped sees it too
+    assert code in codes(await check_db(scratch_db, [damaged.tenant.namespace_id]))
+
+
+async def test_stuck_leases_and_deadlines_count_only_at_quiescence(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any]
+) -> None:
+    sc = await build_scenario(scratch_db)
+    ns = [sc.tenant.namespace_id]
+    assert check(scratch_conn, ns, quiescent=True, grace=dt.timedelta(0)) == []
+    await expire_leases(scratch_db, sc.tenant, [sc.task["RUNNING"]])
+    assert check(scratch_conn, ns) == []
+    assert check(scratch_conn, ns, quiescent=True, grace=dt.timedelta(minutes=5)) == []
+    found = check(scratch_conn, ns, quiescent=True, grace=dt.timedelta(0))
+    assert codes(found) == {"stuck"}
+    assert sc.task["RUNNING"].hex() in found[0]
+    _set_task(scratch_conn, sc, "WAITING", "deadline_at = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR")
+    assert len(check(scratch_conn, ns, quiescent=True, grace=dt.timedelta(minutes=5))) == 1
+
+
+async def test_acknowledged_tasks_must_exist_and_creation_events_can_be_required(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any]
+) -> None:
+    sc = await build_scenario(scratch_db)
+    ns = sc.tenant.namespace_id
+    present = [(ns, t) for t in sc.task.values()]
+    assert check(scratch_conn, [ns], expected_tasks=present) == []
+    missing = ids.new_id()
+    found = check(scratch_conn, [ns], expected_tasks=[*present, (ns, missing)])
+    assert codes(found) == {"missing_task"}
+    assert missing.hex() in found[0]
+    # Scenario tasks are inserted in SQL without their creation event; the manual retry's
+    # successor has one. Requiring creation events flags exactly the former.
+    required = check(scratch_conn, [ns], require_creation_events=True)
+    assert codes(required) == {"event_revisions"}
+    assert not any(sc.task["successor"].hex() in v for v in required)
+    assert len(required) == len(sc.task) - 1
+
+
+def test_every_code_has_a_corruption_test() -> None:
+    from tests.support.invariants import CODES
+
+    covered = {code for code, _ in CORRUPTIONS} | {"stuck", "missing_task"}
+    assert covered == set(CODES)

@@ -1,0 +1,628 @@
+"""The invariant checker: plain SQL over the real pulse tables (DESIGN §5 and §9).
+
+Run it after any test that drives tasks (fault tests at quiescence, the lease model after every
+step). It reads; it never writes.
+
+Usage
+    check(conn, namespace_ids=None, *, quiescent=False, grace=..., ...)  -> list[str]
+        A blocking PyMySQL connection with no transaction open. The probes run in one
+        REPEATABLE READ, read-only snapshot (``START TRANSACTION WITH CONSISTENT SNAPSHOT``), so
+        a workload still committing around the check cannot produce a torn view.
+    await check_db(db, ...)       the same through the transaction runner (REPEATABLE READ).
+    await check_cursor(cur, ...)  the probes on a cursor whose transaction the caller owns.
+
+Every violation is one line that starts with its invariant code in brackets, e.g.
+``[live_attempts] task 0123…/4567… has 2 unfinished attempts (OFFERED, RUNNING)``; an empty list
+means every invariant holds. ``namespace_ids`` limits the check to some tenants (tests share one
+database); ``None`` checks everything.
+
+Invariants (code: what must hold)
+    live_attempts         at most one unfinished attempt (OFFERED/RUNNING) per task
+    generations           a task's attempt generations are unique and exactly 1..attempts_used
+    orphan_attempt        every attempt belongs to an existing task
+    current_attempt       a LEASED/RUNNING task's current attempt exists, is its own, agrees in
+                          state (LEASED↔OFFERED, RUNNING↔RUNNING) and in lease expiry
+    stray_live_attempt    an unfinished attempt is its task's current attempt (so a task in any
+                          other state has no live attempt)
+    idle_task_lease       a task that is not LEASED/RUNNING names no attempt and no lease
+    completed_at          terminal ⇔ completed_at is set
+    outcome_event         a terminal or NEEDS_REVIEW task has exactly one state event into that
+                          state (its outcome event)
+    result_event          … and exactly one result event in that state for its final revision
+    result_event_mismatch every result event is the twin of a state event (same id, task,
+                          revision, state), its task is in an outcome state, one per (task, state)
+    result_sequence       each namespace's result sequences are gap-free 1..n, and the stream's
+                          next_sequence is n + 1
+    queue_counter         pulse_queues.active_attempts equals a recount of unfinished attempts
+    uncertain_final       effect_uncertain is never set on SUCCEEDED/FAILED/CANCELLED
+    uncertainty_dropped   a task one of whose attempts ended with an unknown effect (UNKNOWN,
+                          LEASE_EXPIRED) still carries the flag unless a success or a human
+                          review resolved it
+    success_overwritten   a task with a SUCCEEDED attempt is SUCCEEDED, with only one such attempt
+    transition            every task state event's (from, to) is in TASK_TRANSITIONS ∪
+                          UNCERTAIN_TRANSITIONS, a creation (NULL → WAITING) or a same-state event
+                          of an unfinished state (e.g. task.cancel_requested)
+    event_revisions       a task's state events have unique revisions, ordered in time; the latest
+                          is the task's revision and they are contiguous (every change is evented;
+                          from 1 when the task has its creation event, which must then be at 1);
+                          with ``require_creation_events`` every task must have one
+    stuck                 (``quiescent=True`` only) no LEASED/RUNNING task whose lease lapsed,
+                          and no WAITING task past its deadline, longer than ``grace`` ago
+    missing_task          every ``(namespace_id, task_id)`` in ``expected_tasks`` exists
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from orbit_common.pulse.model import (
+    TASK_TRANSITIONS,
+    TERMINAL_TASK_STATES,
+    UNCERTAIN_TRANSITIONS,
+    TaskState,
+)
+
+LIVE = "('OFFERED', 'RUNNING')"
+TERMINAL = "('SUCCEEDED', 'FAILED', 'CANCELLED')"
+OUTCOMES = "('SUCCEEDED', 'FAILED', 'CANCELLED', 'NEEDS_REVIEW')"
+DEFAULT_GRACE = dt.timedelta(seconds=30)
+
+ALLOWED_TRANSITIONS: frozenset[tuple[str, str]] = frozenset(
+    (a.value, b.value) for a, b in TASK_TRANSITIONS | UNCERTAIN_TRANSITIONS
+)
+UNFINISHED_STATES = frozenset(s.value for s in TaskState if s not in TERMINAL_TASK_STATES)
+
+CODES = (
+    "live_attempts", "generations", "orphan_attempt", "current_attempt", "stray_live_attempt",
+    "idle_task_lease", "completed_at", "outcome_event", "result_event", "result_event_mismatch",
+    "result_sequence", "queue_counter", "uncertain_final", "uncertainty_dropped",
+    "success_overwritten", "transition", "event_revisions", "stuck", "missing_task",
+)
+
+
+@attrs.frozen(kw_only=True)
+class Scope:
+    """What one check looks at; renders the namespace filter for a table alias."""
+
+    namespace_ids: tuple[bytes, ...] | None
+    quiescent: bool
+    grace: dt.timedelta
+    require_creation_events: bool
+    expected: tuple[tuple[bytes, bytes], ...]
+
+    def ns(self, alias: str) -> str:
+        """``AND alias.namespace_id IN (…)`` (hex literals of our own ids), or nothing."""
+        if self.namespace_ids is None:
+            return ""
+        if not self.namespace_ids:
+            return " AND FALSE"
+        ids = ", ".join(f"X'{ns.hex()}'" for ns in self.namespace_ids)
+        return f" AND {alias}.namespace_id IN ({ids})"
+
+    @property
+    def grace_us(self) -> int:
+        return int(self.grace / dt.timedelta(microseconds=1))
+
+
+def _h(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).hex()
+    return str(value)
+
+
+def _task(row: dict[str, Any], ns: str = "namespace_id", task: str = "task_id") -> str:
+    return f"task {_h(row[ns])}/{_h(row[task])}"
+
+
+@attrs.frozen
+class Probe:
+    code: str
+    sql: Callable[[Scope], str]
+    render: Callable[[dict[str, Any], Scope], str | None]
+    when: Callable[[Scope], bool] = lambda _scope: True
+
+
+# --- attempts --------------------------------------------------------------------------------
+
+def _live_attempts_sql(s: Scope) -> str:
+    return f"""
+SELECT a.namespace_id, a.task_id, COUNT(*) AS n,
+       GROUP_CONCAT(CONCAT('g', a.generation, ':', a.state) ORDER BY a.generation) AS which
+FROM pulse_attempts a
+WHERE a.state IN {LIVE}{s.ns('a')}
+GROUP BY a.namespace_id, a.task_id
+HAVING COUNT(*) > 1"""
+
+
+def _generations_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.attempts_used, g.n, g.d, g.lo, g.hi
+FROM pulse_tasks t
+LEFT JOIN (
+  SELECT a.namespace_id, a.task_id, COUNT(*) AS n, COUNT(DISTINCT a.generation) AS d,
+         MIN(a.generation) AS lo, MAX(a.generation) AS hi
+  FROM pulse_attempts a WHERE TRUE{s.ns('a')}
+  GROUP BY a.namespace_id, a.task_id
+) g ON g.namespace_id = t.namespace_id AND g.task_id = t.id
+WHERE NOT (COALESCE(g.n, 0) = t.attempts_used AND COALESCE(g.d, 0) = t.attempts_used
+           AND (t.attempts_used = 0 OR (g.lo = 1 AND g.hi = t.attempts_used))){s.ns('t')}"""
+
+
+def _generations_render(row: dict[str, Any], _s: Scope) -> str:
+    return (f"{_task(row)}: attempts_used={row['attempts_used']} but its attempts have"
+            f" {row['n'] or 0} rows, {row['d'] or 0} distinct generations,"
+            f" from {_h(row['lo'])} to {_h(row['hi'])} (expected exactly 1..attempts_used)")
+
+
+def _orphan_sql(s: Scope) -> str:
+    return f"""
+SELECT a.namespace_id, a.id AS attempt_id, a.task_id, a.state
+FROM pulse_attempts a
+LEFT JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
+WHERE t.id IS NULL{s.ns('a')}"""
+
+
+def _current_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.state, t.current_attempt_id,
+       t.lease_expires_at AS task_lease, a.id AS attempt_id, a.task_id AS attempt_task,
+       a.state AS attempt_state, a.lease_expires_at AS attempt_lease
+FROM pulse_tasks t
+LEFT JOIN pulse_attempts a ON a.namespace_id = t.namespace_id AND a.id = t.current_attempt_id
+WHERE t.state IN ('LEASED', 'RUNNING')
+  AND NOT (a.id IS NOT NULL AND a.task_id = t.id
+           AND a.state = CASE t.state WHEN 'LEASED' THEN 'OFFERED' ELSE 'RUNNING' END
+           AND a.lease_expires_at <=> t.lease_expires_at){s.ns('t')}"""
+
+
+def _current_render(row: dict[str, Any], _s: Scope) -> str:
+    head = f"{_task(row)} is {row['state']}"
+    if row["current_attempt_id"] is None:
+        return f"{head} without a current attempt"
+    if row["attempt_id"] is None:
+        return f"{head} but its current attempt {_h(row['current_attempt_id'])} does not exist"
+    if row["attempt_task"] != row["task_id"]:
+        return (f"{head} but its current attempt {_h(row['attempt_id'])} belongs to task"
+                f" {_h(row['attempt_task'])}")
+    expected = "OFFERED" if row["state"] == "LEASED" else "RUNNING"
+    if row["attempt_state"] != expected:
+        return (f"{head} but its current attempt {_h(row['attempt_id'])} is"
+                f" {row['attempt_state']} (expected {expected})")
+    return (f"{head}: lease expiry {_h(row['task_lease'])} differs from its attempt's"
+            f" {_h(row['attempt_lease'])}")
+
+
+def _stray_sql(s: Scope) -> str:
+    return f"""
+SELECT a.namespace_id, a.id AS attempt_id, a.task_id, a.state, a.generation,
+       t.state AS task_state, t.current_attempt_id
+FROM pulse_attempts a
+JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
+WHERE a.state IN {LIVE}
+  AND (t.current_attempt_id IS NULL OR t.current_attempt_id <> a.id
+       OR t.state NOT IN ('LEASED', 'RUNNING')){s.ns('a')}"""
+
+
+def _stray_render(row: dict[str, Any], _s: Scope) -> str:
+    return (f"{_task(row)} ({row['task_state']}, current attempt"
+            f" {_h(row['current_attempt_id'])}) has another live attempt"
+            f" {_h(row['attempt_id'])} (generation {row['generation']}, {row['state']})")
+
+
+def _idle_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.state, t.current_attempt_id, t.lease_expires_at
+FROM pulse_tasks t
+WHERE t.state NOT IN ('LEASED', 'RUNNING')
+  AND (t.current_attempt_id IS NOT NULL OR t.lease_expires_at IS NOT NULL){s.ns('t')}"""
+
+
+# --- outcomes --------------------------------------------------------------------------------
+
+def _completed_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.state, t.completed_at
+FROM pulse_tasks t
+WHERE (t.state IN {TERMINAL}) <> (t.completed_at IS NOT NULL){s.ns('t')}"""
+
+
+def _completed_render(row: dict[str, Any], _s: Scope) -> str:
+    if row["completed_at"] is None:
+        return f"{_task(row)} is {row['state']} (terminal) without completed_at"
+    return f"{_task(row)} is {row['state']} (not terminal) with completed_at {row['completed_at']}"
+
+
+def _outcome_event_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.state, COUNT(e.id) AS n
+FROM pulse_tasks t
+LEFT JOIN orbit_events e ON e.namespace_id = t.namespace_id AND e.aggregate_type = 'task'
+  AND e.aggregate_id = t.id AND e.to_state = t.state
+WHERE t.state IN {OUTCOMES}{s.ns('t')}
+GROUP BY t.namespace_id, t.id, t.state
+HAVING COUNT(e.id) <> 1"""
+
+
+def _result_event_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.state, t.revision, COUNT(r.id) AS n
+FROM pulse_tasks t
+LEFT JOIN orbit_result_events r ON r.namespace_id = t.namespace_id AND r.task_id = t.id
+  AND r.task_revision = t.revision AND r.state = t.state
+WHERE t.state IN {OUTCOMES}{s.ns('t')}
+GROUP BY t.namespace_id, t.id, t.state, t.revision
+HAVING COUNT(r.id) <> 1"""
+
+
+def _result_mismatch_sql(s: Scope) -> str:
+    return f"""
+SELECT r.namespace_id, r.id AS result_id, r.task_id, r.sequence, r.state, r.task_revision,
+       e.id AS event_id, e.aggregate_type, e.aggregate_id, e.aggregate_revision, e.to_state,
+       t.id AS found_task, t.state AS task_state,
+       (SELECT COUNT(*) FROM orbit_result_events r2 WHERE r2.namespace_id = r.namespace_id
+          AND r2.task_id = r.task_id AND r2.state = r.state) AS same_state
+FROM orbit_result_events r
+LEFT JOIN orbit_events e ON e.namespace_id = r.namespace_id AND e.id = r.id
+LEFT JOIN pulse_tasks t ON t.namespace_id = r.namespace_id AND t.id = r.task_id
+WHERE (NOT (e.id IS NOT NULL AND e.aggregate_type = 'task' AND e.aggregate_id = r.task_id
+            AND e.aggregate_revision = r.task_revision AND e.to_state <=> r.state
+            AND t.id IS NOT NULL AND t.state IN {OUTCOMES})
+       OR (SELECT COUNT(*) FROM orbit_result_events r3 WHERE r3.namespace_id = r.namespace_id
+             AND r3.task_id = r.task_id AND r3.state = r.state) > 1){s.ns('r')}"""
+
+
+def _result_mismatch_render(row: dict[str, Any], _s: Scope) -> str:
+    head = f"result event #{row['sequence']} ({row['state']}, revision {row['task_revision']}) of"
+    head += f" {_task(row)}"
+    if row["event_id"] is None:
+        return f"{head} has no state event with its id"
+    if (row["aggregate_type"] != "task" or row["aggregate_id"] != row["task_id"]
+            or row["aggregate_revision"] != row["task_revision"]
+            or row["to_state"] != row["state"]):
+        return (f"{head} differs from its state event ({row['aggregate_type']}"
+                f" {_h(row['aggregate_id'])} revision {row['aggregate_revision']}"
+                f" → {row['to_state']})")
+    if row["found_task"] is None:
+        return f"{head}: the task does not exist"
+    if row["same_state"] > 1:
+        return f"{head} is one of {row['same_state']} result events in state {row['state']}"
+    return f"{head}: the task is {row['task_state']}, not an outcome state"
+
+
+def _sequence_sql(s: Scope) -> str:
+    return f"""
+SELECT g.namespace_id, g.n, g.d, g.lo, g.hi, st.next_sequence
+FROM (
+  SELECT r.namespace_id, COUNT(*) AS n, COUNT(DISTINCT r.sequence) AS d,
+         MIN(r.sequence) AS lo, MAX(r.sequence) AS hi
+  FROM orbit_result_events r WHERE TRUE{s.ns('r')}
+  GROUP BY r.namespace_id
+) g
+LEFT JOIN orbit_event_streams st ON st.namespace_id = g.namespace_id
+WHERE NOT (g.n = g.d AND g.lo = 1 AND g.hi = g.n AND st.next_sequence <=> g.n + 1)
+UNION ALL
+SELECT st.namespace_id, 0, 0, NULL, NULL, st.next_sequence
+FROM orbit_event_streams st
+WHERE st.next_sequence <> 1 AND NOT EXISTS (
+  SELECT 1 FROM orbit_result_events r WHERE r.namespace_id = st.namespace_id){s.ns('st')}"""
+
+
+def _sequence_render(row: dict[str, Any], _s: Scope) -> str:
+    return (f"namespace {_h(row['namespace_id'])}: {row['n']} result events with"
+            f" {row['d']} distinct sequences from {_h(row['lo'])} to {_h(row['hi'])}, stream"
+            f" next_sequence {_h(row['next_sequence'])} (expected 1..n gap-free, next n + 1)")
+
+
+def _queue_counter_sql(s: Scope) -> str:
+    return f"""
+SELECT q.namespace_id, q.id AS queue_id, q.name, q.active_attempts, COALESCE(c.n, 0) AS live
+FROM pulse_queues q
+LEFT JOIN (
+  SELECT a.namespace_id, a.queue_id, COUNT(*) AS n FROM pulse_attempts a
+  WHERE a.state IN {LIVE}{s.ns('a')} GROUP BY a.namespace_id, a.queue_id
+) c ON c.namespace_id = q.namespace_id AND c.queue_id = q.id
+WHERE q.active_attempts <> COALESCE(c.n, 0){s.ns('q')}"""
+
+
+def _uncertain_final_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.state FROM pulse_tasks t
+WHERE t.effect_uncertain <> 0 AND t.state IN {TERMINAL}{s.ns('t')}"""
+
+
+def _uncertainty_dropped_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.state, t.outcome_reason,
+       GROUP_CONCAT(CONCAT('g', a.generation, ':', a.state) ORDER BY a.generation) AS which
+FROM pulse_tasks t
+JOIN pulse_attempts a ON a.namespace_id = t.namespace_id AND a.task_id = t.id
+  AND a.state IN ('UNKNOWN', 'LEASE_EXPIRED')
+WHERE t.effect_uncertain = 0 AND t.state <> 'SUCCEEDED'
+  AND NOT (t.state = 'FAILED' AND t.outcome_reason = 'reviewed_failed'){s.ns('t')}
+GROUP BY t.namespace_id, t.id, t.state, t.outcome_reason"""
+
+
+def _success_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.state, COUNT(*) AS n,
+       GROUP_CONCAT(a.generation ORDER BY a.generation) AS generations
+FROM pulse_attempts a
+JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
+WHERE a.state = 'SUCCEEDED'{s.ns('a')}
+GROUP BY t.namespace_id, t.id, t.state
+HAVING t.state <> 'SUCCEEDED' OR COUNT(*) > 1"""
+
+
+# --- state events ----------------------------------------------------------------------------
+
+def _transitions_sql(s: Scope) -> str:
+    return f"""
+SELECT e.from_state, e.to_state, COUNT(*) AS n,
+       MIN(CONCAT(HEX(e.namespace_id), '/', HEX(e.aggregate_id), ' r', e.aggregate_revision,
+                  ' ', e.event_type)) AS example
+FROM orbit_events e
+WHERE e.aggregate_type = 'task'{s.ns('e')}
+GROUP BY e.from_state, e.to_state"""
+
+
+def transition_allowed(from_state: str | None, to_state: str | None) -> bool:
+    if from_state is None:
+        return to_state in (None, TaskState.WAITING.value)  # creation, or no state at all
+    if to_state is None:
+        return False
+    if from_state == to_state:
+        return from_state in UNFINISHED_STATES
+    return (from_state, to_state) in ALLOWED_TRANSITIONS
+
+
+def _transitions_render(row: dict[str, Any], _s: Scope) -> str | None:
+    if transition_allowed(row["from_state"], row["to_state"]):
+        return None
+    return (f"{row['n']} task state event(s) {_h(row['from_state'])} → {_h(row['to_state'])}"
+            f" is not an allowed transition (e.g. {row['example'].lower()})")
+
+
+def _event_dup_sql(s: Scope) -> str:
+    return f"""
+SELECT e.namespace_id, e.aggregate_id AS task_id, e.aggregate_revision, COUNT(*) AS n,
+       GROUP_CONCAT(e.event_type) AS types
+FROM orbit_events e
+WHERE e.aggregate_type = 'task'{s.ns('e')}
+GROUP BY e.namespace_id, e.aggregate_id, e.aggregate_revision
+HAVING COUNT(*) > 1"""
+
+
+def _event_order_sql(s: Scope) -> str:
+    return f"""
+SELECT x.namespace_id, x.task_id, x.aggregate_revision, x.occurred_at, x.prev_revision,
+       x.prev_at
+FROM (
+  SELECT e.namespace_id, e.aggregate_id AS task_id, e.aggregate_revision, e.occurred_at,
+         LAG(e.aggregate_revision) OVER w AS prev_revision, LAG(e.occurred_at) OVER w AS prev_at
+  FROM orbit_events e
+  WHERE e.aggregate_type = 'task'{s.ns('e')}
+  WINDOW w AS (PARTITION BY e.namespace_id, e.aggregate_id
+               ORDER BY e.aggregate_revision, e.occurred_at)
+) x
+WHERE x.occurred_at < x.prev_at"""
+
+
+def _event_revisions_sql(s: Scope) -> str:
+    creation = "1" if s.require_creation_events else "0"
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.revision, g.n, g.d, g.lo, g.hi, g.creations,
+       g.creation_revision
+FROM pulse_tasks t
+LEFT JOIN (
+  SELECT e.namespace_id, e.aggregate_id, COUNT(*) AS n,
+         COUNT(DISTINCT e.aggregate_revision) AS d,
+         MIN(e.aggregate_revision) AS lo, MAX(e.aggregate_revision) AS hi,
+         SUM(e.from_state IS NULL AND e.to_state IS NOT NULL) AS creations,
+         MIN(CASE WHEN e.from_state IS NULL AND e.to_state IS NOT NULL
+                  THEN e.aggregate_revision END) AS creation_revision
+  FROM orbit_events e
+  WHERE e.aggregate_type = 'task'{s.ns('e')}
+  GROUP BY e.namespace_id, e.aggregate_id
+) g ON g.namespace_id = t.namespace_id AND g.aggregate_id = t.id
+WHERE (CASE
+  WHEN g.n IS NULL THEN t.revision > 1 OR {creation} = 1
+  ELSE NOT (g.hi = t.revision AND g.d = g.hi - g.lo + 1
+            AND (g.creations = 0 OR (g.creations = 1 AND g.creation_revision = 1 AND g.lo = 1))
+            AND (g.creations = 1 OR {creation} = 0))
+END){s.ns('t')}"""
+
+
+def _event_revisions_render(row: dict[str, Any], s: Scope) -> str:
+    head = f"{_task(row)} at revision {row['revision']}"
+    if row["n"] is None:
+        if row["revision"] > 1:
+            return f"{head} has no state events (a change was not evented)"
+        return f"{head} has no creation event"
+    if row["creations"] != 1 and (row["creations"] or s.require_creation_events):
+        return f"{head} has {row['creations']} creation events"
+    return (f"{head} has state events for revisions {row['lo']}..{row['hi']}"
+            f" ({row['d']} distinct; creation at {_h(row['creation_revision'])}): expected a"
+            f" contiguous run ending at the task's revision")
+
+
+# --- quiescence and acknowledged tasks -------------------------------------------------------
+
+def _stuck_sql(s: Scope) -> str:
+    cutoff = f"UTC_TIMESTAMP(6) - INTERVAL {s.grace_us} MICROSECOND"
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.state, 'lease' AS what, t.lease_expires_at AS at
+FROM pulse_tasks t
+WHERE t.state IN ('LEASED', 'RUNNING') AND t.lease_expires_at < {cutoff}{s.ns('t')}
+UNION ALL
+SELECT t.namespace_id, t.id, t.state, 'deadline', t.deadline_at
+FROM pulse_tasks t
+WHERE t.state = 'WAITING' AND t.deadline_at < {cutoff}{s.ns('t')}
+UNION ALL
+SELECT t.namespace_id, t.id, t.state, 'start deadline', t.start_deadline_at
+FROM pulse_tasks t
+WHERE t.state = 'WAITING' AND t.first_started_at IS NULL
+  AND t.start_deadline_at < {cutoff}{s.ns('t')}"""
+
+
+def _stuck_render(row: dict[str, Any], s: Scope) -> str:
+    return (f"{_task(row)} is still {row['state']} though its {row['what']} passed at"
+            f" {row['at']} (more than {s.grace} ago)")
+
+
+def _expected_sql(s: Scope) -> str:
+    wanted = [(ns, t) for ns, t in s.expected
+              if s.namespace_ids is None or ns in s.namespace_ids]
+    if not wanted:
+        return "SELECT NULL AS namespace_id, NULL AS task_id FROM DUAL WHERE FALSE"
+    rows = " UNION ALL ".join(
+        f"SELECT X'{ns.hex()}' AS namespace_id, X'{t.hex()}' AS task_id" for ns, t in wanted)
+    return f"""
+SELECT w.namespace_id, w.task_id FROM ({rows}) w
+LEFT JOIN pulse_tasks t ON t.namespace_id = w.namespace_id AND t.id = w.task_id
+WHERE t.id IS NULL"""
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("live_attempts", _live_attempts_sql,
+          lambda r, s: f"{_task(r)} has {r['n']} unfinished attempts ({r['which']})"),
+    Probe("generations", _generations_sql, _generations_render),
+    Probe("orphan_attempt", _orphan_sql,
+          lambda r, s: f"attempt {_h(r['attempt_id'])} ({r['state']}) belongs to missing"
+                       f" {_task(r)}"),
+    Probe("current_attempt", _current_sql, _current_render),
+    Probe("stray_live_attempt", _stray_sql, _stray_render),
+    Probe("idle_task_lease", _idle_sql,
+          lambda r, s: f"{_task(r)} is {r['state']} but names attempt"
+                       f" {_h(r['current_attempt_id'])} and lease {_h(r['lease_expires_at'])}"),
+    Probe("completed_at", _completed_sql, _completed_render),
+    Probe("outcome_event", _outcome_event_sql,
+          lambda r, s: f"{_task(r)} is {r['state']} with {r['n']} state events into"
+                       f" {r['state']} (expected exactly one)"),
+    Probe("result_event", _result_event_sql,
+          lambda r, s: f"{_task(r)} is {r['state']} at revision {r['revision']} with {r['n']}"
+                       f" result events for that state and revision (expected exactly one)"),
+    Probe("result_event_mismatch", _result_mismatch_sql, _result_mismatch_render),
+    Probe("result_sequence", _sequence_sql, _sequence_render),
+    Probe("queue_counter", _queue_counter_sql,
+          lambda r, s: f"queue {_h(r['namespace_id'])}/{r['name']} counts"
+                       f" {r['active_attempts']} active attempts, a recount finds {r['live']}"),
+    Probe("uncertain_final", _uncertain_final_sql,
+          lambda r, s: f"{_task(r)} is {r['state']} with effect_uncertain set"),
+    Probe("uncertainty_dropped", _uncertainty_dropped_sql,
+          lambda r, s: f"{_task(r)} is {r['state']} ({r['outcome_reason']}) without"
+                       f" effect_uncertain although attempts {r['which']} left the effect"
+                       f" unknown"),
+    Probe("success_overwritten", _success_sql,
+          lambda r, s: f"{_task(r)} is {r['state']} with {r['n']} SUCCEEDED attempt(s)"
+                       f" (generations {r['generations']})"),
+    Probe("transition", _transitions_sql, _transitions_render),
+    Probe("event_revisions", _event_dup_sql,
+          lambda r, s: f"{_task(r)} has {r['n']} state events at revision"
+                       f" {r['aggregate_revision']} ({r['types']})"),
+    Probe("event_revisions", _event_order_sql,
+          lambda r, s: f"{_task(r)}: the event at revision {r['aggregate_revision']}"
+                       f" ({r['occurred_at']}) is older than revision {r['prev_revision']}"
+                       f" ({r['prev_at']})"),
+    Probe("event_revisions", _event_revisions_sql, _event_revisions_render),
+    Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),
+    Probe("missing_task", _expected_sql,
+          lambda r, s: f"acknowledged {_task(r)} does not exist",
+          when=lambda s: bool(s.expected)),
+)
+
+
+# --- running the probes ----------------------------------------------------------------------
+
+def _scope(namespace_ids: Iterable[bytes] | None, quiescent: bool, grace: dt.timedelta,
+           require_creation_events: bool,
+           expected_tasks: Iterable[tuple[bytes, bytes]] | None) -> Scope:
+    return Scope(
+        namespace_ids=None if namespace_ids is None else tuple(namespace_ids),
+        quiescent=quiescent, grace=grace, require_creation_events=require_creation_events,
+        expected=tuple(expected_tasks or ()),
+    )
+
+
+def _rows(description: Sequence[Any] | None, rows: Sequence[Any]) -> list[dict[str, Any]]:
+    names = [column[0] for column in description or ()]
+    return [row if isinstance(row, dict) else dict(zip(names, row, strict=True)) for row in rows]
+
+
+def _render(probe: Probe, rows: list[dict[str, Any]], scope: Scope) -> list[str]:
+    found = []
+    for row in rows:
+        text = probe.render(row, scope)
+        if text is not None:
+            found.append(f"[{probe.code}] {text}")
+    return found
+
+
+def check(
+    conn: Any,
+    namespace_ids: Iterable[bytes] | None = None,
+    *,
+    quiescent: bool = False,
+    grace: dt.timedelta = DEFAULT_GRACE,
+    require_creation_events: bool = False,
+    expected_tasks: Iterable[tuple[bytes, bytes]] | None = None,
+) -> list[str]:
+    """Every violated invariant, as human-readable lines (empty when all hold).
+
+    ``conn`` is a blocking PyMySQL connection with no open transaction; the probes run in one
+    consistent read-only snapshot that is ended (rolled back) before returning.
+    """
+    scope = _scope(namespace_ids, quiescent, grace, require_creation_events, expected_tasks)
+    found: list[str] = []
+    with conn.cursor() as cur:
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        try:
+            for probe in PROBES:
+                if probe.when(scope):
+                    cur.execute(probe.sql(scope))
+                    found += _render(probe, _rows(cur.description, cur.fetchall()), scope)
+        finally:
+            conn.rollback()
+    return found
+
+
+async def check_cursor(
+    cur: Any,
+    namespace_ids: Iterable[bytes] | None = None,
+    *,
+    quiescent: bool = False,
+    grace: dt.timedelta = DEFAULT_GRACE,
+    require_creation_events: bool = False,
+    expected_tasks: Iterable[tuple[bytes, bytes]] | None = None,
+) -> list[str]:
+    """The probes on an async (aiomysql) cursor, inside the transaction its caller owns. For a
+    consistent answer under load, that transaction should be REPEATABLE READ (see check_db)."""
+    scope = _scope(namespace_ids, quiescent, grace, require_creation_events, expected_tasks)
+    found: list[str] = []
+    for probe in PROBES:
+        if probe.when(scope):
+            await cur.execute(probe.sql(scope))
+            found += _render(probe, _rows(cur.description, await cur.fetchall()), scope)
+    return found
+
+
+async def check_db(db: Any, namespace_ids: Iterable[bytes] | None = None,
+                   **options: Any) -> list[str]:
+    """:func:`check_cursor` in one REPEATABLE READ transaction of an Orbit ``Database``."""
+    from orbit_common.db.tx import Isolation
+
+    ids = None if namespace_ids is None else tuple(namespace_ids)
+    return await db.transaction(
+        "test.invariants", lambda cur: check_cursor(cur, ids, **options),
+        isolation=Isolation.REPEATABLE_READ)
+
+
+def codes(violations: Iterable[str]) -> set[str]:
+    """The invariant codes of some violations (``"[code] …"`` → ``code``)."""
+    return {v[1:v.index("]")] for v in violations}

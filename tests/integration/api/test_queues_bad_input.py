@@ -129,7 +129,7 @@ async def _check(response: Any, code: str, paths: list[str] | None) -> None:
 
 @pytest.mark.parametrize(("body", "code", "paths"), [c[1:] for c in CREATE_CASES],
                          ids=[c[0] for c in CREATE_CASES])
-async def test_bad_create_bodies(  # noqa: PLR0917 - fixtures and parameters
+async def test_bad_create_bodies(
     api: TestClient[Any, Any], tenant: Tenant, qwrites: QueueWrites, body: Any, code: str,
     paths: list[str] | None,
 ) -> None:
@@ -187,7 +187,7 @@ async def existing(api: TestClient[Any, Any], tenant: Tenant) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("body", "code", "paths"), [c[1:] for c in PATCH_CASES],
                          ids=[c[0] for c in PATCH_CASES])
-async def test_bad_patch_bodies(  # noqa: PLR0917 - fixtures and parameters
+async def test_bad_patch_bodies(
     api: TestClient[Any, Any], tenant: Tenant, qwrites: QueueWrites, existing: dict[str, Any],
     body: Any, code: str, paths: list[str] | None,
 ) -> None:
@@ -212,7 +212,7 @@ GATE_CASES: list[tuple[str, Any, str, list[str] | None]] = [
 @pytest.mark.parametrize("action", ["pause", "resume"])
 @pytest.mark.parametrize(("body", "code", "paths"), [c[1:] for c in GATE_CASES],
                          ids=[c[0] for c in GATE_CASES])
-async def test_bad_pause_and_resume_bodies(  # noqa: PLR0917 - fixtures and parameters
+async def test_bad_pause_and_resume_bodies(
     api: TestClient[Any, Any], tenant: Tenant, qwrites: QueueWrites, existing: dict[str, Any],
     action: str, body: Any, code: str, paths: list[str] | None,
 ) -> None:

@@ -1,0 +1,290 @@
+"""The SDK's own data transfer objects: frozen attrs classes read from the API's JSON.
+
+They are deliberately tolerant: a field the server leaves out is ``None`` (or its default), a
+field the SDK does not know yet is still in ``raw``, so a newer server never breaks an older
+SDK. Times are aware ``datetime`` objects in UTC.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "Attempt",
+    "Evidence",
+    "Queue",
+    "RetryPolicy",
+    "Task",
+    "TaskEvent",
+    "Whoami",
+    "parse_time",
+]
+
+
+def parse_time(value: Any) -> dt.datetime | None:
+    """An ISO 8601 time from the API (``None`` stays ``None``)."""
+    if not isinstance(value, str):
+        return None
+    text = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value
+    parsed = dt.datetime.fromisoformat(text)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+
+
+def _str(raw: Mapping[str, Any], key: str) -> str | None:
+    value = raw.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _int(raw: Mapping[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _bool(raw: Mapping[str, Any], key: str) -> bool:
+    return raw.get(key) is True
+
+
+def _dict(raw: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key)
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+@attrs.frozen(kw_only=True)
+class RetryPolicy:
+    """A retry policy; ``multiplier`` and ``jitter`` are decimal strings (``"2.000"``)."""
+
+    max_attempts: int | None = None
+    initial_ms: int | None = None
+    max_ms: int | None = None
+    multiplier: str | None = None
+    jitter: str | None = None
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> RetryPolicy:
+        def text(key: str) -> str | None:
+            value = raw.get(key)
+            return None if value is None else str(value)
+
+        return cls(max_attempts=_int(raw, "max_attempts"), initial_ms=_int(raw, "initial_ms"),
+                   max_ms=_int(raw, "max_ms"), multiplier=text("multiplier"),
+                   jitter=text("jitter"))
+
+    def to_json(self) -> dict[str, Any]:
+        """Only the fields that are set (the others take the queue's defaults)."""
+        return {k: v for k, v in attrs.asdict(self).items() if v is not None}
+
+
+@attrs.frozen(kw_only=True)
+class Whoami:
+    """``GET /v1/whoami``: the calling credential and what it may see."""
+
+    application: dict[str, Any]
+    credential: dict[str, Any]
+    grants: list[dict[str, Any]]
+    namespaces: list[str]
+    raw: dict[str, Any] = attrs.field(repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Whoami:
+        grants = raw.get("grants")
+        namespaces = raw.get("namespaces")
+        return cls(
+            application=_dict(raw, "application"), credential=_dict(raw, "credential"),
+            grants=[g for g in grants if isinstance(g, dict)] if isinstance(grants, list) else [],
+            namespaces=[n for n in namespaces if isinstance(n, str)]
+            if isinstance(namespaces, list) else [],
+            raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class Queue:
+    """A queue with its gate and runtime counters (``docs/api/queues.md``)."""
+
+    id: str
+    name: str
+    description: str = ""
+    revision: int = 0
+    offer_lease_ms: int | None = None
+    execution_lease_ms: int | None = None
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    max_concurrent_attempts: int | None = None
+    active_attempts: int | None = None
+    paused: bool = False
+    gate_state: str | None = None
+    gate_reason: str | None = None
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Queue:
+        gate = _dict(raw, "gate")
+        return cls(
+            id=_str(raw, "id") or "", name=_str(raw, "name") or "",
+            description=_str(raw, "description") or "", revision=_int(raw, "revision") or 0,
+            offer_lease_ms=_int(raw, "offer_lease_ms"),
+            execution_lease_ms=_int(raw, "execution_lease_ms"),
+            retry=RetryPolicy.from_json(_dict(raw, "retry")),
+            max_concurrent_attempts=_int(raw, "max_concurrent_attempts"),
+            active_attempts=_int(raw, "active_attempts"), paused=_bool(raw, "paused"),
+            gate_state=_str(gate, "state"), gate_reason=_str(gate, "reason"),
+            created_at=parse_time(raw.get("created_at")),
+            updated_at=parse_time(raw.get("updated_at")), raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class Task:
+    """A task: the acceptance receipt, a list item or the full detail.
+
+    The detail-only fields (``input``, ``result``, ``error``, …) are ``None`` on receipts and
+    list items. ``replayed`` is true when a submit was answered from its idempotency record.
+    """
+
+    id: str
+    queue: str
+    handler: str
+    state: str
+    revision: int = 0
+    priority: int = 0
+    business_key: str | None = None
+    rerun_safe: bool = False
+    created_at: dt.datetime | None = None
+    available_at: dt.datetime | None = None
+    deadline_at: dt.datetime | None = None
+    start_deadline_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    completed_at: dt.datetime | None = None
+    attempts_used: int | None = None
+    effect_uncertain: bool = False
+    outcome_reason: str | None = None
+    cancel_requested_at: dt.datetime | None = None
+    cancel_reason: str | None = None
+    current_attempt_id: str | None = None
+    lease_expires_at: dt.datetime | None = None
+    retry_of: str | None = None
+    input: Any = None
+    result: Any = None
+    error: Any = None
+    replayed: bool = False
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Task:
+        return cls(
+            id=_str(raw, "id") or "", queue=_str(raw, "queue") or "",
+            handler=_str(raw, "handler") or "", state=_str(raw, "state") or "",
+            revision=_int(raw, "revision") or 0, priority=_int(raw, "priority") or 0,
+            business_key=_str(raw, "business_key"), rerun_safe=_bool(raw, "rerun_safe"),
+            created_at=parse_time(raw.get("created_at")),
+            available_at=parse_time(raw.get("available_at")),
+            deadline_at=parse_time(raw.get("deadline_at")),
+            start_deadline_at=parse_time(raw.get("start_deadline_at")),
+            updated_at=parse_time(raw.get("updated_at")),
+            completed_at=parse_time(raw.get("completed_at")),
+            attempts_used=_int(raw, "attempts_used"),
+            effect_uncertain=_bool(raw, "effect_uncertain"),
+            outcome_reason=_str(raw, "outcome_reason"),
+            cancel_requested_at=parse_time(raw.get("cancel_requested_at")),
+            cancel_reason=_str(raw, "cancel_reason"),
+            current_attempt_id=_str(raw, "current_attempt_id"),
+            lease_expires_at=parse_time(raw.get("lease_expires_at")),
+            retry_of=_str(raw, "retry_of"), input=raw.get("input"), result=raw.get("result"),
+            error=raw.get("error"), replayed=_bool(raw, "replayed"), raw=dict(raw),
+        )
+
+    @property
+    def finished(self) -> bool:
+        """True in a terminal state (SUCCEEDED, FAILED, CANCELLED)."""
+        return self.state in {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+@attrs.frozen(kw_only=True)
+class Attempt:
+    """One execution attempt of a task."""
+
+    id: str
+    generation: int
+    state: str
+    worker_instance_id: str | None = None
+    worker_session_id: str | None = None
+    offered_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    lease_expires_at: dt.datetime | None = None
+    renewals: int | None = None
+    finished_at: dt.datetime | None = None
+    retryable: bool | None = None
+    result: Any = None
+    error: Any = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Attempt:
+        retryable = raw.get("retryable")
+        return cls(
+            id=_str(raw, "id") or "", generation=_int(raw, "generation") or 0,
+            state=_str(raw, "state") or "",
+            worker_instance_id=_str(raw, "worker_instance_id"),
+            worker_session_id=_str(raw, "worker_session_id"),
+            offered_at=parse_time(raw.get("offered_at")),
+            started_at=parse_time(raw.get("started_at")),
+            lease_expires_at=parse_time(raw.get("lease_expires_at")),
+            renewals=_int(raw, "renewals"), finished_at=parse_time(raw.get("finished_at")),
+            retryable=retryable if isinstance(retryable, bool) else None,
+            result=raw.get("result"), error=raw.get("error"), raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class TaskEvent:
+    """A state event of a task (``task.accepted``, ``task.started``, …)."""
+
+    id: str
+    type: str
+    revision: int | None = None
+    from_state: str | None = None
+    to_state: str | None = None
+    payload: Any = None
+    occurred_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> TaskEvent:
+        return cls(
+            id=_str(raw, "id") or "", type=_str(raw, "type") or "",
+            revision=_int(raw, "revision"), from_state=_str(raw, "from_state"),
+            to_state=_str(raw, "to_state"), payload=raw.get("payload"),
+            occurred_at=parse_time(raw.get("occurred_at")), raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class Evidence:
+    """A late report about an attempt, kept for review (it changed nothing)."""
+
+    id: str
+    attempt_id: str
+    task_id: str | None = None
+    generation: int | None = None
+    kind: str | None = None
+    retryable: bool | None = None
+    payload: Any = None
+    rejected_because: str | None = None
+    received_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Evidence:
+        retryable = raw.get("retryable")
+        return cls(
+            id=_str(raw, "id") or "", attempt_id=_str(raw, "attempt_id") or "",
+            task_id=_str(raw, "task_id"), generation=_int(raw, "generation"),
+            kind=_str(raw, "kind"), retryable=retryable if isinstance(retryable, bool) else None,
+            payload=raw.get("payload"), rejected_because=_str(raw, "rejected_because"),
+            received_at=parse_time(raw.get("received_at")), raw=dict(raw),
+        )

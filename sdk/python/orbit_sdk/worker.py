@@ -265,9 +265,8 @@ class Worker:
                 loop.remove_signal_handler(sig)
             for task in self._loops:
                 task.cancel()
-            for task in self._loops:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # Their failures were recorded by _supervise; here we only wait for them to end.
+            await asyncio.gather(*self._loops, return_exceptions=True)
             await self._abandon()
             await self._close_session()
             await self._http.close()

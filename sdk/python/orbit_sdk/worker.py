@@ -39,7 +39,6 @@ import os
 import signal
 import socket
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -47,7 +46,7 @@ from urllib.parse import quote
 import aiohttp
 import attrs
 
-from orbit_sdk import jsonvalue
+from orbit_sdk import jsonvalue, outcomes
 from orbit_sdk._backoff import Backoff
 from orbit_sdk._channel import (
     TRANSIENT_CODES,
@@ -64,7 +63,6 @@ from orbit_sdk.errors import (
     Forbidden,
     NotFound,
     OrbitError,
-    OutcomeUnknown,
     ProtocolError,
     Unauthorized,
 )
@@ -93,33 +91,6 @@ class _Attempt:
     stop_reason: str | None = None  # "cancel" | "lost" | "shutdown"
     renew_due: float = 0.0
     lease_deadline: float = 0.0
-
-
-@attrs.define(eq=False)
-class _Report:
-    grant: Grant
-    report_id: str
-    outcome: str
-    result: Any = None
-    error: dict[str, Any] | None = None
-    retryable: bool | None = None
-    solo: bool = False  # after a batch was refused whole: send alone to find the culprit
-
-    def item(self) -> dict[str, Any]:
-        item: dict[str, Any] = {**self.grant.ref(), "report_id": self.report_id,
-                                "outcome": self.outcome}
-        if self.outcome == "succeeded":
-            item["result"] = self.result
-        if self.error is not None:
-            item["error"] = self.error
-        if self.retryable is not None:
-            item["retryable"] = self.retryable
-        return item
-
-
-def _error_json(exc: BaseException) -> dict[str, Any]:
-    message = str(exc)
-    return {"type": type(exc).__qualname__, "message": message[:4000]}
 
 
 def _remaining_lease(value: Any, fallback: float) -> float:
@@ -189,7 +160,7 @@ class Worker:
         self._attempts: dict[str, _Attempt] = {}
         self._backlog: collections.deque[str] = collections.deque()
         self._to_start: list[str] = []
-        self._reports: dict[str, _Report] = {}
+        self._reports: dict[str, outcomes.Report] = {}
         self._channel: Channel | None = None
         self._session_path: str | None = None
         self._credit = 0
@@ -517,57 +488,27 @@ class Worker:
 
     async def _run_handler(self, attempt: _Attempt) -> None:
         grant = attempt.grant
-        report: _Report | None = None
         fn = self._handlers.get(grant.handler)
         if fn is None:
-            self._file(attempt, self._report(grant, "failed", retryable=False, error={
-                "type": "LookupError", "message": f"no handler {grant.handler!r} here"}))
+            self._file(attempt, outcomes.missing_handler(grant))
             return
+        report: outcomes.Report | None
         try:
-            value = await fn(attempt.ctx, grant.input)
-            try:
-                jsonvalue.dumps(value)
-            except (TypeError, ValueError) as exc:
-                report = self._report(grant, "failed", error={
-                    "type": "ResultNotJson", "message": str(exc)[:4000]}, retryable=False)
-            else:
-                report = self._report(grant, "succeeded", result=value)
+            report = outcomes.succeeded(grant, await fn(attempt.ctx, grant.input))
         except asyncio.CancelledError:
-            report = self._interrupted(attempt)
+            report = outcomes.interrupted(grant, attempt.stop_reason)
             if attempt.stop_reason is None:  # cancelled from outside the worker: propagate
                 self._file(attempt, report)
                 raise
-        except OutcomeUnknown as exc:
-            report = self._report(grant, "unknown", error=_error_json(exc))
         except Exception as exc:  # noqa: BLE001 - any handler error is a reported outcome
-            retryable = getattr(exc, "retryable", False) is True
-            if not retryable:
+            report = outcomes.from_exception(grant, exc)
+            if report.outcome == "failed" and not report.retryable:
                 log.info("handler %s failed (not retryable): %r", grant.handler, exc)
-            report = self._report(grant, "failed", error=_error_json(exc), retryable=retryable)
         if attempt.stop_reason == "lost":
             report = None  # the dispatcher decided already; nothing we say changes it
         self._file(attempt, report)
 
-    def _interrupted(self, attempt: _Attempt) -> _Report | None:
-        grant = attempt.grant
-        if attempt.stop_reason == "lost":
-            return None  # the dispatcher decided already; nothing we say changes it
-        if attempt.stop_reason == "cancel":
-            return self._report(grant, "cancelled",
-                                error={"type": "cancelled", "message": "stopped on request"})
-        error = {"type": "interrupted", "message": "the worker stopped during the attempt"}
-        if grant.rerun_safe:
-            return self._report(grant, "failed", error=error, retryable=True)
-        return self._report(grant, "unknown", error=error)
-
-    def _report(self, grant: Grant, outcome: str, *, result: Any = None,
-                error: dict[str, Any] | None = None, retryable: bool | None = None) -> _Report:
-        if outcome == "failed" and retryable is None:
-            retryable = False
-        return _Report(grant=grant, report_id=uuid.uuid4().hex, outcome=outcome,
-                       result=result, error=error, retryable=retryable)
-
-    def _file(self, attempt: _Attempt, report: _Report | None) -> None:
+    def _file(self, attempt: _Attempt, report: outcomes.Report | None) -> None:
         if report is not None:
             self._reports[attempt.grant.attempt_id] = report
             self._wake("finish")
@@ -696,7 +637,7 @@ class Worker:
             if not self._reports:
                 self._wake("idle")
 
-    def _finish_refused(self, batch: list[_Report], exc: ProtocolError) -> None:
+    def _finish_refused(self, batch: list[outcomes.Report], exc: ProtocolError) -> None:
         """A refused batch changed nothing: retry transient refusals; otherwise find the bad
         report by sending them one at a time, and drop a single report refused for good."""
         if exc.code in TRANSIENT_CODES:

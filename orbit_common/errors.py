@@ -186,3 +186,18 @@ class QueueNotFound(NotFound):
     """No such queue, or one the credential may not see (the two are not told apart)."""
 
     code = "queue_not_found"
+
+
+class TaskNotFound(NotFound):
+    """No such task, one in another namespace, or one whose queue the credential may not read
+    (the three are not told apart)."""
+
+    code = "task_not_found"
+    title = "No such task for this credential"
+
+
+class AttemptNotFound(NotFound):
+    """No such attempt of this task."""
+
+    code = "attempt_not_found"
+    title = "No such attempt of this task"

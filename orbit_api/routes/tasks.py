@@ -1,4 +1,4 @@
-"""``/v1/namespaces/{namespace}/tasks``: submission and queries (issue 3)."""
+"""``/v1/namespaces/{namespace}/tasks``: submission and queries (docs/api/tasks.md)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,376 @@ from typing import Any
 
 from aiohttp import web
 
-OPENAPI_PATHS: dict[str, Any] = {}
-OPENAPI_SCHEMAS: dict[str, Any] = {}
+from orbit_api.body import int_param, query_params, read_json
+from orbit_api.context import DB, principal_of
+from orbit_api.openapi import COMMON_ERRORS, ID, NAME, TIME, _json, _problem
+from orbit_api.routes.platform import idempotency_key
+from orbit_common import errors
+from orbit_common.model import jsondoc
+from orbit_common.pulse import queries, queues, tasks
+from orbit_common.pulse.model import AttemptState, TaskState
+
+BASE = "/v1/namespaces/{namespace}/tasks"
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    """JSON written by jsondoc: task inputs and results keep every number's spelling."""
+    return web.Response(text=jsondoc.dumps(body), status=status, content_type="application/json")
+
+
+def _input_of(exact: Any) -> Any:
+    """``input`` from the number-preserving parse of an item (``{}`` when absent)."""
+    return exact.get("input", {}) if isinstance(exact, dict) else {}
+
+
+async def submit_task(request: web.Request) -> web.Response:
+    query_params(request, ())
+    key = idempotency_key(request)
+    dto, _ = await read_json(request, tasks.SubmitRequest)
+    exact = jsondoc.loads_strict(await request.read(), keep_number_text=True)
+    spec, problems = tasks.validate(dto, _input_of(exact), "$")
+    if spec is None:
+        raise errors.ValidationFailed(problems)
+    principal = principal_of(request)
+    items = tasks.make_items(principal, [(spec, key, "$", "Idempotency-Key")])
+    (accepted,) = await tasks.submit(
+        request.app[DB], principal, namespace=request.match_info["namespace"], items=items
+    )
+    return json_response(accepted.receipt, status=201)
+
+
+async def submit_batch(request: web.Request) -> web.Response:
+    query_params(request, ())
+    if idempotency_key(request) is not None:
+        raise errors.ValidationFailed([{
+            "path": "Idempotency-Key",
+            "message": "a batch takes one idempotency_key per item ($.tasks[i].idempotency_key)",
+        }])
+    dto, _ = await read_json(request, tasks.BatchRequest)
+    if not 1 <= len(dto.tasks) <= tasks.MAX_BATCH:
+        raise errors.ValidationFailed(
+            [{"path": "$.tasks", "message": f"1-{tasks.MAX_BATCH} items"}]
+        )
+    exact = jsondoc.loads_strict(await request.read(), keep_number_text=True)
+    problems: list[dict[str, str]] = []
+    specs = []
+    for index, item in enumerate(dto.tasks):
+        path = f"$.tasks[{index}]"
+        spec, found = tasks.validate(item, _input_of(exact["tasks"][index]), path)
+        problems += found
+        if spec is not None:
+            specs.append((spec, item.idempotency_key, path, f"{path}.idempotency_key"))
+    if problems:
+        raise errors.ValidationFailed(problems)
+    principal = principal_of(request)
+    items = tasks.make_items(principal, specs)
+    accepted = await tasks.submit(
+        request.app[DB], principal, namespace=request.match_info["namespace"], items=items
+    )
+    return json_response(
+        {"tasks": [{**a.receipt, "replayed": a.replayed} for a in accepted]}, status=201
+    )
+
+
+def _page(page: queries.Page) -> web.Response:
+    return json_response({"items": page.items, "next_cursor": page.next_cursor})
+
+
+def _limit(params: dict[str, str]) -> int:
+    return int_param(params, "limit", default=queries.PAGE_DEFAULT, low=1, high=queries.PAGE_MAX)
+
+
+async def list_tasks(request: web.Request) -> web.Response:
+    params = query_params(request, {"queue", "state", "business_key", "created_after",
+                                    "created_before", "limit", "cursor"})
+    limit = _limit(params)
+    filters = queries.ListFilter.parse(params)
+    page = await queries.list_tasks(
+        request.app[DB], principal_of(request), namespace=request.match_info["namespace"],
+        filters=filters, limit=limit, cursor=params.get("cursor"),
+    )
+    return _page(page)
+
+
+def _task_id(request: web.Request) -> bytes:
+    return queries.parse_id(request.match_info["task_id"], "{task_id}")
+
+
+async def get_task(request: web.Request) -> web.Response:
+    query_params(request, ())
+    task_id = _task_id(request)
+    view = await queries.get_task(request.app[DB], principal_of(request),
+                                  namespace=request.match_info["namespace"], task_id=task_id)
+    return json_response(view)
+
+
+async def list_attempts(request: web.Request) -> web.Response:
+    params = query_params(request, {"limit", "cursor"})
+    limit = _limit(params)
+    task_id = _task_id(request)
+    page = await queries.list_attempts(
+        request.app[DB], principal_of(request), namespace=request.match_info["namespace"],
+        task_id=task_id, limit=limit, cursor=params.get("cursor"),
+    )
+    return _page(page)
+
+
+async def list_events(request: web.Request) -> web.Response:
+    params = query_params(request, {"limit", "cursor"})
+    limit = _limit(params)
+    task_id = _task_id(request)
+    page = await queries.list_events(
+        request.app[DB], principal_of(request), namespace=request.match_info["namespace"],
+        task_id=task_id, limit=limit, cursor=params.get("cursor"),
+    )
+    return _page(page)
+
+
+async def list_evidence(request: web.Request) -> web.Response:
+    params = query_params(request, {"limit", "cursor"})
+    limit = _limit(params)
+    task_id = _task_id(request)
+    attempt_id = queries.parse_id(request.match_info["attempt_id"], "{attempt_id}")
+    page = await queries.list_evidence(
+        request.app[DB], principal_of(request), namespace=request.match_info["namespace"],
+        task_id=task_id, attempt_id=attempt_id, limit=limit, cursor=params.get("cursor"),
+    )
+    return _page(page)
 
 
 def add_routes(app: web.Application) -> None:
     """Register the task routes."""
+    app.router.add_post(BASE, submit_task)
+    app.router.add_get(BASE, list_tasks)
+    app.router.add_post(BASE + "/batch", submit_batch)
+    app.router.add_get(BASE + "/{task_id}", get_task)
+    app.router.add_get(BASE + "/{task_id}/attempts", list_attempts)
+    app.router.add_get(BASE + "/{task_id}/events", list_events)
+    app.router.add_get(BASE + "/{task_id}/attempts/{attempt_id}/evidence", list_evidence)
+
+
+# --- OpenAPI ------------------------------------------------------------------------------------
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _int(low: int, high: int) -> dict[str, Any]:
+    return {"type": "integer", "minimum": low, "maximum": high}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _page_schema(item: str) -> dict[str, Any]:
+    return {"type": "object", "required": ["items", "next_cursor"],
+            "properties": {"items": {"type": "array", "items": _ref(item)},
+                           "next_cursor": {"type": ["string", "null"]}}}
+
+
+_NAMESPACE = {"name": "namespace", "in": "path", "required": True, "schema": NAME}
+_TASK_ID = {"name": "task_id", "in": "path", "required": True, "schema": ID}
+_ATTEMPT_ID = {"name": "attempt_id", "in": "path", "required": True, "schema": ID}
+_LIMIT = {"name": "limit", "in": "query",
+          "schema": {"type": "integer", "minimum": 1, "maximum": queries.PAGE_MAX,
+                     "default": queries.PAGE_DEFAULT}}
+_CURSOR = {"name": "cursor", "in": "query", "schema": {"type": "string"}}
+_READ_ERRORS = {**COMMON_ERRORS,
+                "403": _problem("The credential may not read tasks here (forbidden)"),
+                "404": _problem("namespace_not_found, task_not_found")}
+_SUBMIT_ERRORS = {
+    **COMMON_ERRORS,
+    "403": _problem("The credential may not submit tasks in this namespace (forbidden)"),
+    "404": _problem("namespace_not_found, queue_not_found"),
+    "409": _problem("idempotency_conflict"),
+    "413": _problem("payload_too_large"),
+    "415": _problem("unsupported_media_type"),
+}
+_STATES = [s.value for s in TaskState]
+_RECEIPT_PROPS: dict[str, Any] = {
+    "id": ID, "queue": NAME, "handler": {"type": "string"}, "state": {"enum": _STATES},
+    "priority": _int(0, 9), "business_key": {"type": ["string", "null"]},
+    "created_at": TIME, "available_at": TIME, "deadline_at": _nullable(TIME),
+    "start_deadline_at": _nullable(TIME), "rerun_safe": {"type": "boolean"},
+    "revision": {"type": "integer", "minimum": 1},
+}
+_SUMMARY_PROPS: dict[str, Any] = {
+    **_RECEIPT_PROPS, "attempts_used": {"type": "integer", "minimum": 0},
+    "effect_uncertain": {"type": "boolean"}, "outcome_reason": {"type": ["string", "null"]},
+    "cancel_requested_at": _nullable(TIME), "updated_at": TIME, "completed_at": _nullable(TIME),
+}
+_SUBMIT_PROPS: dict[str, Any] = {
+    "queue": NAME,
+    "handler": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+    "input": {"description": "Any JSON value, stored and returned byte-exact (default {})"},
+    "delay_ms": _int(0, tasks.MAX_DELAY_MS),
+    "not_before": {"type": "string", "format": "date-time",
+                   "description": "RFC 3339 with an offset; exclusive with delay_ms"},
+    "priority": {**_int(0, 9), "default": 0},
+    "business_key": {"type": "string", "minLength": 1,
+                     "description": "At most 512 UTF-8 bytes, matched byte-exact"},
+    "deadline_ms": _int(1, tasks.MAX_DEADLINE_MS),
+    "start_deadline_ms": _int(1, tasks.MAX_DEADLINE_MS),
+    "attempt_timeout_ms": _int(100, tasks.DAY_MS),
+    "retry": _ref("TaskRetryOverrides"),
+    "rerun_safe": {"type": "boolean", "default": False},
+    "offer_lease_ms": _int(*queues.OFFER_LEASE_MS),
+    "execution_lease_ms": _int(*queues.EXECUTION_LEASE_MS),
+}
+_JSON_ANY: dict[str, Any] = {"description": "Any JSON value (numbers exactly as stored)"}
+
+OPENAPI_PATHS: dict[str, Any] = {
+    BASE: {
+        "post": {
+            "summary": "Submit a task", "operationId": "submitTask",
+            "parameters": [_NAMESPACE, {"name": "Idempotency-Key", "in": "header",
+                                        "required": False,
+                                        "schema": {"type": "string", "minLength": 1,
+                                                   "maxLength": 255}}],
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": _ref("TaskSubmitRequest")}}},
+            "responses": {"201": _json("TaskReceipt", "Accepted (or the original receipt)"),
+                          **_SUBMIT_ERRORS},
+        },
+        "get": {
+            "summary": "List tasks, newest first", "operationId": "listTasks",
+            "parameters": [
+                _NAMESPACE,
+                {"name": "queue", "in": "query", "schema": NAME},
+                {"name": "state", "in": "query", "schema": {"enum": _STATES}},
+                {"name": "business_key", "in": "query", "schema": {"type": "string"}},
+                {"name": "created_after", "in": "query", "schema": TIME,
+                 "description": "Inclusive lower bound"},
+                {"name": "created_before", "in": "query", "schema": TIME,
+                 "description": "Exclusive upper bound"},
+                _LIMIT, _CURSOR,
+            ],
+            "responses": {"200": _json("TaskPage", "A page of tasks"),
+                          **_READ_ERRORS,
+                          "404": _problem("namespace_not_found, queue_not_found")},
+        },
+    },
+    BASE + "/batch": {
+        "post": {
+            "summary": "Submit 1-500 tasks in one transaction", "operationId": "submitTasks",
+            "parameters": [_NAMESPACE],
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": _ref("TaskBatchRequest")}}},
+            "responses": {"201": _json("TaskBatchResponse", "Every item accepted or replayed"),
+                          **_SUBMIT_ERRORS},
+        },
+    },
+    BASE + "/{task_id}": {
+        "get": {"summary": "A task in full", "operationId": "getTask",
+                "parameters": [_NAMESPACE, _TASK_ID],
+                "responses": {"200": _json("TaskDetail", "The task"), **_READ_ERRORS}},
+    },
+    BASE + "/{task_id}/attempts": {
+        "get": {"summary": "A task's attempts by generation", "operationId": "listTaskAttempts",
+                "parameters": [_NAMESPACE, _TASK_ID, _LIMIT, _CURSOR],
+                "responses": {"200": _json("TaskAttemptPage", "A page of attempts"),
+                              **_READ_ERRORS}},
+    },
+    BASE + "/{task_id}/events": {
+        "get": {"summary": "A task's state events, oldest first", "operationId": "listTaskEvents",
+                "parameters": [_NAMESPACE, _TASK_ID, _LIMIT, _CURSOR],
+                "responses": {"200": _json("TaskEventPage", "A page of events"),
+                              **_READ_ERRORS}},
+    },
+    BASE + "/{task_id}/attempts/{attempt_id}/evidence": {
+        "get": {"summary": "Late reports about an attempt, oldest first",
+                "operationId": "listAttemptEvidence",
+                "parameters": [_NAMESPACE, _TASK_ID, _ATTEMPT_ID, _LIMIT, _CURSOR],
+                "responses": {"200": _json("TaskEvidencePage", "A page of late evidence"),
+                              **_READ_ERRORS,
+                              "404": _problem("namespace_not_found, task_not_found, "
+                                              "attempt_not_found")}},
+    },
+}
+
+OPENAPI_SCHEMAS: dict[str, Any] = {
+    "TaskRetryOverrides": {
+        "type": "object", "additionalProperties": False,
+        "description": "Fields left out take the queue's defaults; frozen into the task",
+        "properties": {
+            "max_attempts": _int(*queues.MAX_ATTEMPTS), "initial_ms": _int(0, queues.INT_MAX),
+            "max_ms": _int(0, queues.INT_MAX),
+            "multiplier": {"type": "number", "minimum": 1, "maximum": 999.999},
+            "jitter": {"type": "number", "minimum": 0, "maximum": 1},
+        },
+    },
+    "TaskSubmitRequest": {
+        "type": "object", "additionalProperties": False, "required": ["queue", "handler"],
+        "properties": _SUBMIT_PROPS,
+    },
+    "TaskBatchRequest": {
+        "type": "object", "additionalProperties": False, "required": ["tasks"],
+        "properties": {"tasks": {
+            "type": "array", "minItems": 1, "maxItems": tasks.MAX_BATCH,
+            "items": {"type": "object", "additionalProperties": False,
+                      "required": ["queue", "handler"],
+                      "properties": {**_SUBMIT_PROPS,
+                                     "idempotency_key": {"type": "string", "minLength": 1,
+                                                         "maxLength": 255}}},
+        }},
+    },
+    "TaskReceipt": {"type": "object", "required": list(_RECEIPT_PROPS),
+                    "properties": _RECEIPT_PROPS},
+    "TaskBatchResponse": {
+        "type": "object", "required": ["tasks"],
+        "properties": {"tasks": {"type": "array", "items": {
+            "type": "object", "required": [*_RECEIPT_PROPS, "replayed"],
+            "properties": {**_RECEIPT_PROPS, "replayed": {"type": "boolean"}}}}},
+    },
+    "TaskSummary": {"type": "object", "required": list(_SUMMARY_PROPS),
+                    "properties": _SUMMARY_PROPS},
+    "TaskPage": _page_schema("TaskSummary"),
+    "TaskDetail": {
+        "type": "object",
+        "properties": {
+            **_SUMMARY_PROPS, "input": _JSON_ANY, "result": _JSON_ANY, "error": _JSON_ANY,
+            "current_attempt_id": _nullable(ID), "lease_expires_at": _nullable(TIME),
+            "cancel_reason": {"type": ["string", "null"]}, "retry_of": _nullable(ID),
+            "attempt_timeout_ms": {"type": ["integer", "null"]},
+            "retry": {"type": "object", "properties": {
+                "max_attempts": {"type": "integer"}, "initial_ms": {"type": "integer"},
+                "max_ms": {"type": "integer"}, "multiplier": {"type": "number"},
+                "jitter": {"type": "number"}}},
+            "offer_lease_ms": {"type": "integer"}, "execution_lease_ms": {"type": "integer"},
+            "first_started_at": _nullable(TIME),
+        },
+    },
+    "TaskAttempt": {
+        "type": "object",
+        "properties": {
+            "id": ID, "generation": {"type": "integer", "minimum": 1},
+            "state": {"enum": [s.value for s in AttemptState]},
+            "worker_instance_id": ID, "worker_session_id": ID, "offered_at": TIME,
+            "started_at": _nullable(TIME), "lease_expires_at": TIME,
+            "renewals": {"type": "integer"}, "finished_at": _nullable(TIME),
+            "retryable": {"type": ["boolean", "null"]}, "result": _JSON_ANY, "error": _JSON_ANY,
+        },
+    },
+    "TaskAttemptPage": _page_schema("TaskAttempt"),
+    "TaskEvent": {
+        "type": "object",
+        "properties": {
+            "id": ID, "type": {"type": "string"}, "revision": {"type": "integer"},
+            "from_state": {"type": ["string", "null"]}, "to_state": {"type": ["string", "null"]},
+            "payload": _JSON_ANY, "occurred_at": TIME,
+        },
+    },
+    "TaskEventPage": _page_schema("TaskEvent"),
+    "TaskEvidence": {
+        "type": "object",
+        "properties": {
+            "id": ID, "attempt_id": ID, "task_id": ID, "generation": {"type": "integer"},
+            "kind": {"enum": ["SUCCEEDED", "FAILED", "UNKNOWN", "CANCELLED", "RENEW"]},
+            "retryable": {"type": ["boolean", "null"]}, "payload": _JSON_ANY,
+            "rejected_because": {"type": "string"}, "received_at": TIME,
+        },
+    },
+    "TaskEvidencePage": _page_schema("TaskEvidence"),
+}

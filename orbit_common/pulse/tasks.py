@@ -1,0 +1,678 @@
+"""Task submission: ``POST …/tasks`` (one) and ``POST …/tasks/batch`` (1–500), one transaction.
+
+Identities
+    Each item gets its task id and event id, and (when it carries an idempotency key) its
+    idempotency record id and request digest, *before* the transaction runner is entered, so a
+    re-run after a deadlock or a lost connection carries the same identity. The idempotency
+    identity is ``(namespace id, "tasks.submit", queue name bytes, key)``; the digest covers the
+    normalised request (``delay_ms`` and ``not_before`` as given, never the computed times).
+
+Transaction (READ COMMITTED; lock order: idempotency → queue → task, per DESIGN §5)
+    1. Authorization: the credential, its application and the namespace are re-read
+       (:func:`authorize`); every queue of the batch must be covered by a grant of
+       ``tasks.submit``. An unknown queue and an uncovered one are both ``queue_not_found``.
+    2. The queues by name (plain read, no lock): their defaults are frozen into the tasks.
+    3. One read of every item's idempotency identity: same digest → the item is a replay of the
+       original receipt; another digest → ``409 idempotency_conflict`` for the whole request.
+    4. One database time read (``UTC_TIMESTAMP(6)``): ``created_at`` of every new task, and
+       ``available_at = created_at + delay_ms`` (or ``not_before``, never earlier than
+       ``created_at``). Checks that need the queue or the time (retry bounds with the queue's
+       defaults, the deadline passing before the task is available, the ``not_before``
+       horizon) fail the whole request with ``validation_failed`` before anything is written.
+    5. The idempotency records are inserted *with their final response* in one statement, in
+       key order. A concurrent identical request blocks on the unique index until the other
+       transaction ends; its duplicate-key error (the other committed) makes us re-read those
+       identities with a locking read and replay them, then insert the rest again.
+    6. The tasks (WAITING, revision 1) and their ``task.accepted`` events, one multi-row INSERT
+       each. A batch is a handful of statements, however many items it holds.
+
+Failure handling
+    Validation errors and conflicts roll everything back: a batch is all or nothing. A commit
+    whose outcome is unknown is re-checked by a locking read of one of the new task ids: found,
+    the response computed by that run is returned; not found, the body runs again with the same
+    ids (replays never re-time).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from orbit_common import errors
+from orbit_common.db import errors as dberrors
+from orbit_common.db.clock import UTC, db_now, to_db
+from orbit_common.db.pool import Database
+from orbit_common.model import ids, jsondoc, names
+from orbit_common.platform import authz
+from orbit_common.platform import credentials as creds
+from orbit_common.platform.idempotency import IdempotencyRequest
+from orbit_common.platform.namespaces import Namespace
+from orbit_common.pulse import queues
+from orbit_common.pulse.model import Queue, RetryPolicy, TaskState
+
+OPERATION = "tasks.submit"
+MAX_BATCH = 500
+DAY_MS = 24 * 3600 * 1000
+MAX_DELAY_MS = 31 * DAY_MS
+MAX_DEADLINE_MS = 366 * DAY_MS
+BUSINESS_KEY_MAX_BYTES = 512
+HANDLER_RULE = "1-128 characters: ASCII letters, digits, '.', '_', ':' or '-'"
+_HANDLER = re.compile(r"\A[A-Za-z0-9._:-]{1,128}\Z")
+# (field, low, high): integer fields and their bounds; None means "not given". Leases and the
+# retry policy take the queue's bounds (= the CHECK constraints of both tables).
+_INT_BOUNDS: tuple[tuple[str, int, int], ...] = (
+    ("delay_ms", 0, MAX_DELAY_MS),
+    ("priority", 0, 9),
+    ("deadline_ms", 1, MAX_DEADLINE_MS),
+    ("start_deadline_ms", 1, MAX_DEADLINE_MS),
+    ("attempt_timeout_ms", 100, DAY_MS),
+    ("offer_lease_ms", *queues.OFFER_LEASE_MS),
+    ("execution_lease_ms", *queues.EXECUTION_LEASE_MS),
+)
+_RETRY_INT_BOUNDS: tuple[tuple[str, int, int], ...] = (
+    ("max_attempts", *queues.MAX_ATTEMPTS),
+    ("initial_ms", 0, queues.INT_MAX),
+    ("max_ms", 0, queues.INT_MAX),  # and at least the policy's initial_ms, checked with it
+)
+# DECIMAL(6,3) and DECIMAL(4,3): three decimal places at most.
+_RETRY_DECIMAL_BOUNDS: tuple[tuple[str, decimal.Decimal, decimal.Decimal], ...] = (
+    ("multiplier", *queues.MULTIPLIER),
+    ("jitter", *queues.JITTER),
+)
+_MILLI = decimal.Decimal(1).scaleb(-queues.DECIMAL_PLACES)
+
+
+# --- the wire shape (structured strictly at the API edge) ---------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class RetryRequest:
+    """Retry policy overrides; a field left out takes the queue's default."""
+
+    max_attempts: int | None = None
+    initial_ms: int | None = None
+    max_ms: int | None = None
+    multiplier: Any = None  # a JSON number: int or Decimal, checked by validate()
+    jitter: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class SubmitRequest:
+    """``POST …/tasks``. ``input`` here is the normal parse; the stored text comes from the
+    number-preserving parse of the same body (see :func:`validate`)."""
+
+    queue: str
+    handler: str
+    input: Any = attrs.field(factory=dict)
+    delay_ms: int | None = None
+    not_before: str | None = None
+    priority: int = 0
+    business_key: str | None = None
+    deadline_ms: int | None = None
+    start_deadline_ms: int | None = None
+    attempt_timeout_ms: int | None = None
+    retry: RetryRequest | None = None
+    rerun_safe: bool = False
+    offer_lease_ms: int | None = None
+    execution_lease_ms: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class BatchItemRequest(SubmitRequest):
+    idempotency_key: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class BatchRequest:
+    """``POST …/tasks/batch``."""
+
+    tasks: list[BatchItemRequest]
+
+
+# --- validated values ---------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class RetryOverrides:
+    max_attempts: int | None = None
+    initial_ms: int | None = None
+    max_ms: int | None = None
+    multiplier: decimal.Decimal | None = None
+    jitter: decimal.Decimal | None = None
+
+    def merged(self, default: RetryPolicy) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=_or(self.max_attempts, default.max_attempts),
+            initial_ms=_or(self.initial_ms, default.initial_ms),
+            max_ms=_or(self.max_ms, default.max_ms),
+            multiplier=_or(self.multiplier, default.multiplier),
+            jitter=_or(self.jitter, default.jitter),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_attempts": self.max_attempts, "initial_ms": self.initial_ms,
+                "max_ms": self.max_ms,
+                "multiplier": None if self.multiplier is None else str(self.multiplier),
+                "jitter": None if self.jitter is None else str(self.jitter)}
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+@attrs.frozen(kw_only=True)
+class TaskSpec:
+    """One validated submission. ``input`` is the number-preserving tree (JsonNumber leaves)."""
+
+    queue: str
+    handler: str
+    input: Any
+    delay_ms: int | None
+    not_before: dt.datetime | None
+    priority: int
+    business_key: bytes | None
+    deadline_ms: int | None
+    start_deadline_ms: int | None
+    attempt_timeout_ms: int | None
+    retry: RetryOverrides
+    rerun_safe: bool
+    offer_lease_ms: int | None
+    execution_lease_ms: int | None
+
+    def canonical_request(self) -> dict[str, Any]:
+        """What the idempotency digest covers: the request as given, normalised."""
+        return {
+            "queue": self.queue, "handler": self.handler, "input": self.input,
+            "delay_ms": self.delay_ms,
+            "not_before": None if self.not_before is None else iso(self.not_before),
+            "priority": self.priority,
+            "business_key": None if self.business_key is None else self.business_key.hex(),
+            "deadline_ms": self.deadline_ms, "start_deadline_ms": self.start_deadline_ms,
+            "attempt_timeout_ms": self.attempt_timeout_ms, "retry": self.retry.to_json(),
+            "rerun_safe": self.rerun_safe, "offer_lease_ms": self.offer_lease_ms,
+            "execution_lease_ms": self.execution_lease_ms,
+        }
+
+
+def iso(value: dt.datetime) -> str:
+    """The public spelling of a time: ISO 8601 in UTC with microseconds."""
+    return value.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+_RFC3339 = re.compile(
+    r"\A(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(?:([Zz])|([+-])(\d{2}):(\d{2}))\Z",
+    re.ASCII,  # \d would match other scripts' digits, which int() then reads
+)
+
+
+def parse_rfc3339(text: str) -> dt.datetime:
+    """An RFC 3339 date-time *with* an offset, as an aware UTC datetime (sub-microsecond digits
+    are truncated). Raises ValueError with a message fit for a problem document."""
+    match = _RFC3339.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError("an RFC 3339 date-time with an offset, e.g. 2030-01-02T03:04:05.678Z")
+    year, month, day, hour, minute, second, fraction, zulu, sign, off_h, off_m = match.groups()
+    offset = dt.timedelta(0)
+    if not zulu:
+        if int(off_m) > 59:
+            raise ValueError("not a valid date-time (offset minutes above 59)")
+        offset = dt.timedelta(hours=int(off_h), minutes=int(off_m)) * (-1 if sign == "-" else 1)
+    try:
+        micro = int((fraction or "").ljust(6, "0")[:6])
+        local = dt.datetime(int(year), int(month), int(day), int(hour), int(minute), int(second),
+                            micro, tzinfo=dt.timezone(offset))  # refuses offsets of 24 h or more
+        return local.astimezone(UTC)
+    except (ValueError, OverflowError) as exc:
+        raise ValueError("not a valid date-time (or out of range)") from exc
+
+
+def _problem(path: str, message: str) -> dict[str, str]:
+    return {"path": path, "message": message}
+
+
+def _decimal_field(value: Any, path: str, low: decimal.Decimal, high: decimal.Decimal,
+                   problems: list[dict[str, str]]) -> decimal.Decimal | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | decimal.Decimal):
+        problems.append(_problem(path, "expected a number"))
+        return None
+    number = decimal.Decimal(value)
+    if not low <= number <= high:
+        problems.append(_problem(path, f"a number from {low} to {high}"))
+        return None
+    if number != number.quantize(_MILLI):
+        problems.append(_problem(path, "at most 3 decimal places"))
+        return None
+    return number.quantize(_MILLI)
+
+
+def _double_range_problem(tree: Any) -> bool:
+    """True when a number would overflow a double: MySQL's JSON_VALID refuses it, so the
+    ``ck_tasks_input_json`` CHECK would (MariaDB keeps the text and would accept it)."""
+    stack = [tree]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, jsondoc.JsonNumber):
+            if math.isinf(float(value)):
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
+
+
+def _check_retry(raw: RetryRequest | None, path: str,
+                 problems: list[dict[str, str]]) -> RetryOverrides:
+    if raw is None:
+        return RetryOverrides()
+    for field, low, high in _RETRY_INT_BOUNDS:
+        value = getattr(raw, field)
+        if value is not None and not low <= value <= high:
+            problems.append(_problem(f"{path}.{field}", f"an integer from {low} to {high}"))
+    multiplier, jitter = (
+        _decimal_field(getattr(raw, field), f"{path}.{field}", low, high, problems)
+        for field, low, high in _RETRY_DECIMAL_BOUNDS
+    )
+    return RetryOverrides(max_attempts=raw.max_attempts, initial_ms=raw.initial_ms,
+                          max_ms=raw.max_ms, multiplier=multiplier, jitter=jitter)
+
+
+def _check_when(dto: SubmitRequest, path: str,
+                problems: list[dict[str, str]]) -> dt.datetime | None:
+    """``not_before`` parsed; the rules between delay, not_before and the deadline."""
+    if (dto.deadline_ms is not None and dto.delay_ms is not None
+            and dto.deadline_ms <= dto.delay_ms):
+        problems.append(_problem(f"{path}.deadline_ms",
+                                 "the deadline would pass before the delay ends"))
+    if dto.not_before is None:
+        return None
+    if dto.delay_ms is not None:
+        problems.append(_problem(f"{path}.not_before", "give delay_ms or not_before, not both"))
+    try:
+        return parse_rfc3339(dto.not_before)
+    except ValueError as exc:
+        problems.append(_problem(f"{path}.not_before", str(exc)))
+        return None
+
+
+def validate(dto: SubmitRequest, exact_input: Any, path: str
+             ) -> tuple[TaskSpec | None, list[dict[str, str]]]:
+    """Check the ranges and rules the types cannot express; ``path`` is the item's JSON path
+    (``$`` or ``$.tasks[3]``). ``exact_input`` is ``input`` from the number-preserving parse
+    (``{}`` when absent). Returns the spec, or the problems (each pointing at its field)."""
+    problems: list[dict[str, str]] = []
+    if not names.is_valid_name(dto.queue):
+        problems.append(_problem(f"{path}.queue", names.NAME_RULE))
+    if not _HANDLER.match(dto.handler):
+        problems.append(_problem(f"{path}.handler", HANDLER_RULE))
+    for field, low, high in _INT_BOUNDS:
+        value = getattr(dto, field)
+        if value is not None and not low <= value <= high:
+            problems.append(_problem(f"{path}.{field}", f"an integer from {low} to {high}"))
+    not_before = _check_when(dto, path, problems)
+    business_key = None
+    if dto.business_key is not None:
+        business_key = dto.business_key.encode("utf-8")  # loads_strict refused lone surrogates
+        if not 1 <= len(business_key) <= BUSINESS_KEY_MAX_BYTES:
+            problems.append(_problem(f"{path}.business_key",
+                                     f"1-{BUSINESS_KEY_MAX_BYTES} bytes of UTF-8"))
+    retry = _check_retry(dto.retry, f"{path}.retry", problems)
+    if _double_range_problem(exact_input):
+        problems.append(_problem(f"{path}.input",
+                                 "a number is beyond the range of a double (about 1.8e308)"))
+    if problems:
+        return None, problems
+    return TaskSpec(
+        queue=dto.queue, handler=dto.handler, input=exact_input, delay_ms=dto.delay_ms,
+        not_before=not_before, priority=dto.priority, business_key=business_key,
+        deadline_ms=dto.deadline_ms, start_deadline_ms=dto.start_deadline_ms,
+        attempt_timeout_ms=dto.attempt_timeout_ms, retry=retry, rerun_safe=dto.rerun_safe,
+        offer_lease_ms=dto.offer_lease_ms, execution_lease_ms=dto.execution_lease_ms,
+    ), []
+
+
+# --- views --------------------------------------------------------------------------------------
+
+
+def _opt_iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else iso(value)
+
+
+def business_key_text(value: bytes | None) -> str | None:
+    # Every key this API stores is UTF-8; "replace" only guards rows written some other way.
+    return None if value is None else value.decode("utf-8", errors="replace")
+
+
+def receipt_view(
+    *, task_id: bytes, queue: str, handler: str, state: TaskState, priority: int,
+    business_key: bytes | None, created_at: dt.datetime, available_at: dt.datetime,
+    deadline_at: dt.datetime | None, start_deadline_at: dt.datetime | None, rerun_safe: bool,
+    revision: int,
+) -> dict[str, Any]:
+    """The acceptance receipt (docs/api/tasks.md); list items and the detail extend it."""
+    return {
+        "id": task_id.hex(), "queue": queue, "handler": handler, "state": state.value,
+        "priority": priority, "business_key": business_key_text(business_key),
+        "created_at": iso(created_at), "available_at": iso(available_at),
+        "deadline_at": _opt_iso(deadline_at), "start_deadline_at": _opt_iso(start_deadline_at),
+        "rerun_safe": rerun_safe, "revision": revision,
+    }
+
+
+# --- authorization ------------------------------------------------------------------------------
+
+
+async def authorize(
+    cur: Any, principal: creds.Principal, action: authz.Action, namespace_name: str
+) -> tuple[Namespace, tuple[authz.Grant, ...]]:
+    """The namespace (visible, ``action`` granted for some queue of it) and the credential's
+    current grants, both read in the caller's transaction, for per-queue decisions."""
+    namespace = await creds.authorize(cur, principal, action, namespace_name)
+    return namespace, await creds.recheck_principal(cur, principal)
+
+
+def may(grants: Iterable[authz.Grant], action: authz.Action, namespace: str, queue: str) -> bool:
+    return authz.allowed(grants, action.value, namespace, queue)
+
+
+def in_list(count: int) -> str:
+    """``%s, %s, …`` for an ``IN (…)`` of ``count`` parameters (placeholders, never values)."""
+    return ", ".join(["%s"] * count)
+
+
+# Forced: with few queues per namespace the optimizer prefers the primary key's namespace prefix.
+QUEUES_BY_NAME = (
+    f"SELECT {Queue.COLUMNS} FROM pulse_queues q FORCE INDEX (uq_queues_name)"
+    " WHERE q.namespace_id = %s AND q.name IN ({})"
+)
+
+
+async def queues_by_name(cur: Any, namespace_id: bytes, queue_names: Sequence[str]
+                         ) -> dict[str, Queue]:
+    await cur.execute(QUEUES_BY_NAME.format(in_list(len(queue_names))),
+                      (namespace_id, *queue_names))
+    return {row["name"]: Queue.from_row(row) for row in await cur.fetchall()}
+
+
+# --- submission ---------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Item:
+    """One item of a submission, with the identities made before the transaction."""
+
+    spec: TaskSpec
+    path: str
+    task_id: bytes = attrs.field(factory=ids.new_id)
+    event_id: bytes = attrs.field(factory=ids.new_id)
+    record_id: bytes = attrs.field(factory=ids.new_id)
+    idem: IdempotencyRequest | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Accepted:
+    task_id: bytes
+    receipt: dict[str, Any]
+    replayed: bool
+
+
+def make_items(
+    principal: creds.Principal, specs: Sequence[tuple[TaskSpec, str | None, str, str]]
+) -> list[Item]:
+    """Items for ``(spec, idempotency key, item path, key path)``; the digest of a keyed item is
+    computed here, before the runner. The namespace id is filled in inside the transaction."""
+    items = []
+    seen: dict[tuple[str, bytes], str] = {}
+    problems: list[dict[str, str]] = []
+    for spec, key, path, key_path in specs:
+        idem = None
+        if key is not None:
+            try:
+                idem = IdempotencyRequest.build(
+                    namespace_id=bytes(16),  # placeholder: replaced once the namespace is known
+                    operation=OPERATION, scope=spec.queue.encode(), key=key,
+                    request=spec.canonical_request(), credential_id=principal.credential_id,
+                )
+            except errors.ValidationFailed as exc:
+                problems.extend(_problem(key_path, p["message"]) for p in exc.errors)
+                continue
+            identity = (spec.queue, idem.key)
+            if identity in seen:
+                problems.append(_problem(key_path, f"repeats the key of {seen[identity]}"))
+                continue
+            seen[identity] = key_path
+        items.append(Item(spec=spec, path=path, idem=idem))
+    if problems:
+        raise errors.ValidationFailed(problems)
+    return items
+
+
+SELECT_IDENTITIES = """
+SELECT scope, idem_key, request_digest, response_status, response_body, resource_id
+FROM orbit_idempotency_keys
+WHERE namespace_id = %s AND operation = %s AND ({})
+"""
+IDENTITY_GROUP = "(scope = %s AND idem_key IN ({}))"
+INSERT_IDENTITIES = """
+INSERT INTO orbit_idempotency_keys (namespace_id, id, operation, scope, idem_key, request_digest,
+  credential_id, resource_id, response_status, response_body, created_at, expires_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+# Only placeholders in VALUES: executemany then sends one multi-row INSERT (split only when a
+# statement would exceed the driver's max_stmt_length), not one statement per row.
+INSERT_TASKS = """
+INSERT INTO pulse_tasks (namespace_id, id, queue_id, handler, input, state, revision, priority,
+  available_at, business_key, deadline_at, start_deadline_at, attempt_timeout_ms, max_attempts,
+  retry_initial_ms, retry_max_ms, retry_multiplier, retry_jitter, offer_lease_ms,
+  execution_lease_ms, rerun_safe, attempts_used, effect_uncertain, created_at, updated_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+  %s, %s, %s)
+"""
+INSERT_EVENTS = """
+INSERT INTO orbit_events (namespace_id, id, aggregate_type, aggregate_id, aggregate_revision,
+  event_type, from_state, to_state, payload, occurred_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+TASK_EXISTS = "SELECT id FROM pulse_tasks WHERE namespace_id = %s AND id = %s LOCK IN SHARE MODE"
+
+
+def _identity_where(items: Sequence[Item]) -> tuple[str, list[Any]]:
+    """``(scope = … AND idem_key IN (…)) OR …``, one group per queue (index range reads)."""
+    by_scope: dict[bytes, list[bytes]] = {}
+    for item in items:
+        if item.idem is not None:
+            by_scope.setdefault(item.idem.scope, []).append(item.idem.key)
+    groups, params = [], []
+    for scope, keys in by_scope.items():
+        groups.append(IDENTITY_GROUP.format(in_list(len(keys))))
+        params += [scope, *keys]
+    return " OR ".join(groups), params
+
+
+async def _read_identities(cur: Any, namespace_id: bytes, items: Sequence[Item], *,
+                           lock: bool) -> dict[tuple[bytes, bytes], dict[str, Any]]:
+    where, params = _identity_where(items)
+    sql = SELECT_IDENTITIES.format(where) + (" FOR UPDATE" if lock else "")
+    await cur.execute(sql, (namespace_id, OPERATION, *params))
+    return {(row["scope"], row["idem_key"]): row for row in await cur.fetchall()}
+
+
+def _replay(item: Item, row: dict[str, Any]) -> Accepted:
+    if item.idem is None or row["request_digest"] != item.idem.request_digest:
+        raise errors.IdempotencyConflict(
+            f"{item.path}: this idempotency key was already used with a different request"
+        )
+    if row["response_status"] != 201 or row["resource_id"] is None:
+        # A placeholder (102) is never visible to another transaction (idempotency.py).
+        raise errors.DatabaseError("an idempotency record of tasks.submit has no receipt")
+    return Accepted(task_id=row["resource_id"], replayed=True,
+                    receipt=jsondoc.loads_strict(row["response_body"]))
+
+
+@attrs.frozen(kw_only=True)
+class _Row:
+    item: Item
+    queue: Queue
+    receipt: dict[str, Any]
+    task: tuple[Any, ...]
+
+
+def _plan(item: Item, queue: Queue, now: dt.datetime, problems: list[dict[str, str]]) -> _Row:
+    """The row of a new task: times from ``now`` and the queue's defaults frozen in."""
+    spec = item.spec
+    available_at = now
+    if spec.delay_ms is not None:
+        available_at = now + dt.timedelta(milliseconds=spec.delay_ms)
+    elif spec.not_before is not None:
+        if spec.not_before > now + dt.timedelta(milliseconds=MAX_DELAY_MS):
+            problems.append(_problem(f"{item.path}.not_before",
+                                     "at most 31 days after the time of acceptance"))
+        available_at = max(spec.not_before, now)
+    deadline_at = None
+    if spec.deadline_ms is not None:
+        deadline_at = now + dt.timedelta(milliseconds=spec.deadline_ms)
+        if deadline_at <= available_at:
+            problems.append(_problem(f"{item.path}.deadline_ms",
+                                     "the deadline would pass before the task is available"))
+    start_deadline_at = None
+    if spec.start_deadline_ms is not None:
+        start_deadline_at = available_at + dt.timedelta(milliseconds=spec.start_deadline_ms)
+    retry = spec.retry.merged(queue.retry)
+    if retry.max_ms < retry.initial_ms:
+        problems.append(_problem(f"{item.path}.retry.max_ms",
+                                 f"at least initial_ms ({retry.initial_ms}) of the policy"))
+    receipt = receipt_view(
+        task_id=item.task_id, queue=queue.name, handler=spec.handler, state=TaskState.WAITING,
+        priority=spec.priority, business_key=spec.business_key, created_at=now,
+        available_at=available_at, deadline_at=deadline_at,
+        start_deadline_at=start_deadline_at, rerun_safe=spec.rerun_safe, revision=1,
+    )
+    task = (
+        queue.namespace_id, item.task_id, queue.id, spec.handler, jsondoc.dumps(spec.input),
+        TaskState.WAITING.value, 1, spec.priority, to_db(available_at), spec.business_key,
+        None if deadline_at is None else to_db(deadline_at),
+        None if start_deadline_at is None else to_db(start_deadline_at),
+        spec.attempt_timeout_ms, retry.max_attempts, retry.initial_ms, retry.max_ms,
+        retry.multiplier, retry.jitter, _or(spec.offer_lease_ms, queue.offer_lease_ms),
+        _or(spec.execution_lease_ms, queue.execution_lease_ms), int(spec.rerun_safe), 0, 0,
+        to_db(now), to_db(now),
+    )
+    return _Row(item=item, queue=queue, receipt=receipt, task=task)
+
+
+async def _claim_identities(cur: Any, namespace_id: bytes, rows: list[_Row], now: dt.datetime,
+                            replays: dict[bytes, Accepted]) -> list[_Row]:
+    """Insert the idempotency records of the keyed new rows (with their receipts); rows that a
+    concurrent request committed first become replays. Returns the rows still to insert."""
+    while True:
+        # Key order, so concurrent batches with overlapping keys lock them in the same order.
+        keyed = sorted(((r.item.idem.scope, r.item.idem.key), r.item.idem, r)
+                       for r in rows if r.item.idem is not None)
+        if not keyed:
+            return rows
+        params = [
+            (namespace_id, r.item.record_id, OPERATION, idem.scope, idem.key,
+             idem.request_digest, idem.credential_id, r.item.task_id, 201,
+             jsondoc.dumps(r.receipt), to_db(now), to_db(now + dt.timedelta(seconds=idem.ttl_s)))
+            for _, idem, r in keyed
+        ]
+        try:
+            await cur.executemany(INSERT_IDENTITIES, params)
+            return rows
+        except Exception as exc:
+            if not dberrors.is_duplicate(exc, "uq_idempotency_identity"):
+                raise
+        # Someone committed one of these identities first: the failed statement was rolled
+        # back; replay whatever now exists (a locking read sees the latest commit) and retry.
+        found = await _read_identities(cur, namespace_id, [r.item for *_, r in keyed], lock=True)
+        remaining = []
+        for r in rows:
+            idem = r.item.idem
+            row = None if idem is None else found.get((idem.scope, idem.key))
+            if row is None:
+                remaining.append(r)
+            else:
+                replays[r.item.task_id] = _replay(r.item, row)
+        if len(remaining) == len(rows):  # the duplicate is gone again (retention): re-run
+            raise errors.TransactionRetriesExhausted(
+                "an idempotency record vanished while it was being claimed"
+            )
+        rows = remaining
+
+
+async def submit(
+    db: Database,
+    principal: creds.Principal,
+    *,
+    namespace: str,
+    items: Sequence[Item],
+) -> list[Accepted]:
+    """Accept ``items`` (already validated, identities made) in one transaction; see the module
+    docstring. Returns one :class:`Accepted` per item, in order."""
+    if not 1 <= len(items) <= MAX_BATCH:
+        raise errors.ValidationFailed([_problem("$.tasks", f"1-{MAX_BATCH} items")])
+    queue_names = list(dict.fromkeys(item.spec.queue for item in items))
+    last: list[tuple[bytes, list[Accepted]]] = []
+
+    async def body(cur: Any) -> list[Accepted]:
+        ns, grants = await authorize(cur, principal, authz.Action.TASKS_SUBMIT, namespace)
+        for name in queue_names:
+            if not may(grants, authz.Action.TASKS_SUBMIT, ns.name, name):
+                raise errors.QueueNotFound(f"no queue {name!r} in {ns.name!r} for this credential")
+        queues = await queues_by_name(cur, ns.id, queue_names)
+        for name in queue_names:
+            if name not in queues:
+                raise errors.QueueNotFound(f"no queue {name!r} in {ns.name!r} for this credential")
+        scoped = [attrs.evolve(i, idem=attrs.evolve(i.idem, namespace_id=ns.id))
+                  if i.idem is not None else i for i in items]
+        replays: dict[bytes, Accepted] = {}
+        if any(i.idem is not None for i in scoped):
+            found = await _read_identities(cur, ns.id, scoped, lock=False)
+            for item in scoped:
+                row = None if item.idem is None else found.get((item.idem.scope, item.idem.key))
+                if row is not None:
+                    replays[item.task_id] = _replay(item, row)
+        now = await db_now(cur)
+        problems: list[dict[str, str]] = []
+        rows = [_plan(item, queues[item.spec.queue], now, problems)
+                for item in scoped if item.task_id not in replays]
+        if problems:
+            raise errors.ValidationFailed(problems)
+        if rows:
+            rows = await _claim_identities(cur, ns.id, rows, now, replays)
+        if rows:
+            await cur.executemany(INSERT_TASKS, [r.task for r in rows])
+            await cur.executemany(INSERT_EVENTS, [
+                (ns.id, r.item.event_id, "task", r.item.task_id, 1, "task.accepted", None,
+                 TaskState.WAITING.value, jsondoc.dumps(r.receipt), to_db(now))
+                for r in rows
+            ])
+        created = {r.item.task_id: r.receipt for r in rows}
+        result = [
+            replays[i.task_id] if i.task_id in replays
+            else Accepted(task_id=i.task_id, receipt=created[i.task_id], replayed=False)
+            for i in scoped
+        ]
+        last[:] = [(ns.id, result)]
+        return result
+
+    async def recheck(cur: Any) -> list[Accepted] | None:
+        if not last:
+            return None
+        namespace_id, result = last[0]
+        new = [a.task_id for a in result if not a.replayed]
+        if not new:  # nothing was written: running the body again replays the same receipts
+            return None
+        await cur.execute(TASK_EXISTS, (namespace_id, new[0]))
+        return result if await cur.fetchone() is not None else None
+
+    return await db.transaction("tasks.submit", body, recheck=recheck)

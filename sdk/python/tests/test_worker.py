@@ -7,10 +7,11 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from conftest import Running
 from fake_dispatcher import FakeDispatcher
 
-from orbit_sdk import Context, OutcomeUnknown, RawJson, RetryableError, Worker
+from orbit_sdk import Context, OutcomeUnknown, RawJson, RetryableError, Unauthorized, Worker
 
 MakeWorker = Callable[..., Worker]
 RunWorker = Callable[[Worker], Running]
@@ -308,3 +309,34 @@ async def test_long_poll_fallback_when_the_websocket_upgrade_fails(
     assert [outcome_of(fake, t)["result"] for t in tasks] == [{"i": i} for i in range(3)]
     assert fake.of_type("renew"), "renewals go over HTTP too"
     assert len(fake.registrations) == 1, "the same session falls back; no re-registration"
+
+
+async def test_a_refused_credential_stops_the_worker_with_its_error(
+        fake: FakeDispatcher) -> None:
+    worker = Worker(fake.url, "wrong-key", "default", queues=["q"])
+
+    @worker.handler("any")
+    async def any_handler(ctx: Context, data: Any) -> None:
+        return None
+
+    with pytest.raises(Unauthorized):
+        await asyncio.wait_for(worker.run(install_signal_handlers=False), 5)
+    assert fake.registrations == []
+
+
+async def test_a_grant_for_an_unknown_handler_is_reported_failed(
+        fake: FakeDispatcher, make_worker: MakeWorker, run_worker: RunWorker) -> None:
+    worker = make_worker()
+
+    @worker.handler("known")
+    async def known(ctx: Context, data: Any) -> None:
+        return None
+
+    task_id = fake.add_task("unknown")
+    run_worker(worker)
+    await fake.until(lambda: fake.state(task_id) == "FINISHED")
+    item = outcome_of(fake, task_id)
+    assert (item["outcome"], item["retryable"], item["error"]["type"]) == \
+        ("failed", False, "LookupError")
+    assert fake.registrations[0]["handlers"] == ["known"]
+    assert fake.registrations[0]["max_in_flight"] == 8

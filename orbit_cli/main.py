@@ -384,6 +384,34 @@ def dispatcher_command(ctx: click.Context) -> None:
     runner.run(DispatcherService, config, "dispatcher")
 
 
+@cli.group()
+def bench() -> None:
+    """Benchmarks (run from a checkout; figures go to bench/RESULTS.md)."""
+
+
+@bench.command("tasks")
+@click.option("--tasks", "count", default=20_000, show_default=True)
+@click.option("--workers", default=2, show_default=True, help="SDK worker processes.")
+@click.option("--concurrency", default=64, show_default=True, help="Handlers per worker.")
+@click.option("--rate", type=float, default=None, help="Submit at this many tasks/s.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON line.")
+def bench_tasks(count: int, workers: int, concurrency: int, rate: float | None,
+                as_json: bool) -> None:
+    """No-op tasks end to end (API, dispatcher, SDK workers) vs the raw queue cycle."""
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "bench" / "tasks.py").exists():
+        raise click.ClickException("orbit bench runs from a source checkout")
+    sys.path.insert(0, str(root))
+    from bench.tasks import run
+
+    result = run(os.environ.get("ORBIT_DATABASE_URL"), count, workers, rate, concurrency)
+    if not as_json:
+        click.echo("tasks end to end vs the raw queue cycle (same server, same run):")
+    click.echo(json.dumps(result))
+
+
 def _register_dev() -> None:
     from orbit_cli.dev import dev
 

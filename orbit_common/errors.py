@@ -186,6 +186,7 @@ class QueueNotFound(NotFound):
     """No such queue, or one the credential may not see (the two are not told apart)."""
 
     code = "queue_not_found"
+    title = "No such queue for this credential"
 
 
 class TaskNotFound(NotFound):

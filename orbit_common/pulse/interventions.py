@@ -45,9 +45,7 @@ from orbit_common.pulse.model import Task, TaskState
 REASON_MAX = 1024
 
 
-class TaskNotFound(errors.NotFound):
-    code = "task_not_found"
-    title = "No such task for this credential"
+TaskNotFound = errors.TaskNotFound  # re-exported: the interventions' "no such task"
 
 
 class TaskNotReviewable(errors.Conflict):

@@ -140,7 +140,7 @@ async def _resolve_queues(
              for row in await cur.fetchall()}
     missing = [n for n in names if n not in found]
     if missing:
-        raise errors.NotFound(f"no queue named {missing[0]!r} in this namespace")
+        raise errors.QueueNotFound(f"no queue named {missing[0]!r} in this namespace")
     return tuple(found[n] for n in names)
 
 

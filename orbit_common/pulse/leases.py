@@ -378,8 +378,15 @@ async def start(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> li
             continue
         state = AttemptState(lk.attempt["state"])
         if state is AttemptState.RUNNING and lk.is_live():
-            outcomes.append(StartOutcome(attempt_id=ref.attempt_id, approved=True,
-                                         lease_expires_at=as_utc(lk.attempt["lease_expires_at"])))
+            # A repeated start (its first answer was lost) is approved again only while the
+            # execution lease is still valid: after that, recovery may be re-granting the task.
+            lease = as_utc(lk.attempt["lease_expires_at"])
+            if lease <= now:
+                outcomes.append(StartOutcome(attempt_id=ref.attempt_id, approved=False,
+                                             reason="lease_expired"))
+            else:
+                outcomes.append(StartOutcome(attempt_id=ref.attempt_id, approved=True,
+                                             lease_expires_at=lease))
             continue
         reason = None
         if state is not AttemptState.OFFERED or not lk.is_live():
@@ -706,7 +713,7 @@ def _snapshot(  # noqa: PLR0917 - one snapshot's fields
     }
 
 
-async def finish(  # noqa: PLR0915 - one pass over the batch; each branch is a rule
+async def finish(  # noqa: PLR0912, PLR0915 - one pass over the batch; each branch is a rule
     cur: Any, namespace_id: bytes, reports: Sequence[FinishReport]
 ) -> list[FinishOutcome]:
     """Record finish reports, answered per item, in one transaction.
@@ -723,7 +730,7 @@ async def finish(  # noqa: PLR0915 - one pass over the batch; each branch is a r
     if not reports:
         return []
     replays = await _replays(cur, namespace_id, reports)
-    pending = [(i, r) for i, r in enumerate(reports) if i not in replays]
+    pending, copies = _dedupe_batch([(i, r) for i, r in enumerate(reports) if i not in replays])
     locked = await _lock(cur, namespace_id, [r.ref.attempt_id for _, r in pending])
     now = await db_now(cur)
     outcomes: dict[int, FinishOutcome] = dict(replays)
@@ -815,7 +822,42 @@ async def finish(  # noqa: PLR0915 - one pass over the batch; each branch is a r
                                    "(%s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))", receipts)
         await cur.execute(sql, params)
     await append_results(cur, namespace_id, results)
+    for index, original in copies.items():
+        outcomes[index] = attrs.evolve(outcomes[original], replayed=True)
     return [outcomes[i] for i in range(len(reports))]
+
+
+def _dedupe_batch(
+    pending: list[tuple[int, FinishReport]],
+) -> tuple[list[tuple[int, FinishReport]], dict[int, int]]:
+    """Copies of a report inside one batch (a worker re-sent it before the first answer).
+
+    A copy -- the same report id and content, or the same content under another report id --
+    is answered like its first occurrence and gets no receipt of its own; one report id with
+    two contents is a ReportConflict, as it is across batches.
+    """
+    unique: list[tuple[int, FinishReport]] = []
+    copies: dict[int, int] = {}
+    by_id: dict[tuple[bytes, bytes], tuple[int, bytes]] = {}
+    by_content: dict[tuple[bytes, bytes], int] = {}
+    for index, report in pending:
+        digest = report.digest()
+        id_key = (report.ref.attempt_id, report.report_id)
+        if id_key in by_id:
+            first, first_digest = by_id[id_key]
+            if first_digest != digest:
+                raise ReportConflict(f"report {report.report_id!r} appears twice in one batch "
+                                     "with different contents")
+            copies[index] = first
+            continue
+        content_key = (report.ref.attempt_id, digest)
+        if content_key in by_content:
+            copies[index] = by_content[content_key]
+            continue
+        by_id[id_key] = (index, digest)
+        by_content[content_key] = index
+        unique.append((index, report))
+    return unique, copies
 
 
 def _receipt(namespace_id: bytes, report: FinishReport,

@@ -154,3 +154,38 @@ def test_racing_dispatchers_and_workers_with_kills_never_double_grant(
     assert states == {"SUCCEEDED": total}
     compare_effects(stack, tmp_path)
     assert_invariants(stack)
+
+
+def test_sigstopped_worker_is_fenced_and_its_late_result_becomes_evidence(
+    stack: Stack, tmp_path: Path
+) -> None:
+    stack.create_queue("stop", execution_lease_ms=1000, offer_lease_ms=1000,
+                       retry={"max_attempts": 3, "initial_ms": 0, "max_ms": 0,
+                              "multiplier": "1", "jitter": "0"})
+    (task_id,) = stack.submit("stop", "sleep", [{"ms": 2500}], rerun_safe=True)
+    frozen = worker(stack, tmp_path, "frozen", queues="stop", dispatcher=0, concurrency=1)
+    wait_running(stack, 1)
+    os.killpg(frozen.pid, signal.SIGSTOP)  # past its lease: no renewals, no result
+    worker(stack, tmp_path, "healthy", queues="stop", dispatcher=1, concurrency=1)
+    stack.wait_settled(1, timeout=60)
+    os.killpg(frozen.pid, signal.SIGCONT)  # the stale holder wakes up and reports
+
+    def evidence() -> int:
+        with stack.sql() as conn, conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM pulse_attempt_evidence e JOIN pulse_attempts a"
+                        " ON a.namespace_id = e.namespace_id AND a.id = e.attempt_id"
+                        " WHERE a.generation = 1 AND LOWER(HEX(a.task_id)) = %s", (task_id,))
+            return int(cur.fetchone()[0])
+
+    deadline = time.monotonic() + 30
+    while evidence() == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert evidence() >= 1, "the stale holder's late report was not kept as evidence"
+    with stack.sql() as conn, conn.cursor() as cur:
+        cur.execute("SELECT state, attempts_used FROM pulse_tasks WHERE LOWER(HEX(id)) = %s",
+                    (task_id,))
+        state, attempts_used = cur.fetchone()
+    assert state == "SUCCEEDED"
+    assert attempts_used == 2  # the second grant finished it; the first was fenced
+    compare_effects(stack, tmp_path)
+    assert_invariants(stack)

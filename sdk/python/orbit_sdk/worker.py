@@ -11,7 +11,9 @@ Outcomes
     return value → ``succeeded``; :class:`RetryableError` (or any exception whose
     ``retryable`` attribute is true) → ``failed`` with ``retryable=true``; any other exception →
     ``failed``, not retryable; :class:`OutcomeUnknown` → ``unknown``; ``CancelledError`` after
-    a cancel request → ``cancelled``. A lost lease cancels the handler and reports nothing.
+    a cancel request → ``cancelled``. A lost lease cancels the handler; if the handler finished
+    anyway, its report is still sent: the dispatcher refuses it and keeps it as late evidence
+    for a human review (it changes nothing).
     A handler still running when a shutdown's drain time is over is cancelled too: reported
     ``failed`` and retryable when the task declared ``rerun_safe``, else ``unknown``.
 
@@ -500,12 +502,14 @@ class Worker:
             if attempt.stop_reason is None:  # cancelled from outside the worker: propagate
                 self._file(attempt, report)
                 raise
+            if attempt.stop_reason == "lost":
+                report = None  # cut off by the lost lease: nothing ran to completion
         except Exception as exc:  # noqa: BLE001 - any handler error is a reported outcome
             report = outcomes.from_exception(grant, exc)
             if report.outcome == "failed" and not report.retryable:
                 log.info("handler %s failed (not retryable): %r", grant.handler, exc)
-        if attempt.stop_reason == "lost":
-            report = None  # the dispatcher decided already; nothing we say changes it
+        # A handler that completed after its lease was lost still reports: the dispatcher
+        # refuses the report (the attempt is over) and keeps it as evidence of the effect.
         self._file(attempt, report)
 
     def _file(self, attempt: _Attempt, report: outcomes.Report | None) -> None:
@@ -548,11 +552,14 @@ class Worker:
             running = [a for a in self._attempts.values() if a.started and a.task is not None
                        and not a.task.done() and a.stop_reason != "lost"]
             now = time.monotonic()
+            connected = self._channel is not None and not self._channel.closed.is_set()
             for attempt in running:
-                if now >= attempt.lease_deadline:
+                if now >= attempt.lease_deadline and not connected:
                     log.warning("lease of attempt %s ran out unrenewed; cancelling its handler",
                                 attempt.grant.attempt_id)
                     self._cancel(attempt, "lost")
+                # Connected: the renewal below asks the dispatcher, whose database clock
+                # decides (a stale holder's renewal is refused and kept as evidence).
             running = [a for a in running if a.stop_reason != "lost"]
             due = min((a.renew_due for a in running), default=None)
             if due is None or due > now:

@@ -21,6 +21,7 @@ from orbit_common.platform.audit import Actor
 from orbit_common.service.config import ApiConfig, DatabaseConfig, OrbitConfig
 from orbit_common.service.health import ReadinessGate
 from tests.support import database
+from tests.support.proxy import FaultProxy
 
 
 @pytest.fixture(scope="session")
@@ -119,3 +120,28 @@ async def api(db: Database, db_url: DatabaseUrl) -> AsyncIterator[TestClient[Any
         yield client
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def proxy(db_url: DatabaseUrl) -> AsyncIterator[FaultProxy]:
+    """A fault-injecting TCP proxy in front of the test database (tests/support/proxy.py)."""
+    p = FaultProxy(db_url.host, db_url.port)
+    await p.start()
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+@pytest.fixture
+async def proxied_db(db_url: DatabaseUrl, proxy: FaultProxy) -> AsyncIterator[Database]:
+    """A pool that reaches the database through ``proxy``."""
+    url = attrs.evolve(db_url, host="127.0.0.1", port=proxy.port, unix_socket=None)
+    # One pre-opened connection: PyMySQL commits after its init command, and the fault must
+    # fire on the transaction's COMMIT, not on connection set-up.
+    db = await open_database(url, minsize=1, maxsize=1)
+    try:
+        yield db
+    finally:
+        await db.close()
+

@@ -9,41 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
 import pytest
 
 from orbit_common import errors
-from orbit_common.db.pool import Database, DatabaseUrl, open_database
+from orbit_common.db.pool import Database
 from orbit_common.db.tx import TX_COMMIT_UNKNOWN
 from orbit_common.platform import commands, credentials
 from orbit_common.platform.audit import Actor
 from tests.conftest import Tenant
 from tests.support.proxy import Fault, FaultProxy
-
-
-@pytest.fixture
-async def proxy(db_url: DatabaseUrl) -> AsyncIterator[FaultProxy]:
-    p = FaultProxy(db_url.host, db_url.port)
-    await p.start()
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
-@pytest.fixture
-async def proxied_db(db_url: DatabaseUrl, proxy: FaultProxy) -> AsyncIterator[Database]:
-    url = attrs.evolve(db_url, host="127.0.0.1", port=proxy.port, unix_socket=None)
-    # One pre-opened connection: PyMySQL commits after its init command, and the fault must
-    # fire on the transaction's COMMIT, not on connection set-up.
-    db = await open_database(url, minsize=1, maxsize=1)
-    try:
-        yield db
-    finally:
-        await db.close()
 
 
 async def _count(db: Database, sql: str, *params: Any) -> int:

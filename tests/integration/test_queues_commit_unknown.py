@@ -6,39 +6,16 @@ after the server committed (the client cannot know) or before forwarding it (not
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
 import pytest
 
-from orbit_common.db.pool import Database, DatabaseUrl, open_database
+from orbit_common.db.pool import Database
 from orbit_common.db.tx import TX_COMMIT_UNKNOWN
 from orbit_common.platform import credentials
 from orbit_common.pulse import queues
 from tests.conftest import Tenant, unique
 from tests.support.proxy import Fault, FaultProxy
-
-
-@pytest.fixture
-async def proxy(db_url: DatabaseUrl) -> AsyncIterator[FaultProxy]:
-    p = FaultProxy(db_url.host, db_url.port)
-    await p.start()
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
-@pytest.fixture
-async def proxied_db(db_url: DatabaseUrl, proxy: FaultProxy) -> AsyncIterator[Database]:
-    url = attrs.evolve(db_url, host="127.0.0.1", port=proxy.port, unix_socket=None)
-    # One pre-opened connection, so the fault fires on the transaction's COMMIT.
-    db = await open_database(url, minsize=1, maxsize=1)
-    try:
-        yield db
-    finally:
-        await db.close()
 
 
 @pytest.fixture

@@ -6,13 +6,11 @@ committed (the outcome is unknown to the client) or before forwarding it (rolled
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
 import pytest
 
-from orbit_common.db.pool import Database, DatabaseUrl, open_database
+from orbit_common.db.pool import Database
 from orbit_common.db.tx import TX_COMMIT_UNKNOWN
 from orbit_common.model import jsondoc, strict
 from orbit_common.platform import credentials
@@ -20,26 +18,6 @@ from orbit_common.pulse import tasks
 from tests.conftest import Tenant
 from tests.support import pulse
 from tests.support.proxy import Fault, FaultProxy
-
-
-@pytest.fixture
-async def proxy(db_url: DatabaseUrl) -> AsyncIterator[FaultProxy]:
-    p = FaultProxy(db_url.host, db_url.port)
-    await p.start()
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
-@pytest.fixture
-async def proxied_db(db_url: DatabaseUrl, proxy: FaultProxy) -> AsyncIterator[Database]:
-    url = attrs.evolve(db_url, host="127.0.0.1", port=proxy.port, unix_socket=None)
-    db = await open_database(url, minsize=1, maxsize=1)  # the fault must hit our COMMIT
-    try:
-        yield db
-    finally:
-        await db.close()
 
 
 @pytest.fixture

@@ -179,3 +179,70 @@ async def test_registration_validates_input(dispatcher: TestClient[Any, Any], db
         assert response.content_type == "application/problem+json"
     assert await scalar(db, "SELECT COUNT(*) AS n FROM pulse_worker_sessions"
                             " WHERE namespace_id = %s", tenant.namespace_id) == 0
+
+
+@pytest.mark.parametrize(
+    ("op", "body"),
+    [
+        ("start", {}),
+        ("start", {"items": []}),
+        ("start", {"items": [{"attempt_id": "x" * 32, "token": "t", "generation": 1}]}),
+        ("start", {"items": [{"attempt_id": "0" * 32, "token": "", "generation": 1}]}),
+        ("renew", {"items": [{"attempt_id": "0" * 32, "token": "t", "generation": 0}]}),
+        ("renew", {"items": [{"attempt_id": "0" * 32, "token": "t", "generation": True}]}),
+        ("renew", {"items": [{"attempt_id": "0" * 32, "token": "t", "generation": 1, "x": 1}]}),
+        ("finish", {"items": [{"attempt_id": "0" * 32, "token": "t", "generation": 1,
+                               "report_id": "r", "outcome": "exploded"}]}),
+        ("finish", {"items": [{"attempt_id": "0" * 32, "token": "t", "generation": 1,
+                               "report_id": "", "outcome": "succeeded"}]}),
+        ("finish", {"items": [{"attempt_id": "0" * 32, "token": "t", "generation": 1,
+                               "report_id": "r", "outcome": "succeeded", "retryable": True}]}),
+        ("finish", {"items": [{"attempt_id": "0" * 32, "token": "t", "generation": 1,
+                               "report_id": "r", "outcome": "failed", "error": "text"}]}),
+        ("finish", {"items": [{"attempt_id": "0" * 32, "token": "t", "generation": 1,
+                               "report_id": "r", "outcome": "failed", "result": 1}]}),
+        ("poll", {"max": 0}),
+        ("poll", {"max": 1, "wait_ms": 999_999}),
+        ("poll", {"max": 1, "other": 2}),
+    ],
+)
+async def test_bad_worker_calls_are_problems_and_change_nothing(
+    dispatcher: TestClient[Any, Any], db: Database, tenant: Tenant, op: str,
+    body: dict[str, Any],
+) -> None:
+    queue = await make_queue(db, tenant)
+    (task_id,) = await add_tasks(db, tenant, queue)
+    session_id = await register(dispatcher, tenant, queue.name)
+    response = await dispatcher.post(f"{base(tenant)}/{session_id}/{op}", headers=tenant.auth,
+                                     json=body)
+    assert response.status == 400
+    assert response.content_type == "application/problem+json"
+    assert (await response.json())["code"] == "validation_failed"
+    row = await task_row(db, tenant, task_id)
+    assert (row["state"], row["revision"]) == ("WAITING", 1)
+    assert await scalar(db, "SELECT COUNT(*) AS n FROM pulse_attempts WHERE namespace_id = %s",
+                        tenant.namespace_id) == 0
+
+
+async def test_stale_tokens_and_generations_over_http_change_nothing(
+    dispatcher: TestClient[Any, Any], db: Database, tenant: Tenant
+) -> None:
+    queue = await make_queue(db, tenant)
+    (task_id,) = await add_tasks(db, tenant, queue)
+    session_id = await register(dispatcher, tenant, queue.name)
+    url = f"{base(tenant)}/{session_id}"
+    grants = (await (await dispatcher.post(f"{url}/poll", headers=tenant.auth,
+                                           json={"max": 1, "wait_ms": 2000})).json())["grants"]
+    good = {k: grants[0][k] for k in ("attempt_id", "token", "generation")}
+    for forged in ({**good, "token": "forged-token"}, {**good, "generation": 2}):
+        for op, extra in (("start", {}), ("renew", {}),
+                          ("finish", {"report_id": "r", "outcome": "succeeded", "result": 1})):
+            answer = await (await dispatcher.post(f"{url}/{op}", headers=tenant.auth,
+                                                  json={"items": [{**forged, **extra}]})).json()
+            item = answer["items"][0]
+            assert item.get("approved", item.get("renewed", item.get("accepted"))) is False
+            assert item["reason"] == "invalid_attempt"
+    row = await task_row(db, tenant, task_id)
+    assert (row["state"], row["revision"]) == ("LEASED", 2)
+    assert await scalar(db, "SELECT COUNT(*) AS n FROM pulse_attempt_receipts"
+                            " WHERE namespace_id = %s", tenant.namespace_id) == 0

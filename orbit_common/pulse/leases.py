@@ -91,6 +91,68 @@ class QueueConcurrencyError(errors.OrbitError):
     title = "A queue's active-attempt counter would go negative"
 
 
+# Batched per-row updates (orbit_common/db/batch.values_table). The derived table of the
+# batch drives the join (STRAIGHT_JOIN) and reaches each row by its full primary key: without
+# it the optimizer may scan a whole namespace per batch on small or fresh tables.
+# tests/schema/test_explain_leases.py pins these plans.
+CLAIM_TASKS = (
+    "UPDATE {table} v STRAIGHT_JOIN pulse_tasks t"
+    " ON t.namespace_id = %s AND t.id = v.id"
+    " SET t.state = 'LEASED', t.revision = t.revision + 1, t.attempts_used = v.generation,"
+    "     t.current_attempt_id = v.attempt_id, t.lease_expires_at = v.expires,"
+    "     t.updated_at = UTC_TIMESTAMP(6)"
+    " WHERE t.state = 'WAITING' AND t.revision = v.revision"
+)
+START_ATTEMPTS = (
+    "UPDATE {table} v STRAIGHT_JOIN pulse_attempts a"
+    " ON a.namespace_id = %s AND a.id = v.attempt_id"
+    " SET a.state = 'RUNNING', a.started_at = %s, a.lease_expires_at = v.expires"
+    " WHERE a.state = 'OFFERED'"
+)
+START_TASKS = (
+    "UPDATE {table} v STRAIGHT_JOIN pulse_tasks t"
+    " ON t.namespace_id = %s AND t.id = v.task_id"
+    " SET t.state = 'RUNNING', t.revision = t.revision + 1, t.lease_expires_at = v.expires,"
+    "     t.first_started_at = COALESCE(t.first_started_at, %s),"
+    "     t.updated_at = UTC_TIMESTAMP(6)"
+    " WHERE t.state = 'LEASED' AND t.revision = v.revision"
+    "   AND t.current_attempt_id = v.attempt_id"
+)
+RENEW_ATTEMPTS = (
+    "UPDATE {table} v STRAIGHT_JOIN pulse_attempts a"
+    " ON a.namespace_id = %s AND a.id = v.attempt_id"
+    " SET a.lease_expires_at = v.expires, a.renewals = a.renewals + 1"
+    " WHERE a.state = 'RUNNING'"
+    "   AND a.lease_expires_at > UTC_TIMESTAMP(6) - INTERVAL 1 SECOND"
+)
+RENEW_TASKS = (
+    "UPDATE {table} v STRAIGHT_JOIN pulse_tasks t"
+    " ON t.namespace_id = %s AND t.id = v.task_id"
+    " SET t.lease_expires_at = v.expires, t.updated_at = UTC_TIMESTAMP(6)"
+    " WHERE t.state = 'RUNNING'"
+    "   AND t.current_attempt_id = v.attempt_id"
+)
+END_ATTEMPTS = (
+    "UPDATE {table} v STRAIGHT_JOIN pulse_attempts a"
+    " ON a.namespace_id = %s AND a.id = v.attempt_id"
+    " SET a.state = v.state, a.retryable = v.retryable, a.result = v.result,"
+    "     a.error = v.error, a.finished_at = %s"
+    " WHERE a.state IN ('OFFERED', 'RUNNING')"
+)
+END_TASKS = (
+    "UPDATE {table} v STRAIGHT_JOIN pulse_tasks t"
+    " ON t.namespace_id = %s AND t.id = v.task_id"
+    " SET t.state = v.state, t.revision = t.revision + 1,"
+    "     t.available_at = COALESCE(v.available_at, t.available_at),"
+    "     t.current_attempt_id = NULL, t.lease_expires_at = NULL,"
+    "     t.effect_uncertain = v.uncertain, t.outcome_reason = v.reason,"
+    "     t.result = COALESCE(v.result, t.result), t.error = COALESCE(v.error, t.error),"
+    "     t.completed_at = IF(v.terminal = 1, %s, NULL), t.updated_at = UTC_TIMESTAMP(6)"
+    " WHERE t.revision = v.revision"
+    "   AND t.current_attempt_id = v.attempt_id AND t.state IN ('LEASED', 'RUNNING')"
+)
+
+
 # --- claim -----------------------------------------------------------------------------------
 
 
@@ -220,11 +282,7 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     table, values = values_table(["id", "revision", "attempt_id", "generation", "expires"],
                                  task_updates)
     await cur.execute(
-        f"UPDATE pulse_tasks t JOIN {table} v ON t.id = v.id"
-        " SET t.state = 'LEASED', t.revision = t.revision + 1, t.attempts_used = v.generation,"
-        "     t.current_attempt_id = v.attempt_id, t.lease_expires_at = v.expires,"
-        "     t.updated_at = UTC_TIMESTAMP(6)"
-        " WHERE t.namespace_id = %s AND t.state = 'WAITING' AND t.revision = v.revision",
+        CLAIM_TASKS.format(table=table),
         (*values, session.namespace_id),
     )
     expect_rows(cur, len(task_updates), "claim")
@@ -416,20 +474,13 @@ async def start(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> li
         when = to_db(now)
         table, values = values_table(["task_id", "revision", "attempt_id", "expires"], approvals)
         await cur.execute(
-            f"UPDATE pulse_attempts a JOIN {table} v ON a.id = v.attempt_id"
-            " SET a.state = 'RUNNING', a.started_at = %s, a.lease_expires_at = v.expires"
-            " WHERE a.namespace_id = %s AND a.state = 'OFFERED'",
-            (*values, when, namespace_id),
+            START_ATTEMPTS.format(table=table),
+            (*values, namespace_id, when),
         )
         expect_rows(cur, len(approvals), "start attempts")
         await cur.execute(
-            f"UPDATE pulse_tasks t JOIN {table} v ON t.id = v.task_id"
-            " SET t.state = 'RUNNING', t.revision = t.revision + 1, t.lease_expires_at = v.expires,"
-            "     t.first_started_at = COALESCE(t.first_started_at, %s),"
-            "     t.updated_at = UTC_TIMESTAMP(6)"
-            " WHERE t.namespace_id = %s AND t.state = 'LEASED' AND t.revision = v.revision"
-            "   AND t.current_attempt_id = v.attempt_id",
-            (*values, when, namespace_id),
+            START_TASKS.format(table=table),
+            (*values, namespace_id, when),
         )
         expect_rows(cur, len(approvals), "start tasks")
         await append_events(cur, events)
@@ -507,18 +558,12 @@ async def renew(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> li
     if renewals:
         table, values = values_table(["attempt_id", "task_id", "expires"], list(renewals.values()))
         await cur.execute(
-            f"UPDATE pulse_attempts a JOIN {table} v ON a.id = v.attempt_id"
-            " SET a.lease_expires_at = v.expires, a.renewals = a.renewals + 1"
-            " WHERE a.namespace_id = %s AND a.state = 'RUNNING'"
-            "   AND a.lease_expires_at > UTC_TIMESTAMP(6) - INTERVAL 1 SECOND",
+            RENEW_ATTEMPTS.format(table=table),
             (*values, namespace_id),
         )
         expect_rows(cur, len(renewals), "renew attempts")
         await cur.execute(
-            f"UPDATE pulse_tasks t JOIN {table} v ON t.id = v.task_id"
-            " SET t.lease_expires_at = v.expires, t.updated_at = UTC_TIMESTAMP(6)"
-            " WHERE t.namespace_id = %s AND t.state = 'RUNNING'"
-            "   AND t.current_attempt_id = v.attempt_id",
+            RENEW_TASKS.format(table=table),
             (*values, namespace_id),
         )
         expect_rows(cur, len(renewals), "renew tasks")
@@ -870,11 +915,8 @@ async def _apply_attempt_endings(cur: Any, namespace_id: bytes, rows: list[tuple
                                  now: dt.datetime) -> None:
     table, values = values_table(["attempt_id", "state", "retryable", "result", "error"], rows)
     await cur.execute(
-        f"UPDATE pulse_attempts a JOIN {table} v ON a.id = v.attempt_id"
-        " SET a.state = v.state, a.retryable = v.retryable, a.result = v.result,"
-        "     a.error = v.error, a.finished_at = %s"
-        " WHERE a.namespace_id = %s AND a.state IN ('OFFERED', 'RUNNING')",
-        (*values, to_db(now), namespace_id),
+        END_ATTEMPTS.format(table=table),
+        (*values, namespace_id, to_db(now)),
     )
     expect_rows(cur, len(rows), "end attempts")
 
@@ -886,16 +928,8 @@ async def _apply_task_endings(cur: Any, namespace_id: bytes, rows: list[tuple[An
         ["task_id", "revision", "attempt_id", "state", "available_at", "uncertain", "reason",
          "result", "error", "terminal"], rows)
     await cur.execute(
-        f"UPDATE pulse_tasks t JOIN {table} v ON t.id = v.task_id"
-        " SET t.state = v.state, t.revision = t.revision + 1,"
-        "     t.available_at = COALESCE(v.available_at, t.available_at),"
-        "     t.current_attempt_id = NULL, t.lease_expires_at = NULL,"
-        "     t.effect_uncertain = v.uncertain, t.outcome_reason = v.reason,"
-        "     t.result = COALESCE(v.result, t.result), t.error = COALESCE(v.error, t.error),"
-        "     t.completed_at = IF(v.terminal = 1, %s, NULL), t.updated_at = UTC_TIMESTAMP(6)"
-        " WHERE t.namespace_id = %s AND t.revision = v.revision"
-        "   AND t.current_attempt_id = v.attempt_id AND t.state IN ('LEASED', 'RUNNING')",
-        (*values, to_db(now), namespace_id),
+        END_TASKS.format(table=table),
+        (*values, namespace_id, to_db(now)),
     )
     expect_rows(cur, len(rows), "end tasks")
 

@@ -46,6 +46,7 @@ import attrs
 
 from orbit_common import errors
 from orbit_common.db import errors as dberrors
+from orbit_common.db.batch import placeholders
 from orbit_common.db.clock import UTC, db_now, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc, names
@@ -384,11 +385,6 @@ def may(grants: Iterable[authz.Grant], action: authz.Action, namespace: str, que
     return authz.allowed(grants, action.value, namespace, queue)
 
 
-def in_list(count: int) -> str:
-    """``%s, %s, …`` for an ``IN (…)`` of ``count`` parameters (placeholders, never values)."""
-    return ", ".join(["%s"] * count)
-
-
 # Forced: with few queues per namespace the optimizer prefers the primary key's namespace prefix.
 QUEUES_BY_NAME = (
     f"SELECT {Queue.COLUMNS} FROM pulse_queues q FORCE INDEX (uq_queues_name)"
@@ -398,7 +394,7 @@ QUEUES_BY_NAME = (
 
 async def queues_by_name(cur: Any, namespace_id: bytes, queue_names: Sequence[str]
                          ) -> dict[str, Queue]:
-    await cur.execute(QUEUES_BY_NAME.format(in_list(len(queue_names))),
+    await cur.execute(QUEUES_BY_NAME.format(placeholders(len(queue_names))),
                       (namespace_id, *queue_names))
     return {row["name"]: Queue.from_row(row) for row in await cur.fetchall()}
 
@@ -493,7 +489,7 @@ def _identity_where(items: Sequence[Item]) -> tuple[str, list[Any]]:
             by_scope.setdefault(item.idem.scope, []).append(item.idem.key)
     groups, params = [], []
     for scope, keys in by_scope.items():
-        groups.append(IDENTITY_GROUP.format(in_list(len(keys))))
+        groups.append(IDENTITY_GROUP.format(placeholders(len(keys))))
         params += [scope, *keys]
     return " OR ".join(groups), params
 

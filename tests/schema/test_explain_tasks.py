@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 import pytest
 
+from orbit_common.db.batch import placeholders
 from orbit_common.db.clock import to_db
 from orbit_common.db.pool import DatabaseUrl
 from orbit_common.platform import idempotency
@@ -229,7 +230,7 @@ ONE_ROW_READS = {
                                            to_db(queries.TIME_MIN), to_db(queries.TIME_MIN),
                                            queries.ID_MIN, 100),
                                 {"pulse_attempt_evidence": "ix_evidence_attempt"}),
-    "tasks.QUEUES_BY_NAME": (tasks.QUEUES_BY_NAME.format(tasks.in_list(2)),
+    "tasks.QUEUES_BY_NAME": (tasks.QUEUES_BY_NAME.format(placeholders(2)),
                              lambda s: (s.namespace_id, s.queue_name, "queue-1"),
                              {"q": "uq_queues_name"}),
     "tasks.TASK_EXISTS": (tasks.TASK_EXISTS, lambda s: (s.namespace_id, s.task_id),
@@ -256,7 +257,7 @@ def test_the_batch_idempotency_read_uses_the_identity_index(
 ) -> None:
     url, s = seeded
     namespace_id, key = s.idempotency_identity
-    where = " OR ".join([tasks.IDENTITY_GROUP.format(tasks.in_list(3))] * 2)
+    where = " OR ".join([tasks.IDENTITY_GROUP.format(placeholders(3))] * 2)
     sql = tasks.SELECT_IDENTITIES.format(where)
     params = (namespace_id, "tasks.submit", b"queue-0", key, b"k2", b"k3",
               b"queue-1", b"k4", b"k5", b"k6")

@@ -50,10 +50,11 @@ async def assert_problem(response: ClientResponse, status: int, code: str) -> di
     return body
 
 
-def row_counts(conn: pymysql.connections.Connection[Any]) -> dict[str, int]:
+def row_counts(conn: pymysql.connections.Connection[Any],
+               tables: tuple[str, ...] = WRITE_TABLES) -> dict[str, int]:
     counts = {}
     with conn.cursor() as cur:
-        for table in WRITE_TABLES:  # fixed whitelist above, never input
+        for table in tables:  # fixed whitelists in the test modules, never input
             cur.execute(f"SELECT COUNT(*) FROM {table}")
             row = cur.fetchone()
             assert row is not None
@@ -63,20 +64,22 @@ def row_counts(conn: pymysql.connections.Connection[Any]) -> dict[str, int]:
 
 @attrs.define
 class WriteWatch:
-    """Row counts of every platform table, to prove that a refused request wrote nothing."""
+    """Row counts of a set of tables (every platform table by default), to prove that a refused
+    request wrote nothing."""
 
     conn: pymysql.connections.Connection[Any]
+    tables: tuple[str, ...] = WRITE_TABLES
     before: dict[str, int] = attrs.field(factory=dict)
 
     def reset(self) -> None:
-        self.before = row_counts(self.conn)
+        self.before = row_counts(self.conn, self.tables)
 
     def assert_unchanged(self) -> None:
-        assert row_counts(self.conn) == self.before
+        assert row_counts(self.conn, self.tables) == self.before
 
     def delta(self) -> dict[str, int]:
-        now = row_counts(self.conn)
-        return {t: now[t] - self.before[t] for t in WRITE_TABLES if now[t] != self.before[t]}
+        now = row_counts(self.conn, self.tables)
+        return {t: now[t] - self.before[t] for t in self.tables if now[t] != self.before[t]}
 
 
 @pytest.fixture

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import pymysql
 import pytest
 from aiohttp.test_utils import TestClient
 
 from tests.conftest import Tenant
-from tests.integration.api.conftest import WRITE_TABLES
+from tests.integration.api.conftest import WRITE_TABLES, WriteWatch
 
 # The platform tables plus the two a queue request writes.
 QUEUE_WRITE_TABLES = (*WRITE_TABLES, "pulse_queues", "pulse_execution_gates")
@@ -37,39 +36,14 @@ def url(namespace: str, *parts: str) -> str:
     return "/".join([f"/v1/namespaces/{namespace}/queues", *parts])
 
 
-def row_counts(conn: pymysql.connections.Connection[Any]) -> dict[str, int]:
-    counts = {}
-    with conn.cursor() as cur:
-        for table in QUEUE_WRITE_TABLES:  # fixed whitelist above, never input
-            cur.execute(f"SELECT COUNT(*) FROM {table}")
-            row = cur.fetchone()
-            assert row is not None
-            counts[table] = int(row[0])
-    return counts
-
-
-@attrs.define
-class QueueWrites:
-    """Row counts of the platform and queue tables, to prove a refused request wrote nothing."""
-
-    conn: pymysql.connections.Connection[Any]
-    before: dict[str, int] = attrs.field(factory=dict)
-
-    def reset(self) -> None:
-        self.before = row_counts(self.conn)
-
-    def assert_unchanged(self) -> None:
-        assert row_counts(self.conn) == self.before
-
-    def delta(self) -> dict[str, int]:
-        now = row_counts(self.conn)
-        return {t: now[t] - self.before[t] for t in QUEUE_WRITE_TABLES if now[t] != self.before[t]}
+# The queue tests watch the platform tables plus the queue tables.
+QueueWrites = WriteWatch
 
 
 @pytest.fixture
-def qwrites(sync_conn: pymysql.connections.Connection[Any]) -> QueueWrites:
+def qwrites(sync_conn: pymysql.connections.Connection[Any]) -> WriteWatch:
     """Call ``qwrites.reset()`` after the setup, then ``qwrites.assert_unchanged()``."""
-    return QueueWrites(sync_conn)
+    return WriteWatch(sync_conn, tables=QUEUE_WRITE_TABLES)
 
 
 def rows(conn: pymysql.connections.Connection[Any], sql: str, *args: Any) -> list[dict[str, Any]]:

@@ -10,8 +10,8 @@ from aiohttp import web
 from orbit_api.body import query_params, read_json
 from orbit_api.context import DB, principal_of, request_id_of
 from orbit_api.routes.platform import idempotency_key
-from orbit_common.model import ids, jsondoc
-from orbit_common.pulse import interventions
+from orbit_common.model import jsondoc
+from orbit_common.pulse import interventions, queries
 
 PATH = "/v1/namespaces/{namespace}/tasks/{task_id}"
 
@@ -28,33 +28,33 @@ class RetryRequest:
 
 
 def _task_id(request: web.Request) -> bytes:
-    try:
-        return ids.from_hex(request.match_info["task_id"])
-    except ValueError as exc:
-        raise interventions.TaskNotFound() from exc
+    # Same contract as the task routes: a malformed id is a 400 naming {task_id}.
+    return queries.parse_id(request.match_info["task_id"], "{task_id}")
 
 
 async def cancel(request: web.Request) -> web.Response:
     query_params(request, ())
+    task_id = _task_id(request)
     key = idempotency_key(request)
     dto = CancelRequest()
     if request.can_read_body:
         dto, _ = await read_json(request, CancelRequest)
     outcome = await interventions.cancel_task(
         request.app[DB], principal_of(request), namespace=request.match_info["namespace"],
-        task_id=_task_id(request), reason=dto.reason, idempotency_key=key,
+        task_id=task_id, reason=dto.reason, idempotency_key=key,
         request_id=request_id_of(request))
     return web.json_response(outcome.body, status=outcome.status)
 
 
 async def review(request: web.Request) -> web.Response:
     query_params(request, ())
+    task_id = _task_id(request)
     key = idempotency_key(request)
     _, raw = await read_json(request, _ReviewShape)
     result = jsondoc.dumps(raw["result"]) if "result" in raw else None
     outcome = await interventions.review_task(
         request.app[DB], principal_of(request), namespace=request.match_info["namespace"],
-        task_id=_task_id(request), decision=raw["decision"], reason=raw["reason"],
+        task_id=task_id, decision=raw["decision"], reason=raw["reason"],
         evidence_ref=raw.get("evidence_ref"), result=result, idempotency_key=key,
         request_id=request_id_of(request))
     return web.json_response(outcome.body, status=outcome.status)
@@ -72,11 +72,12 @@ class _ReviewShape:
 
 async def retry(request: web.Request) -> web.Response:
     query_params(request, ())
+    task_id = _task_id(request)
     key = idempotency_key(request)
     dto, _ = await read_json(request, RetryRequest)
     outcome = await interventions.retry_task(
         request.app[DB], principal_of(request), namespace=request.match_info["namespace"],
-        task_id=_task_id(request), reason=dto.reason, rerun_confirmed=dto.rerun_confirmed,
+        task_id=task_id, reason=dto.reason, rerun_confirmed=dto.rerun_confirmed,
         idempotency_key=key, request_id=request_id_of(request))
     return web.json_response(outcome.body, status=outcome.status)
 

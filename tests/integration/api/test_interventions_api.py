@@ -90,7 +90,6 @@ async def test_unknown_or_foreign_task_is_404(api: TestClient[Any, Any], db: Dat
     other = await make_tenant(db)
     for path, auth in [
         (f"/v1/namespaces/{tenant.namespace}/tasks/{'0' * 32}/cancel", tenant.auth),
-        (f"/v1/namespaces/{tenant.namespace}/tasks/NOT-HEX/cancel", tenant.auth),
         (f"/v1/namespaces/{other.namespace}/tasks/{task_id.hex()}/cancel", other.auth),
         (f"/v1/namespaces/{tenant.namespace}/tasks/{task_id.hex()}/cancel", other.auth),
     ]:
@@ -98,3 +97,15 @@ async def test_unknown_or_foreign_task_is_404(api: TestClient[Any, Any], db: Dat
         assert response.status == 404, path
         assert (await response.json())["code"] in {"task_not_found", "namespace_not_found"}
     assert (await task_row(db, tenant, task_id))["state"] == "WAITING"
+
+
+async def test_a_malformed_task_id_is_a_400_naming_the_path_parameter(
+    api: TestClient[Any, Any], db: Database, tenant: Tenant
+) -> None:
+    for op in ("cancel", "review", "retry"):
+        response = await api.post(f"/v1/namespaces/{tenant.namespace}/tasks/NOT-HEX/{op}",
+                                  headers=tenant.auth, json={})
+        assert response.status == 400, op
+        body = await response.json()
+        assert body["code"] == "validation_failed"
+        assert body["errors"][0]["path"] == "{task_id}"

@@ -64,6 +64,23 @@ TX_SECONDS = prometheus_client.Histogram(
 )
 
 
+class Cursor(aiomysql.DictCursor):  # type: ignore[misc]  # aiomysql is untyped
+    """The runner's cursor: dict rows, and ``bytes`` parameters sent as hex literals.
+
+    PyMySQL escapes ``bytes`` as ``_binary'…'`` through a per-character ``str.translate``; with
+    every id a 16-byte value, that was ~15 % of the dispatcher's CPU under load. ``X'…'`` is the
+    same binary string to MySQL and MariaDB in every place Orbit binds one (comparisons, IN
+    lists, inserts, derived tables) and costs one ``bytes.hex()``.
+    """
+
+    def _escape_args(self, args: Any, conn: Any) -> Any:
+        if isinstance(args, (tuple, list)):
+            escape = conn.escape
+            return tuple("X'" + arg.hex() + "'" if type(arg) is bytes else escape(arg)
+                         for arg in args)
+        return super()._escape_args(args, conn)
+
+
 class Isolation(enum.Enum):
     """Isolation levels, set per transaction with SET TRANSACTION (portable spelling)."""
 
@@ -134,7 +151,7 @@ class TransactionRunner:
         broken = False
         lost_commit: BaseException | None = None
         try:
-            async with conn.cursor(aiomysql.DictCursor) as cur:
+            async with conn.cursor(Cursor) as cur:
                 await _set_isolation(conn, cur, isolation)
                 await cur.execute("START TRANSACTION")
                 result = await body(cur)

@@ -35,6 +35,8 @@ def problem(
     headers = {}
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="orbit"'
+    if isinstance(extra.get("retry_after_s"), int):
+        headers["Retry-After"] = str(extra["retry_after_s"])
     return web.Response(
         status=status,
         body=json.dumps(doc, ensure_ascii=False).encode(),

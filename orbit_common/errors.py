@@ -127,6 +127,29 @@ class StaleRevision(Conflict):
     title = "The resource changed since it was read"
 
 
+class TooManyRequests(OrbitError):
+    """A limit refused the request; nothing was written. ``retry_after_s`` becomes the
+    ``Retry-After`` header and a field of the problem document."""
+
+    status = 429
+    code = "too_many_requests"
+    title = "Too many requests"
+
+    def __init__(self, detail: str | None = None, *, retry_after_s: int = 1,
+                 **extra: Any) -> None:
+        super().__init__(detail, retry_after_s=retry_after_s, **extra)
+
+
+class QueueFull(TooManyRequests):
+    code = "queue_full"
+    title = "Queue full"
+
+
+class ApplicationQuotaExceeded(TooManyRequests):
+    code = "application_quota_exceeded"
+    title = "Application quota exceeded"
+
+
 class PayloadTooLarge(OrbitError):
     status = 413
     code = "payload_too_large"

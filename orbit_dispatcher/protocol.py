@@ -119,6 +119,9 @@ def grant_json(grant: Grant) -> str:
         "rerun_safe": grant.rerun_safe, "offer_expires_at": _time(grant.offer_expires_at),
         "deadline_at": _time(grant.deadline_at), "attempt_timeout_ms": grant.attempt_timeout_ms,
         "max_attempts": grant.max_attempts,
+        "concurrency_key": grant.concurrency_key.decode("utf-8", "replace")
+        if grant.concurrency_key is not None else None,
+        "concurrency_token": grant.concurrency_token,
     }
     return json.dumps(meta, ensure_ascii=False)[:-1] + ', "input": ' + grant.input + "}"
 
@@ -129,7 +132,7 @@ def grants_frame(grants: list[Grant]) -> str:
 
 def start_json(o: StartOutcome) -> dict[str, Any]:
     return {"attempt_id": o.attempt_id.hex(), "approved": o.approved, "reason": o.reason,
-            "lease_expires_at": _time(o.lease_expires_at)}
+            "lease_expires_at": _time(o.lease_expires_at), "retry_after_ms": o.retry_after_ms}
 
 
 def renew_json(o: RenewOutcome) -> dict[str, Any]:

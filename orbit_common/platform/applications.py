@@ -55,6 +55,11 @@ INSERT_APPLICATION = """
 INSERT INTO orbit_applications (id, name, state, revision, created_at, updated_at)
 VALUES (%s, %s, 'ACTIVE', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 """
+# The application's shared-quota row (flow control) is created with it: no limits, zero usage.
+INSERT_RESOURCES = """
+INSERT INTO orbit_application_resources (application_id, updated_at)
+VALUES (%s, UTC_TIMESTAMP(6))
+"""
 SELECT_BY_ID = f"SELECT {COLUMNS} FROM orbit_applications WHERE id = %s"
 SELECT_BY_NAME = f"SELECT {COLUMNS} FROM orbit_applications WHERE name = %s"
 SELECT_BY_NAME_FOR_UPDATE = SELECT_BY_NAME + " FOR UPDATE"
@@ -78,7 +83,7 @@ def check_name(name: str, what: str = "application") -> str:
 
 
 async def create_application(cur: Any, *, app_id: bytes, name: str, actor: Actor) -> Application:
-    """Insert an application. Locks: the new row only."""
+    """Insert an application and its resource row. Locks: the new rows only."""
     check_name(name)
     try:
         await cur.execute(INSERT_APPLICATION, (ids.check_id(app_id), name))
@@ -86,6 +91,7 @@ async def create_application(cur: Any, *, app_id: bytes, name: str, actor: Actor
         if dberrors.is_duplicate(exc, "uq_applications_name"):
             raise errors.AlreadyExists(f"application {name!r} already exists") from exc
         raise
+    await cur.execute(INSERT_RESOURCES, (app_id,))
     app = await get_application(cur, app_id)
     await append_event(
         cur, namespace_id=PLATFORM_NAMESPACE_ID, aggregate_type="application",

@@ -25,6 +25,7 @@ Lock order: idempotency → task → attempt → queue counter → result stream
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from typing import Any
 
 import attrs
@@ -39,7 +40,7 @@ from orbit_common.platform.audit import AuditRecord, append_audit
 from orbit_common.platform.events import append_events
 from orbit_common.platform.idempotency import IdempotencyRequest, Replay
 from orbit_common.platform.results import ResultEvent, append_results
-from orbit_common.pulse import leases
+from orbit_common.pulse import leases, resources
 from orbit_common.pulse.model import Task, TaskState
 
 REASON_MAX = 1024
@@ -217,19 +218,26 @@ async def _cancel_now(cur: Any, namespace_id: bytes, task: Task, reason: str | N
     """WAITING or LEASED: end it now (NEEDS_REVIEW if it carries an uncertain effect)."""
     target = TaskState.NEEDS_REVIEW if task.effect_uncertain else TaskState.CANCELLED
     why = "cancelled_with_uncertain_effect" if task.effect_uncertain else "cancelled"
+    usage = resources.Usage()
+    endings: dict[bytes, str] = {}
+    if target is TaskState.CANCELLED:
+        usage.unfinished[task.queue_id] -= 1
     if task.state is TaskState.LEASED and task.current_attempt_id is not None:
         await cur.execute(
-            "SELECT queue_id FROM pulse_attempts WHERE namespace_id = %s AND id = %s FOR UPDATE",
+            "SELECT queue_id, concurrency_token FROM pulse_attempts"
+            " WHERE namespace_id = %s AND id = %s FOR UPDATE",
             (namespace_id, task.current_attempt_id))
-        queue_id = (await cur.fetchone())["queue_id"]
+        attempt = await cur.fetchone()
+        usage.active[attempt["queue_id"]] -= 1
+        usage.reserved -= 1
+        if attempt["concurrency_token"] is not None:
+            endings[task.current_attempt_id] = "WITHDRAWN"
         await cur.execute(
             "UPDATE pulse_attempts SET state = 'WITHDRAWN', finished_at = %s, error = %s"
             " WHERE namespace_id = %s AND id = %s AND state = 'OFFERED'",
             (to_db(now), jsondoc.dumps({"type": "cancelled", "message": "cancelled before start"}),
              namespace_id, task.current_attempt_id))
         leases.expect_rows(cur, 1, "withdraw offer")
-    else:
-        queue_id = None
     await cur.execute(
         "UPDATE pulse_tasks SET state = %s, revision = revision + 1, cancel_requested_at = %s,"
         " cancel_reason = %s, outcome_reason = %s, current_attempt_id = NULL,"
@@ -239,8 +247,8 @@ async def _cancel_now(cur: Any, namespace_id: bytes, task: Task, reason: str | N
          None if target is TaskState.NEEDS_REVIEW else to_db(now),
          namespace_id, task.id, task.revision, task.state.value))
     leases.expect_rows(cur, 1, "cancel")
-    if queue_id is not None:
-        await leases.add_active(cur, namespace_id, {queue_id: -1})
+    await resources.apply(cur, namespace_id, usage)
+    await resources.release(cur, namespace_id, endings, now)
     event = leases.task_event(namespace_id, task.id, task.revision + 1, "task." + why,
                           task.state, target, {"reason": reason})
     await append_events(cur, [event])
@@ -299,6 +307,8 @@ async def review_task(db: Database, principal: credentials.Principal, *, namespa
             " WHERE namespace_id = %s AND id = %s AND revision = %s AND state = 'NEEDS_REVIEW'",
             (target.value, why, result, to_db(now), namespace_id, task.id, task.revision))
         leases.expect_rows(cur, 1, "review")
+        await resources.apply(cur, namespace_id,
+                              resources.Usage(unfinished=Counter({task.queue_id: -1})))
         event = leases.task_event(namespace_id, task.id, task.revision + 1,
                               "task." + why, TaskState.NEEDS_REVIEW, target,
                               {"reason": reason, "evidence_ref": evidence_ref})
@@ -364,6 +374,11 @@ async def retry_task(db: Database, principal: credentials.Principal, *, namespac
             if dberrors.is_duplicate(exc, "uq_tasks_retry_parent"):
                 raise AlreadyRetried() from exc
             raise
+        # The successor counts against the queue's and the application's limits like any
+        # submission (a refusal rolls the whole retry back).
+        await resources.apply(cur, namespace_id,
+                              resources.Usage(unfinished=Counter({task.queue_id: 1})),
+                              admit=True)
         await append_events(cur, [leases.task_event(
             namespace_id, new_id, 1, "task.accepted", None, TaskState.WAITING,
             {"retry_of": task.id.hex(), "reason": reason})])
@@ -385,11 +400,13 @@ async def retry_task(db: Database, principal: credentials.Principal, *, namespac
 # length from the new acceptance time; attempts, results and evidence start afresh.
 RETRY_INSERT = """
 INSERT INTO pulse_tasks (namespace_id, id, queue_id, handler, input, state, revision, priority,
-  available_at, business_key, deadline_at, start_deadline_at, attempt_timeout_ms, max_attempts,
+  available_at, business_key, concurrency_key, concurrency_key_digest, deadline_at,
+  start_deadline_at, attempt_timeout_ms, max_attempts,
   retry_initial_ms, retry_max_ms, retry_multiplier, retry_jitter, offer_lease_ms,
   execution_lease_ms, rerun_safe, retry_of, created_at, updated_at)
 SELECT o.namespace_id, v.new_id, o.queue_id, o.handler, o.input, 'WAITING', 1, o.priority,
-  v.now, o.business_key, v.deadline_at, v.start_deadline_at, o.attempt_timeout_ms,
+  v.now, o.business_key, o.concurrency_key, o.concurrency_key_digest, v.deadline_at,
+  v.start_deadline_at, o.attempt_timeout_ms,
   o.max_attempts, o.retry_initial_ms, o.retry_max_ms, o.retry_multiplier, o.retry_jitter,
   o.offer_lease_ms, o.execution_lease_ms, o.rerun_safe, o.id, v.now, v.now
 FROM (SELECT %s AS now, %s AS created, %s AS deadline_at, %s AS start_deadline_at,

@@ -60,7 +60,9 @@ from orbit_common.model import digests, ids, jsondoc
 from orbit_common.platform import authz, credentials
 from orbit_common.platform.events import EventRecord, append_events
 from orbit_common.platform.results import ResultEvent, append_results
+from orbit_common.pulse import resources
 from orbit_common.pulse.model import AttemptState, RetryPolicy, TaskState
+from orbit_common.pulse.resources import Usage
 from orbit_common.pulse.workers import QueueRef, Session, check_active
 
 MAX_BATCH = 256
@@ -83,12 +85,6 @@ class BatchTooLarge(errors.BadRequest):
 def _check_batch(items: Sequence[Any]) -> None:
     if len(items) > MAX_BATCH:
         raise BatchTooLarge(f"at most {MAX_BATCH} items per batch")
-
-
-class QueueConcurrencyError(errors.OrbitError):
-    status = 500
-    code = "queue_counter_mismatch"
-    title = "A queue's active-attempt counter would go negative"
 
 
 # Batched per-row updates (orbit_common/db/batch.values_table). The derived table of the
@@ -175,6 +171,8 @@ class Grant:
     deadline_at: dt.datetime | None
     attempt_timeout_ms: int | None
     max_attempts: int
+    concurrency_key: bytes | None = None
+    concurrency_token: int | None = None  # fencing token: strictly increasing per key
 
 
 GATE_SHARED = """
@@ -182,11 +180,20 @@ SELECT state FROM pulse_execution_gates WHERE namespace_id = %s AND id = %s LOCK
 """
 
 
-def _claim_sql(handler_count: int) -> str:
-    # ix_tasks_claim: (namespace_id, queue_id, state, dispatch_at, available_at, id).
+def _claim_sql(handler_count: int, concurrency_keys: bool) -> str:
+    # ix_tasks_claim: (namespace_id, queue_id, state, dispatch_at, available_at, id). A task
+    # whose concurrency key is held is skipped before the ordering picks (not after), so a run
+    # of tasks on one busy key cannot block the keys behind it.
+    keys = (
+        "  AND (t.concurrency_key_digest IS NULL OR NOT EXISTS ("
+        "SELECT 1 FROM pulse_concurrency_limits l WHERE l.namespace_id = t.namespace_id"
+        " AND l.key_digest = t.concurrency_key_digest AND l.held_permits >= l.max_permits))"
+        if concurrency_keys else "  AND t.concurrency_key_digest IS NULL"
+    )
     return f"""
 SELECT t.id, t.handler, t.input, t.priority, t.business_key, t.rerun_safe, t.revision,
-       t.attempts_used, t.max_attempts, t.offer_lease_ms, t.deadline_at, t.attempt_timeout_ms
+       t.attempts_used, t.max_attempts, t.offer_lease_ms, t.deadline_at, t.attempt_timeout_ms,
+       t.concurrency_key, t.concurrency_key_digest
 FROM pulse_tasks t
 WHERE t.namespace_id = %s AND t.queue_id = %s AND t.state = 'WAITING'
   AND t.dispatch_at <= %s AND t.available_at <= %s
@@ -194,6 +201,7 @@ WHERE t.namespace_id = %s AND t.queue_id = %s AND t.state = 'WAITING'
   AND (t.start_deadline_at IS NULL OR t.first_started_at IS NOT NULL OR t.start_deadline_at > %s)
   AND t.attempts_used < t.max_attempts
   AND t.handler IN ({placeholders(handler_count)})
+{keys}
 ORDER BY t.dispatch_at, t.available_at, t.id
 LIMIT %s
 FOR UPDATE SKIP LOCKED
@@ -210,7 +218,8 @@ WHERE namespace_id = %s AND id = %s AND active_attempts + %s >= 0
 """
 INSERT_ATTEMPTS = (
     "INSERT INTO pulse_attempts (namespace_id, id, task_id, queue_id, generation, token_digest,"
-    " worker_instance_id, worker_session_id, state, offered_at, lease_expires_at)"
+    " concurrency_token, worker_instance_id, worker_session_id, state, offered_at,"
+    " lease_expires_at)"
 )
 
 
@@ -220,11 +229,45 @@ async def _session_may_work(cur: Any, session: Session, queue: QueueRef) -> None
         raise errors.Forbidden("the session's credential may no longer work this queue")
 
 
+async def _grantable(cur: Any, session: Session, queue: QueueRef, rows: list[dict[str, Any]]
+                     ) -> tuple[list[dict[str, Any]], dict[bytes, resources.KeyGrant]]:
+    """Cut the candidates to the room the queue and the application have, one per concurrency
+    key, and take the keys' permits. Locks, after the task rows (resources.py: lock order): the
+    queue row, the application's row, the keys' rows by digest."""
+    await cur.execute(QUEUE_FOR_UPDATE, (session.namespace_id, queue.id))
+    counters = await cur.fetchone()
+    room = len(rows)
+    if counters["max_concurrent_attempts"] is not None:
+        room = min(room, counters["max_concurrent_attempts"] - counters["active_attempts"])
+    app_room = (await resources.application_room(cur, session.namespace_id)).allows()
+    if app_room is not None:
+        room = min(room, app_room)
+    if room <= 0:
+        return [], {}
+    chosen, seen = [], set()
+    for row in rows:
+        digest = row["concurrency_key_digest"]
+        if digest is not None:
+            if digest in seen:
+                continue
+            seen.add(digest)
+        chosen.append(row)
+        if len(chosen) >= room:
+            break
+    keyed = await resources.acquire(cur, session.namespace_id,
+                                    [r["concurrency_key_digest"] for r in chosen
+                                     if r["concurrency_key_digest"] is not None])
+    return [r for r in chosen
+            if r["concurrency_key_digest"] is None or r["concurrency_key_digest"] in keyed], keyed
+
+
 async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list[Grant]:
     """Grant up to ``limit`` due tasks of ``queue`` to ``session`` (step 1 of 2).
 
     Locks: the session row (shared), the queue's gate (shared), due WAITING tasks (SKIP LOCKED,
-    in claim order), then the queue row (counter). Returns nothing when the gate is paused.
+    in claim order), then the queue row, the application's resource row and the concurrency
+    keys' rows (:func:`_grantable`). Returns nothing when the gate is paused. A keyed grant
+    carries the key's new fencing token, recorded on the attempt and its permit row.
     """
     limit = max(0, min(limit, MAX_BATCH))
     if limit == 0:
@@ -238,37 +281,39 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     now = await db_now(cur)
     when = to_db(now)
     await cur.execute(
-        _claim_sql(len(session.handlers)),
+        _claim_sql(len(session.handlers), session.concurrency_keys),
         (session.namespace_id, queue.id, when, when, when, when, *session.handlers, limit),
     )
     rows = list(await cur.fetchall())
     if not rows:
         return []
-    await cur.execute(QUEUE_FOR_UPDATE, (session.namespace_id, queue.id))
-    counters = await cur.fetchone()
-    if counters["max_concurrent_attempts"] is not None:
-        room = max(0, counters["max_concurrent_attempts"] - counters["active_attempts"])
-        rows = rows[:room]
-        if not rows:
-            return []
+    rows, keyed = await _grantable(cur, session, queue, rows)
+    if not rows:
+        return []
 
     grants: list[Grant] = []
     attempt_rows = []
     task_updates = []
     events = []
+    permits = []
     for row in rows:
         attempt_id, token = ids.new_id(), secrets.token_urlsafe(32)
         generation = row["attempts_used"] + 1
         expires = now + _ms(row["offer_lease_ms"])
+        key = keyed.get(row["concurrency_key_digest"]) if row["concurrency_key_digest"] else None
         attempt_rows.append((
             session.namespace_id, attempt_id, row["id"], queue.id, generation,
-            token_digest(token), session.instance_id, session.id, "OFFERED", when, to_db(expires),
+            token_digest(token), key.token if key else None, session.instance_id, session.id,
+            "OFFERED", when, to_db(expires),
         ))
+        if key is not None:
+            permits.append((key.limit_id, attempt_id, row["id"], key.token))
         task_updates.append((row["id"], row["revision"], attempt_id, generation, to_db(expires)))
         events.append(task_event(
             session.namespace_id, row["id"], row["revision"] + 1, "task.leased",
             TaskState.WAITING, TaskState.LEASED,
-            {"attempt_id": attempt_id.hex(), "generation": generation}))
+            {"attempt_id": attempt_id.hex(), "generation": generation,
+             **({"concurrency_token": key.token} if key else {})}))
         grants.append(Grant(
             namespace_id=session.namespace_id, task_id=row["id"], attempt_id=attempt_id,
             generation=generation, token=token, queue=queue.name, handler=row["handler"],
@@ -276,8 +321,10 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
             rerun_safe=bool(row["rerun_safe"]), offer_expires_at=expires,
             deadline_at=as_utc(row["deadline_at"]) if row["deadline_at"] else None,
             attempt_timeout_ms=row["attempt_timeout_ms"], max_attempts=row["max_attempts"],
+            concurrency_key=row["concurrency_key"],
+            concurrency_token=key.token if key else None,
         ))
-    sql, params = multi_insert(INSERT_ATTEMPTS, "(" + ", ".join(["%s"] * 11) + ")", attempt_rows)
+    sql, params = multi_insert(INSERT_ATTEMPTS, "(" + ", ".join(["%s"] * 12) + ")", attempt_rows)
     await cur.execute(sql, params)
     table, values = values_table(["id", "revision", "attempt_id", "generation", "expires"],
                                  task_updates)
@@ -286,7 +333,9 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
         (*values, session.namespace_id),
     )
     expect_rows(cur, len(task_updates), "claim")
-    await add_active(cur, session.namespace_id, {queue.id: len(grants)})
+    await resources.apply(cur, session.namespace_id,
+                          Usage(active=Counter({queue.id: len(grants)}), reserved=len(grants)))
+    await resources.record_permits(cur, session.namespace_id, permits, now)
     await append_events(cur, events)
     return grants
 
@@ -297,17 +346,6 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
 def expect_rows(cur: Any, count: int, what: str) -> None:
     if cur.rowcount != count:
         raise errors.StaleRevision(f"{what}: {cur.rowcount} of {count} guarded rows matched")
-
-
-async def add_active(cur: Any, namespace_id: bytes, deltas: dict[bytes, int]) -> None:
-    """Queue counter increments, in primary-key order (after every task/attempt lock)."""
-    for queue_id in sorted(deltas):
-        delta = deltas[queue_id]
-        if delta == 0:
-            continue
-        await cur.execute(ADD_ACTIVE, (delta, namespace_id, queue_id, delta))
-        if cur.rowcount != 1:
-            raise QueueConcurrencyError(f"queue {queue_id.hex()} counter would go negative")
 
 
 def task_event(  # noqa: PLR0917 - one event's fields, positional for readability at call sites
@@ -363,7 +401,8 @@ LOCK_TASKS = (
     " ORDER BY id FOR UPDATE"
 )
 ATTEMPT_COLUMNS = (
-    "id, task_id, queue_id, generation, token_digest, state, started_at, lease_expires_at"
+    "id, task_id, queue_id, generation, token_digest, concurrency_token, state, started_at,"
+    " lease_expires_at"
 )
 LOCK_ATTEMPTS = (
     f"SELECT {ATTEMPT_COLUMNS} FROM pulse_attempts WHERE namespace_id = %s AND id IN ({{}})"
@@ -402,6 +441,7 @@ class StartOutcome:
     approved: bool
     reason: str | None = None
     lease_expires_at: dt.datetime | None = None
+    retry_after_ms: int | None = None  # start_rate_limited: when the window has room again
 
 
 def _execution_lease(now: dt.datetime, task: dict[str, Any],
@@ -413,11 +453,16 @@ def _execution_lease(now: dt.datetime, task: dict[str, Any],
     return expires
 
 
-async def start(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> list[StartOutcome]:
+async def start(  # noqa: PLR0912, PLR0915 - one pass over the batch; each branch is a rule
+    cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]
+) -> list[StartOutcome]:
     """Approve starts (step 2 of 2), answered per item; a repeated start is approved again.
 
-    A start is approved only while the offer is valid, the queue's gate is OPEN and no cancel is
-    requested. Locks: tasks, attempts (FOR UPDATE), then the queues' gates (shared).
+    A start is approved only while the offer is valid, the queue's gate is OPEN, no cancel is
+    requested and the queue's and the application's one-second start windows have room (else
+    ``start_rate_limited`` with ``retry_after_ms``; the offer stays valid, so the worker may ask
+    again). Locks: tasks, attempts (FOR UPDATE), the queues' gates (shared), then the queue rows
+    and the application's resource row (start windows and the reserved count).
     """
     _check_batch(refs)
     locked = await _lock(cur, namespace_id, [r.attempt_id for r in refs])
@@ -428,6 +473,8 @@ async def start(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> li
     approvals: list[tuple[Any, ...]] = []
     events: list[EventRecord] = []
     approved_ids: set[bytes] = set()
+    windows: dict[bytes, resources.Window] | None = None
+    app_window = resources.Window(limit=None, until=None, used=0)
     for ref in refs:
         lk = locked.get(ref.attempt_id)
         if lk is None or not lk.matches(ref):
@@ -459,6 +506,21 @@ async def start(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> li
             outcomes.append(StartOutcome(attempt_id=ref.attempt_id, approved=False,
                                          reason=reason))
             continue
+        if ref.attempt_id not in approved_ids:
+            queue_id = lk.attempt["queue_id"]
+            if windows is None:
+                # Start windows: the queues' rows, then the application's (lock order).
+                windows = await resources.queue_windows(cur, namespace_id, queue_ids)
+                app_window = await resources.application_window(cur, namespace_id)
+            blocking = [w for w in (windows[queue_id], app_window)
+                        if w.room(now) is not None and w.room(now) == 0]
+            if blocking:
+                outcomes.append(StartOutcome(
+                    attempt_id=ref.attempt_id, approved=False, reason="start_rate_limited",
+                    retry_after_ms=max(w.retry_after_ms(now) for w in blocking)))
+                continue
+            windows[queue_id].take(now, 1)
+            app_window.take(now, 1)
         expires = _execution_lease(now, lk.task, now)
         if ref.attempt_id not in approved_ids:
             approved_ids.add(ref.attempt_id)
@@ -483,6 +545,11 @@ async def start(cur: Any, namespace_id: bytes, refs: Sequence[AttemptRef]) -> li
             (*values, namespace_id, when),
         )
         expect_rows(cur, len(approvals), "start tasks")
+        await resources.save_windows(
+            cur, namespace_id, windows or {},
+            touched={lk.attempt["queue_id"] for lk in locked.values()
+                     if lk.attempt["id"] in approved_ids},
+            app=app_window, started=len(approvals))
         await append_events(cur, events)
     return outcomes
 
@@ -785,7 +852,8 @@ async def finish(  # noqa: PLR0912, PLR0915 - one pass over the batch; each bran
     results: list[ResultEvent] = []
     evidence: list[tuple[Any, ...]] = []
     receipts: list[tuple[Any, ...]] = []
-    released: Counter[bytes] = Counter()
+    usage = Usage()
+    endings: dict[bytes, str] = {}
     done: set[bytes] = set()
 
     for index, report in pending:
@@ -821,7 +889,11 @@ async def finish(  # noqa: PLR0912, PLR0915 - one pass over the batch; each bran
         task = lk.task
         decision = decide_finish(report, task, now)
         revision = task["revision"] + 1
-        released[lk.attempt["queue_id"]] -= 1
+        usage.active[lk.attempt["queue_id"]] -= 1
+        if decision.task_state.terminal:
+            usage.unfinished[lk.attempt["queue_id"]] -= 1
+        if lk.attempt["concurrency_token"] is not None:
+            endings[lk.attempt["id"]] = decision.attempt_state.value
         error_doc = report.error if report.outcome != "succeeded" else None
         attempt_updates.append((
             lk.attempt["id"], decision.attempt_state.value,
@@ -859,7 +931,8 @@ async def finish(  # noqa: PLR0912, PLR0915 - one pass over the batch; each bran
     if attempt_updates:
         await _apply_attempt_endings(cur, namespace_id, attempt_updates, now)
         await _apply_task_endings(cur, namespace_id, task_updates, now)
-        await add_active(cur, namespace_id, dict(released))
+        await resources.apply(cur, namespace_id, usage)
+        await resources.release(cur, namespace_id, endings, now)
         await append_events(cur, events)
     await _insert_evidence(cur, evidence)
     if receipts:
@@ -1018,12 +1091,19 @@ async def _recover_namespace(cur: Any, namespace_id: bytes, task_ids: list[bytes
                       (namespace_id, *attempt_ids))
     attempts = {row["id"]: row for row in await cur.fetchall()}
     attempt_updates, task_updates, events, results = [], [], [], []
-    released: Counter[bytes] = Counter()
+    usage = Usage()
+    endings: dict[bytes, str] = {}
     for task in tasks:
         attempt = attempts[task["current_attempt_id"]]
         decision = decide_expiry(task, AttemptState(attempt["state"]), now)
         revision = task["revision"] + 1
-        released[attempt["queue_id"]] -= 1
+        usage.active[attempt["queue_id"]] -= 1
+        if attempt["state"] == AttemptState.OFFERED:
+            usage.reserved -= 1
+        if decision.task_state.terminal:
+            usage.unfinished[attempt["queue_id"]] -= 1
+        if attempt["concurrency_token"] is not None:
+            endings[attempt["id"]] = decision.attempt_state.value
         error = {"type": decision.outcome_reason,
                  "message": "the lease lapsed before the worker reported"}
         attempt_updates.append((attempt["id"], decision.attempt_state.value, None, None,
@@ -1049,7 +1129,8 @@ async def _recover_namespace(cur: Any, namespace_id: bytes, task_ids: list[bytes
     # The guard re-checks revision and, through the attempt id, that no finish or renewal
     # slipped in; lease expiry was re-checked above under the row lock.
     await _apply_task_endings(cur, namespace_id, task_updates, now)
-    await add_active(cur, namespace_id, dict(released))
+    await resources.apply(cur, namespace_id, usage)
+    await resources.release(cur, namespace_id, endings, now)
     await append_events(cur, events)
     await append_results(cur, namespace_id, results)
     return len(tasks)
@@ -1093,8 +1174,11 @@ async def _fail_waiting(cur: Any, namespace_id: bytes, task_ids: list[bytes], re
     )
     tasks = await cur.fetchall()
     events, results = [], []
+    usage = Usage()
     for task in tasks:
         uncertain = bool(task["effect_uncertain"])
+        if not uncertain:
+            usage.unfinished[task["queue_id"]] -= 1
         state = TaskState.NEEDS_REVIEW if uncertain else TaskState.FAILED
         why = reason + ("_with_uncertain_effect" if uncertain else "")
         error = {"type": reason, "message": "the deadline passed before the task could run"}
@@ -1113,6 +1197,7 @@ async def _fail_waiting(cur: Any, namespace_id: bytes, task_ids: list[bytes], re
             event_id=event.id, task_id=task["id"], queue_id=task["queue_id"],
             task_revision=task["revision"] + 1, state=state.value,
             snapshot=_snapshot(task, state, task["revision"] + 1, why, None, error, uncertain)))
+    await resources.apply(cur, namespace_id, usage)
     await append_events(cur, events)
     await append_results(cur, namespace_id, results)
     return len(tasks)

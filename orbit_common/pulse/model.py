@@ -165,6 +165,7 @@ class Task:
     priority: int
     available_at: dt.datetime
     business_key: bytes | None
+    concurrency_key: bytes | None
     deadline_at: dt.datetime | None
     start_deadline_at: dt.datetime | None
     attempt_timeout_ms: int | None
@@ -189,7 +190,8 @@ class Task:
 
     COLUMNS = (
         "t.namespace_id, t.id, t.queue_id, t.handler, t.input, t.state, t.revision, t.priority,"
-        " t.available_at, t.business_key, t.deadline_at, t.start_deadline_at,"
+        " t.available_at, t.business_key, t.concurrency_key, t.deadline_at,"
+        " t.start_deadline_at,"
         " t.attempt_timeout_ms, t.max_attempts, t.retry_initial_ms, t.retry_max_ms,"
         " t.retry_multiplier, t.retry_jitter, t.offer_lease_ms, t.execution_lease_ms,"
         " t.rerun_safe, t.attempts_used, t.current_attempt_id, t.lease_expires_at,"
@@ -205,6 +207,7 @@ class Task:
             handler=row["handler"], input=row["input"], state=TaskState(row["state"]),
             revision=row["revision"], priority=row["priority"],
             available_at=as_utc(row["available_at"]), business_key=row["business_key"],
+            concurrency_key=row["concurrency_key"],
             deadline_at=_opt_time(row["deadline_at"]),
             start_deadline_at=_opt_time(row["start_deadline_at"]),
             attempt_timeout_ms=row["attempt_timeout_ms"],

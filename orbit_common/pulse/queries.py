@@ -143,7 +143,8 @@ class ListFilter:
 
 SUMMARY_COLUMNS = (
     "t.id, t.handler, t.state, t.revision, t.priority, t.available_at, t.business_key,"
-    " t.deadline_at, t.start_deadline_at, t.rerun_safe, t.attempts_used, t.effect_uncertain,"
+    " t.concurrency_key, t.deadline_at, t.start_deadline_at, t.rerun_safe, t.attempts_used,"
+    " t.effect_uncertain,"
     " t.outcome_reason, t.cancel_requested_at, t.created_at, t.updated_at, t.completed_at,"
     " q.name AS queue_name"
 )
@@ -201,6 +202,7 @@ def summary_view(row: dict[str, Any]) -> dict[str, Any]:
         deadline_at=as_utc(row["deadline_at"]) if row["deadline_at"] else None,
         start_deadline_at=as_utc(row["start_deadline_at"]) if row["start_deadline_at"] else None,
         rerun_safe=bool(row["rerun_safe"]), revision=row["revision"],
+        concurrency_key=row["concurrency_key"],
     )
     view.update({
         "attempts_used": row["attempts_used"],
@@ -326,7 +328,7 @@ def detail_view(task: Task, queue: str) -> dict[str, Any]:
         priority=task.priority, business_key=task.business_key, created_at=task.created_at,
         available_at=task.available_at, deadline_at=task.deadline_at,
         start_deadline_at=task.start_deadline_at, rerun_safe=task.rerun_safe,
-        revision=task.revision,
+        revision=task.revision, concurrency_key=task.concurrency_key,
     )
     view.update({
         "input": _exact(task.input),
@@ -369,7 +371,7 @@ async def get_task(db: Database, principal: creds.Principal, *, namespace: str,
 SELECT_ATTEMPTS = """
 SELECT a.id, a.generation, a.state, a.worker_instance_id, a.worker_session_id, a.offered_at,
        a.started_at, a.lease_expires_at, a.renewals, a.finished_at, a.retryable, a.result,
-       a.error
+       a.error, a.concurrency_token
 FROM pulse_attempts a
 WHERE a.namespace_id = %s AND a.task_id = %s AND a.generation > %s
 ORDER BY a.generation
@@ -388,6 +390,7 @@ def attempt_view(row: dict[str, Any]) -> dict[str, Any]:
         "started_at": _opt_iso(_opt_utc(row["started_at"])),
         "lease_expires_at": iso(as_utc(row["lease_expires_at"])),
         "renewals": row["renewals"],
+        "concurrency_token": row["concurrency_token"],
         "finished_at": _opt_iso(_opt_utc(row["finished_at"])),
         "retryable": None if row["retryable"] is None else bool(row["retryable"]),
         "result": _exact(row["result"]),

@@ -25,6 +25,11 @@ Transaction (READ COMMITTED; lock order: idempotency → queue → task, per DES
        identities with a locking read and replay them, then insert the rest again.
     6. The tasks (WAITING, revision 1) and their ``task.accepted`` events, one multi-row INSERT
        each. A batch is a handful of statements, however many items it holds.
+    7. The counters (resources.py), after the task rows: each queue's ``unfinished_tasks`` and
+       then the application's, each a guarded UPDATE that refuses to pass the limit
+       (``429 queue_full`` / ``429 application_quota_exceeded``: the transaction rolls back, so
+       the whole request writes nothing); then the rows of concurrency keys seen for the first
+       time.
 
 Failure handling
     Validation errors and conflicts roll everything back: a batch is all or nothing. A commit
@@ -39,6 +44,7 @@ import datetime as dt
 import decimal
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -54,7 +60,7 @@ from orbit_common.platform import authz
 from orbit_common.platform import credentials as creds
 from orbit_common.platform.idempotency import IdempotencyRequest
 from orbit_common.platform.namespaces import Namespace
-from orbit_common.pulse import queues
+from orbit_common.pulse import queues, resources
 from orbit_common.pulse.model import Queue, RetryPolicy, TaskState
 
 OPERATION = "tasks.submit"
@@ -115,6 +121,7 @@ class SubmitRequest:
     not_before: str | None = None
     priority: int = 0
     business_key: str | None = None
+    concurrency_key: str | None = None
     deadline_ms: int | None = None
     start_deadline_ms: int | None = None
     attempt_timeout_ms: int | None = None
@@ -185,10 +192,14 @@ class TaskSpec:
     rerun_safe: bool
     offer_lease_ms: int | None
     execution_lease_ms: int | None
+    concurrency_key: bytes | None = None
 
     def canonical_request(self) -> dict[str, Any]:
-        """What the idempotency digest covers: the request as given, normalised."""
-        return {
+        """What the idempotency digest covers: the request as given, normalised. Fields added
+        later appear only when set, so requests recorded before them still replay."""
+        extra = ({} if self.concurrency_key is None
+                 else {"concurrency_key": self.concurrency_key.hex()})
+        return {**extra,
             "queue": self.queue, "handler": self.handler, "input": self.input,
             "delay_ms": self.delay_ms,
             "not_before": None if self.not_before is None else iso(self.not_before),
@@ -326,6 +337,12 @@ def validate(dto: SubmitRequest, exact_input: Any, path: str
         if not 1 <= len(business_key) <= BUSINESS_KEY_MAX_BYTES:
             problems.append(_problem(f"{path}.business_key",
                                      f"1-{BUSINESS_KEY_MAX_BYTES} bytes of UTF-8"))
+    concurrency_key = None
+    if dto.concurrency_key is not None:
+        concurrency_key = dto.concurrency_key.encode("utf-8")
+        if not 1 <= len(concurrency_key) <= resources.KEY_MAX_BYTES:
+            problems.append(_problem(f"{path}.concurrency_key",
+                                     f"1-{resources.KEY_MAX_BYTES} bytes of UTF-8"))
     retry = _check_retry(dto.retry, f"{path}.retry", problems)
     if _double_range_problem(exact_input):
         problems.append(_problem(f"{path}.input",
@@ -338,6 +355,7 @@ def validate(dto: SubmitRequest, exact_input: Any, path: str
         deadline_ms=dto.deadline_ms, start_deadline_ms=dto.start_deadline_ms,
         attempt_timeout_ms=dto.attempt_timeout_ms, retry=retry, rerun_safe=dto.rerun_safe,
         offer_lease_ms=dto.offer_lease_ms, execution_lease_ms=dto.execution_lease_ms,
+        concurrency_key=concurrency_key,
     ), []
 
 
@@ -357,12 +375,13 @@ def receipt_view(
     *, task_id: bytes, queue: str, handler: str, state: TaskState, priority: int,
     business_key: bytes | None, created_at: dt.datetime, available_at: dt.datetime,
     deadline_at: dt.datetime | None, start_deadline_at: dt.datetime | None, rerun_safe: bool,
-    revision: int,
+    revision: int, concurrency_key: bytes | None = None,
 ) -> dict[str, Any]:
     """The acceptance receipt (docs/api/tasks.md); list items and the detail extend it."""
     return {
         "id": task_id.hex(), "queue": queue, "handler": handler, "state": state.value,
         "priority": priority, "business_key": business_key_text(business_key),
+        "concurrency_key": business_key_text(concurrency_key),
         "created_at": iso(created_at), "available_at": iso(available_at),
         "deadline_at": _opt_iso(deadline_at), "start_deadline_at": _opt_iso(start_deadline_at),
         "rerun_safe": rerun_safe, "revision": revision,
@@ -469,9 +488,10 @@ INSERT_TASKS = """
 INSERT INTO pulse_tasks (namespace_id, id, queue_id, handler, input, state, revision, priority,
   available_at, business_key, deadline_at, start_deadline_at, attempt_timeout_ms, max_attempts,
   retry_initial_ms, retry_max_ms, retry_multiplier, retry_jitter, offer_lease_ms,
-  execution_lease_ms, rerun_safe, attempts_used, effect_uncertain, created_at, updated_at)
+  execution_lease_ms, rerun_safe, attempts_used, effect_uncertain, created_at, updated_at,
+  concurrency_key, concurrency_key_digest)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-  %s, %s, %s)
+  %s, %s, %s, %s, %s)
 """
 INSERT_EVENTS = """
 INSERT INTO orbit_events (namespace_id, id, aggregate_type, aggregate_id, aggregate_revision,
@@ -551,6 +571,7 @@ def _plan(item: Item, queue: Queue, now: dt.datetime, problems: list[dict[str, s
         priority=spec.priority, business_key=spec.business_key, created_at=now,
         available_at=available_at, deadline_at=deadline_at,
         start_deadline_at=start_deadline_at, rerun_safe=spec.rerun_safe, revision=1,
+        concurrency_key=spec.concurrency_key,
     )
     task = (
         queue.namespace_id, item.task_id, queue.id, spec.handler, jsondoc.dumps(spec.input),
@@ -560,7 +581,8 @@ def _plan(item: Item, queue: Queue, now: dt.datetime, problems: list[dict[str, s
         spec.attempt_timeout_ms, retry.max_attempts, retry.initial_ms, retry.max_ms,
         retry.multiplier, retry.jitter, _or(spec.offer_lease_ms, queue.offer_lease_ms),
         _or(spec.execution_lease_ms, queue.execution_lease_ms), int(spec.rerun_safe), 0, 0,
-        to_db(now), to_db(now),
+        to_db(now), to_db(now), spec.concurrency_key,
+        None if spec.concurrency_key is None else resources.key_digest(spec.concurrency_key),
     )
     return _Row(item=item, queue=queue, receipt=receipt, task=task)
 
@@ -647,6 +669,11 @@ async def submit(
             rows = await _claim_identities(cur, ns.id, rows, now, replays)
         if rows:
             await cur.executemany(INSERT_TASKS, [r.task for r in rows])
+            # Counters after the task rows (lock order); a limit refusal rolls everything back.
+            await resources.apply(cur, ns.id, resources.Usage(
+                unfinished=Counter(r.queue.id for r in rows)), admit=True)
+            await resources.ensure_keys(cur, ns.id, [r.item.spec.concurrency_key for r in rows
+                                                     if r.item.spec.concurrency_key is not None])
             await cur.executemany(INSERT_EVENTS, [
                 (ns.id, r.item.event_id, "task", r.item.task_id, 1, "task.accepted", None,
                  TaskState.WAITING.value, jsondoc.dumps(r.receipt), to_db(now))

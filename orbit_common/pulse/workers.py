@@ -61,6 +61,8 @@ class Session:
     handlers: tuple[str, ...]
     max_in_flight: int
     expires_at: dt.datetime
+    application_id: bytes
+    concurrency_keys: bool = True  # accepts tasks with a concurrency key (can fence with tokens)
 
 
 SELECT_INSTANCE = """
@@ -84,8 +86,9 @@ WHERE namespace_id = %s AND instance_id = %s AND state = 'ACTIVE'
 """
 INSERT_SESSION = """
 INSERT INTO pulse_worker_sessions (namespace_id, id, instance_id, generation, credential_id,
-  queues, handlers, max_in_flight, state, dispatcher_node, heartbeat_at, expires_at, created_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'ACTIVE', %s, UTC_TIMESTAMP(6),
+  queues, handlers, max_in_flight, concurrency_keys, state, dispatcher_node, heartbeat_at,
+  expires_at, created_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'ACTIVE', %s, UTC_TIMESTAMP(6),
   UTC_TIMESTAMP(6) + INTERVAL %s SECOND, UTC_TIMESTAMP(6))
 """
 HEARTBEAT = """
@@ -156,6 +159,7 @@ async def register(
     session_id: bytes,
     instance_id: bytes,
     node: str | None,
+    concurrency_keys: bool = True,
 ) -> Session:
     """Register a session, fencing the instance's older ones.
 
@@ -189,15 +193,16 @@ async def register(
     await cur.execute(FENCE_OLDER, (ns.id, instance))
     await cur.execute(INSERT_SESSION, (
         ns.id, ids.check_id(session_id), instance, generation, principal.credential_id,
-        jsondoc.dumps(list(queues)), jsondoc.dumps(list(handlers)), max_in_flight, node,
-        SESSION_TTL_S,
+        jsondoc.dumps(list(queues)), jsondoc.dumps(list(handlers)), max_in_flight,
+        int(concurrency_keys), node, SESSION_TTL_S,
     ))
     await cur.execute("SELECT expires_at FROM pulse_worker_sessions WHERE namespace_id = %s"
                       " AND id = %s", (ns.id, session_id))
     expires = as_utc((await cur.fetchone())["expires_at"])
     return Session(namespace_id=ns.id, namespace=namespace, id=session_id, instance_id=instance,
                    generation=generation, credential_id=principal.credential_id, queues=refs,
-                   handlers=tuple(handlers), max_in_flight=max_in_flight, expires_at=expires)
+                   handlers=tuple(handlers), max_in_flight=max_in_flight, expires_at=expires,
+                   application_id=principal.application_id, concurrency_keys=concurrency_keys)
 
 
 class SessionLost(errors.Conflict):
@@ -234,8 +239,8 @@ class SessionNotFound(errors.NotFound):
 
 
 SELECT_SESSION = """
-SELECT instance_id, generation, credential_id, queues, handlers, max_in_flight, state,
-       expires_at, expires_at > UTC_TIMESTAMP(6) AS alive
+SELECT instance_id, generation, credential_id, queues, handlers, max_in_flight,
+       concurrency_keys, state, expires_at, expires_at > UTC_TIMESTAMP(6) AS alive
 FROM pulse_worker_sessions WHERE namespace_id = %s AND id = %s
 """
 
@@ -259,5 +264,7 @@ async def load(cur: Any, principal: credentials.Principal, *, namespace: str,
         generation=row["generation"], credential_id=row["credential_id"], queues=refs,
         handlers=tuple(jsondoc.loads_strict(row["handlers"])),
         max_in_flight=row["max_in_flight"], expires_at=as_utc(row["expires_at"]),
+        application_id=principal.application_id,
+        concurrency_keys=bool(row["concurrency_keys"]),
     )
     return session, row["state"] == SessionState.ACTIVE and bool(row["alive"])

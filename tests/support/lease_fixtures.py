@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from typing import Any
 
 from orbit_common.db.pool import Database
 from orbit_common.model import ids
 from orbit_common.platform import credentials
-from orbit_common.pulse import workers
+from orbit_common.pulse import resources, workers
 from orbit_common.pulse.workers import QueueRef, Session
 from tests.conftest import Tenant
 
@@ -41,8 +42,10 @@ async def add_tasks(db: Database, tenant: Tenant, queue: QueueRef, count: int = 
                     handler: str = "noop", rerun_safe: bool = False, max_attempts: int = 3,
                     offer_lease_ms: int = 30_000, execution_lease_ms: int = 60_000,
                     attempt_timeout_ms: int | None = None, deadline_s: float | None = None,
-                    input_json: str = "{}") -> list[bytes]:
+                    input_json: str = "{}", concurrency_key: bytes | None = None) -> list[bytes]:
+    """WAITING tasks, with the counters a submission maintains (resources.py)."""
     task_ids = [ids.new_id() for _ in range(count)]
+    digest = None if concurrency_key is None else resources.key_digest(concurrency_key)
 
     async def body(cur: Any) -> None:
         for task_id in task_ids:
@@ -50,13 +53,18 @@ async def add_tasks(db: Database, tenant: Tenant, queue: QueueRef, count: int = 
                 "INSERT INTO pulse_tasks (namespace_id, id, queue_id, handler, input, state,"
                 " revision, priority, available_at, deadline_at, attempt_timeout_ms,"
                 " max_attempts, retry_initial_ms, retry_max_ms, retry_multiplier, retry_jitter,"
-                " offer_lease_ms, execution_lease_ms, rerun_safe, created_at, updated_at)"
+                " offer_lease_ms, execution_lease_ms, rerun_safe, concurrency_key,"
+                " concurrency_key_digest, created_at, updated_at)"
                 " VALUES (%s, %s, %s, %s, %s, 'WAITING', 1, 0, UTC_TIMESTAMP(6),"
                 " IF(%s IS NULL, NULL, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND), %s, %s,"
-                " 0, 0, 1, 0, %s, %s, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+                " 0, 0, 1, 0, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
                 (tenant.namespace_id, task_id, queue.id, handler, input_json, deadline_s,
                  int((deadline_s or 0) * 1_000_000), attempt_timeout_ms, max_attempts,
-                 offer_lease_ms, execution_lease_ms, rerun_safe))
+                 offer_lease_ms, execution_lease_ms, rerun_safe, concurrency_key, digest))
+        await resources.apply(cur, tenant.namespace_id,
+                              resources.Usage(unfinished=Counter({queue.id: count})))
+        if concurrency_key is not None:
+            await resources.ensure_keys(cur, tenant.namespace_id, [concurrency_key])
 
     await db.transaction("test.tasks", body)
     return task_ids

@@ -130,7 +130,7 @@ async def test_a_task_starts_waiting_with_the_queue_defaults_frozen_in(
             jitter=decimal.Decimal("0.125"))))
     status, receipt = await post(api, tenant, {"queue": "tuned", "handler": "mail.send:v2"})
     assert status == 201
-    assert set(receipt) == {"id", "queue", "handler", "state", "priority", "business_key",
+    assert set(receipt) == {"id", "queue", "handler", "state", "priority", "business_key", "concurrency_key",
                             "created_at", "available_at", "deadline_at", "start_deadline_at",
                             "rerun_safe", "revision"}
     assert receipt["state"] == "WAITING"
@@ -514,9 +514,11 @@ async def test_a_batch_is_a_handful_of_statements(
     assert status == 201
     # Authentication (START, SELECT); then START, credential, namespace, grants, queues,
     # identities, time: one statement each; one multi-row INSERT each for the idempotency
-    # records, the tasks and the events. Nothing per item.
+    # records, the tasks and the events; then the queue's and the application's counters
+    # (an UPDATE each; the namespace's application is read once per process). Nothing per item.
     assert executed.count("INSERT") == 3, executed
-    assert len(executed) <= 12, executed
+    assert executed.count("UPDATE") == 2, executed
+    assert len(executed) <= 15, executed
 
 
 # --- authorization ------------------------------------------------------------------------------

@@ -1,0 +1,397 @@
+"""Flow control: queue resources, application shared quotas and keyed concurrency permits.
+
+Counters (all maintained in the same transaction as the task or attempt change they count,
+never reset by a configuration change, never touched by configuration updates):
+
+===========================================  ====================================================
+``pulse_queues.unfinished_tasks``             tasks in WAITING, LEASED, RUNNING or NEEDS_REVIEW
+``pulse_queues.active_attempts``              attempts OFFERED or RUNNING
+``pulse_queues.starts_in_window``             starts approved since ``start_window_until - 1 s``
+``orbit_application_resources.*``             the same, summed over the application's namespaces,
+                                              plus ``reserved_attempts`` (OFFERED, not started)
+``pulse_concurrency_limits.held_permits``     valid permits of one concurrency key (0 or 1)
+===========================================  ====================================================
+
+Limits are checked where the specification puts them: ``max_unfinished_tasks`` at submit (a
+refusal writes nothing: the whole transaction rolls back), ``max_concurrent_attempts`` /
+``max_active_attempts`` / ``max_reserved_attempts`` at claim, the start windows at start
+approval. Lowering a limit below the current usage refuses new work until usage falls; it never
+deletes tasks or revokes grants.
+
+Lock order (every transaction that takes more than one of these takes them in this order, which
+is why none of them can deadlock with another): tasks / attempts → queue rows (by id) → the
+application's resource row → concurrency-key rows (by digest) and their permits → the result
+stream (last). The counter rows come after the tasks so that the hot rows are held only for the
+end of each transaction.
+
+Keyed concurrency: a task may carry a ``concurrency_key`` (exact bytes). Its row in
+``pulse_concurrency_limits`` (created at submit, never deleted) allows one valid permit. Each
+grant and each release add one to the row's ``revision``; the value after a grant is the
+attempt's fencing token (``pulse_attempts.concurrency_token``), strictly increasing per key.
+A grant that could not also be released without passing :data:`MAX_TOKEN` is refused, so tokens
+never wrap. One valid permit per key is also a database fact: ``uq_permits_held``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from orbit_common import errors
+from orbit_common.db.batch import multi_insert, placeholders
+from orbit_common.db.clock import as_utc, to_db
+from orbit_common.model import digests, ids
+
+KEY_DOMAIN = "orbit.concurrency-key.v1"
+KEY_MAX_BYTES = 255
+MAX_TOKEN = 2**63 - 1
+WINDOW = dt.timedelta(seconds=1)
+
+
+def key_digest(key: bytes) -> bytes:
+    """The concurrency key's row identity: domain-separated SHA-256 of its exact bytes."""
+    return digests.domain_digest(KEY_DOMAIN, key)
+
+
+class CounterDrift(errors.DatabaseError):
+    """A counter would go negative or a resource row is missing: a bug, never a user error."""
+
+    code = "counter_drift"
+
+
+# --- the namespace's application --------------------------------------------------------------
+
+_APPLICATION_OF: dict[bytes, bytes] = {}
+
+
+async def application_of(cur: Any, namespace_id: bytes) -> bytes:
+    """The application that owns ``namespace_id`` (immutable, so cached per process)."""
+    found = _APPLICATION_OF.get(namespace_id)
+    if found is None:
+        await cur.execute("SELECT application_id FROM orbit_namespaces WHERE id = %s",
+                          (namespace_id,))
+        row = await cur.fetchone()
+        if row is None:
+            raise errors.NamespaceNotFound()
+        found = _APPLICATION_OF[namespace_id] = row["application_id"]
+    return found
+
+
+# --- usage deltas -----------------------------------------------------------------------------
+
+
+@attrs.define
+class Usage:
+    """Counter changes of one transaction, applied together by :func:`apply`."""
+
+    unfinished: Counter[bytes] = attrs.field(factory=Counter)  # queue id -> delta
+    active: Counter[bytes] = attrs.field(factory=Counter)  # queue id -> delta
+    reserved: int = 0  # application level only
+
+    def is_empty(self) -> bool:
+        return (not any(self.unfinished.values()) and not any(self.active.values())
+                and self.reserved == 0)
+
+
+QUEUE_DELTA = """
+UPDATE pulse_queues
+SET unfinished_tasks = unfinished_tasks + %s, active_attempts = active_attempts + %s
+WHERE namespace_id = %s AND id = %s
+  AND unfinished_tasks + %s >= 0 AND active_attempts + %s >= 0
+"""
+QUEUE_LIMIT = " AND (max_unfinished_tasks IS NULL OR unfinished_tasks + %s <= max_unfinished_tasks)"
+APP_DELTA = """
+UPDATE orbit_application_resources
+SET unfinished_tasks = unfinished_tasks + %s, active_attempts = active_attempts + %s,
+    reserved_attempts = reserved_attempts + %s
+WHERE application_id = %s
+  AND unfinished_tasks + %s >= 0 AND active_attempts + %s >= 0 AND reserved_attempts + %s >= 0
+"""
+APP_LIMIT = " AND (max_unfinished_tasks IS NULL OR unfinished_tasks + %s <= max_unfinished_tasks)"
+
+
+async def apply(cur: Any, namespace_id: bytes, usage: Usage, *, admit: bool = False) -> None:
+    """Apply ``usage`` to the queue rows (by id) and then the application row.
+
+    With ``admit`` (submissions), an increase of unfinished tasks past a limit raises
+    :class:`errors.QueueFull` or :class:`errors.ApplicationQuotaExceeded`; the caller's
+    transaction then rolls back, so nothing is written.
+    """
+    for queue_id in sorted(set(usage.unfinished) | set(usage.active)):
+        du, da = usage.unfinished[queue_id], usage.active[queue_id]
+        if du == 0 and da == 0:
+            continue
+        sql, params = QUEUE_DELTA, [du, da, namespace_id, queue_id, du, da]
+        if admit and du > 0:
+            sql, params = sql + QUEUE_LIMIT, [*params, du]
+        await cur.execute(sql, params)
+        if cur.rowcount != 1:
+            if admit and du > 0:
+                await _explain_queue_refusal(cur, namespace_id, queue_id, du)
+            raise CounterDrift(f"queue {queue_id.hex()} counters would go negative")
+    du, da = sum(usage.unfinished.values()), sum(usage.active.values())
+    if du == 0 and da == 0 and usage.reserved == 0:
+        return
+    app = await application_of(cur, namespace_id)
+    sql, params = APP_DELTA, [du, da, usage.reserved, app, du, da, usage.reserved]
+    if admit and du > 0:
+        sql, params = sql + APP_LIMIT, [*params, du]
+    await cur.execute(sql, params)
+    if cur.rowcount != 1:
+        if admit and du > 0:
+            await cur.execute("SELECT unfinished_tasks, max_unfinished_tasks FROM"
+                              " orbit_application_resources WHERE application_id = %s", (app,))
+            row = await cur.fetchone()
+            if row is not None and row["max_unfinished_tasks"] is not None:
+                raise errors.ApplicationQuotaExceeded(
+                    f"the application has {row['unfinished_tasks']} unfinished tasks; its limit"
+                    f" is {row['max_unfinished_tasks']} and this request adds {du}",
+                    limit=row["max_unfinished_tasks"], unfinished=row["unfinished_tasks"])
+        raise CounterDrift(f"application {app.hex()} counters would go negative or are missing")
+
+
+async def _explain_queue_refusal(cur: Any, namespace_id: bytes, queue_id: bytes,
+                                 adding: int) -> None:
+    await cur.execute("SELECT name, unfinished_tasks, max_unfinished_tasks FROM pulse_queues"
+                      " WHERE namespace_id = %s AND id = %s", (namespace_id, queue_id))
+    row = await cur.fetchone()
+    if row is not None and row["max_unfinished_tasks"] is not None:
+        raise errors.QueueFull(
+            f"queue {row['name']!r} has {row['unfinished_tasks']} unfinished tasks; its limit is"
+            f" {row['max_unfinished_tasks']} and this request adds {adding}",
+            queue=row["name"], limit=row["max_unfinished_tasks"],
+            unfinished=row["unfinished_tasks"])
+
+
+# --- claim-time room ----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ApplicationRoom:
+    active: int | None  # None: unlimited
+    reserved: int | None
+
+    def allows(self) -> int | None:
+        values = [v for v in (self.active, self.reserved) if v is not None]
+        return max(0, min(values)) if values else None
+
+
+async def application_room(cur: Any, namespace_id: bytes) -> ApplicationRoom:
+    """Lock the application's row (after the queue rows) and say how many grants fit."""
+    app = await application_of(cur, namespace_id)
+    await cur.execute(
+        "SELECT active_attempts, max_active_attempts, reserved_attempts, max_reserved_attempts"
+        " FROM orbit_application_resources WHERE application_id = %s FOR UPDATE", (app,))
+    row = await cur.fetchone()
+    if row is None:
+        raise CounterDrift(f"application {app.hex()} has no resource row")
+    return ApplicationRoom(
+        active=None if row["max_active_attempts"] is None
+        else row["max_active_attempts"] - row["active_attempts"],
+        reserved=None if row["max_reserved_attempts"] is None
+        else row["max_reserved_attempts"] - row["reserved_attempts"],
+    )
+
+
+# --- start windows ------------------------------------------------------------------------------
+
+
+@attrs.define
+class Window:
+    """One one-second start window (a queue's or the application's), locked for update."""
+
+    limit: int | None
+    until: dt.datetime | None
+    used: int
+
+    def room(self, now: dt.datetime) -> int | None:
+        if self.limit is None:
+            return None
+        if self.until is None or self.until <= now:
+            return self.limit
+        return max(0, self.limit - self.used)
+
+    def take(self, now: dt.datetime, n: int) -> None:
+        if self.until is None or self.until <= now:
+            self.until, self.used = now + WINDOW, 0
+        self.used += n
+
+    def retry_after_ms(self, now: dt.datetime) -> int:
+        if self.until is None or self.until <= now:
+            return 0
+        return max(1, int((self.until - now) / dt.timedelta(milliseconds=1)) + 1)
+
+
+async def queue_windows(cur: Any, namespace_id: bytes,
+                        queue_ids: Iterable[bytes]) -> dict[bytes, Window]:
+    ordered = sorted(set(queue_ids))
+    if not ordered:
+        return {}
+    await cur.execute(
+        "SELECT id, max_starts_per_second, start_window_until, starts_in_window FROM pulse_queues"
+        f" WHERE namespace_id = %s AND id IN ({placeholders(len(ordered))}) ORDER BY id"
+        " FOR UPDATE", (namespace_id, *ordered))
+    return {row["id"]: Window(limit=row["max_starts_per_second"],
+                              until=as_utc(row["start_window_until"])
+                              if row["start_window_until"] else None,
+                              used=row["starts_in_window"])
+            for row in await cur.fetchall()}
+
+
+async def application_window(cur: Any, namespace_id: bytes) -> Window:
+    app = await application_of(cur, namespace_id)
+    await cur.execute(
+        "SELECT max_starts_per_second, start_window_until, starts_in_window"
+        " FROM orbit_application_resources WHERE application_id = %s FOR UPDATE", (app,))
+    row = await cur.fetchone()
+    if row is None:
+        raise CounterDrift(f"application {app.hex()} has no resource row")
+    return Window(limit=row["max_starts_per_second"],
+                  until=as_utc(row["start_window_until"]) if row["start_window_until"] else None,
+                  used=row["starts_in_window"])
+
+
+async def save_windows(cur: Any, namespace_id: bytes, queues: Mapping[bytes, Window], *,
+                       touched: Iterable[bytes], app: Window | None, started: int) -> None:
+    """Write back the windows that took starts, and the application's reserved count."""
+    for queue_id in sorted(set(touched)):
+        w = queues[queue_id]
+        if w.limit is None:
+            continue
+        await cur.execute(
+            "UPDATE pulse_queues SET start_window_until = %s, starts_in_window = %s"
+            " WHERE namespace_id = %s AND id = %s",
+            (to_db(w.until) if w.until else None, w.used, namespace_id, queue_id))
+    if started == 0:
+        return
+    application = await application_of(cur, namespace_id)
+    if app is not None and app.limit is not None:
+        await cur.execute(
+            "UPDATE orbit_application_resources SET start_window_until = %s,"
+            " starts_in_window = %s, reserved_attempts = reserved_attempts - %s"
+            " WHERE application_id = %s AND reserved_attempts >= %s",
+            (to_db(app.until) if app.until else None, app.used, started, application, started))
+    else:
+        await cur.execute(
+            "UPDATE orbit_application_resources SET reserved_attempts = reserved_attempts - %s"
+            " WHERE application_id = %s AND reserved_attempts >= %s",
+            (started, application, started))
+    if cur.rowcount != 1:
+        raise CounterDrift(f"application {application.hex()} reserved count would go negative")
+
+
+# --- keyed permits ------------------------------------------------------------------------------
+
+ENSURE_KEYS = (
+    "INSERT INTO pulse_concurrency_limits (namespace_id, id, scope_key, key_digest, max_permits,"
+    " held_permits, revision, created_at, updated_at)"
+)
+
+
+async def ensure_keys(cur: Any, namespace_id: bytes, keys: Iterable[bytes]) -> None:
+    """Create the rows of keys seen for the first time (at submit; rows are never deleted)."""
+    by_digest = {key_digest(k): k for k in keys}
+    if not by_digest:
+        return
+    ordered = sorted(by_digest)
+    await cur.execute(
+        "SELECT key_digest FROM pulse_concurrency_limits WHERE namespace_id = %s"
+        f" AND key_digest IN ({placeholders(len(ordered))})", (namespace_id, *ordered))
+    known = {row["key_digest"] for row in await cur.fetchall()}
+    rows = [(namespace_id, ids.new_id(), by_digest[d], d) for d in ordered if d not in known]
+    if rows:
+        sql, params = multi_insert(
+            ENSURE_KEYS, "(%s, %s, %s, %s, 1, 0, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))", rows)
+        # A concurrent submit may create the same key: keep whichever row committed first.
+        await cur.execute(sql + " ON DUPLICATE KEY UPDATE key_digest = key_digest", params)
+
+
+@attrs.frozen(kw_only=True)
+class KeyGrant:
+    limit_id: bytes
+    token: int
+
+
+async def acquire(cur: Any, namespace_id: bytes, digests_wanted: Sequence[bytes]
+                  ) -> dict[bytes, KeyGrant]:
+    """Lock the keys' rows (by digest) and take one permit on each free one.
+
+    Returns the grants by digest; a key that is held, missing, or whose token could not be
+    released without passing :data:`MAX_TOKEN` is left out. Permit rows are written by
+    :func:`record_permits` once the attempts exist.
+    """
+    ordered = sorted(set(digests_wanted))
+    if not ordered:
+        return {}
+    await cur.execute(
+        "SELECT id, key_digest, held_permits, max_permits, revision FROM pulse_concurrency_limits"
+        f" WHERE namespace_id = %s AND key_digest IN ({placeholders(len(ordered))})"
+        " ORDER BY key_digest FOR UPDATE", (namespace_id, *ordered))
+    granted: dict[bytes, KeyGrant] = {}
+    for row in await cur.fetchall():
+        if row["held_permits"] >= row["max_permits"] or row["revision"] + 2 > MAX_TOKEN:
+            continue
+        granted[row["key_digest"]] = KeyGrant(limit_id=row["id"], token=row["revision"] + 1)
+    for grant in granted.values():
+        await cur.execute(
+            "UPDATE pulse_concurrency_limits SET held_permits = held_permits + 1,"
+            " revision = revision + 1, updated_at = UTC_TIMESTAMP(6)"
+            " WHERE namespace_id = %s AND id = %s AND held_permits < max_permits",
+            (namespace_id, grant.limit_id))
+        if cur.rowcount != 1:
+            raise CounterDrift("a concurrency key changed under its row lock")
+    return granted
+
+
+INSERT_PERMITS = (
+    "INSERT INTO pulse_permits (namespace_id, id, limit_id, attempt_id, task_id, token,"
+    " acquired_at)"
+)
+
+
+async def record_permits(cur: Any, namespace_id: bytes,
+                         rows: Sequence[tuple[bytes, bytes, bytes, int]], now: dt.datetime
+                         ) -> None:
+    """Permit rows for ``(limit_id, attempt_id, task_id, token)`` grants."""
+    if rows:
+        sql, params = multi_insert(
+            INSERT_PERMITS, "(%s, %s, %s, %s, %s, %s, %s)",
+            [(namespace_id, ids.new_id(), *r, to_db(now)) for r in rows])
+        await cur.execute(sql, params)
+
+
+async def release(cur: Any, namespace_id: bytes, endings: Mapping[bytes, str],
+                  now: dt.datetime) -> int:
+    """Release the valid permits of ended attempts (attempt id -> its final state).
+
+    Called in the transaction that ends the attempts, after the queue and application rows.
+    Returns how many permits were released.
+    """
+    if not endings:
+        return 0
+    attempt_ids = sorted(endings)
+    await cur.execute(
+        "SELECT p.id, p.limit_id, p.attempt_id, l.key_digest FROM pulse_permits p"
+        " JOIN pulse_concurrency_limits l ON l.namespace_id = p.namespace_id AND l.id = p.limit_id"
+        f" WHERE p.namespace_id = %s AND p.attempt_id IN ({placeholders(len(attempt_ids))})"
+        " AND p.released_at IS NULL", (namespace_id, *attempt_ids))
+    held = sorted(await cur.fetchall(), key=lambda r: r["key_digest"])
+    for row in held:
+        await cur.execute(
+            "UPDATE pulse_concurrency_limits SET held_permits = held_permits - 1,"
+            " revision = revision + 1, updated_at = UTC_TIMESTAMP(6)"
+            " WHERE namespace_id = %s AND id = %s AND held_permits >= 1",
+            (namespace_id, row["limit_id"]))
+        if cur.rowcount != 1:
+            raise CounterDrift("a concurrency key's permit count would go negative")
+        await cur.execute(
+            "UPDATE pulse_permits SET released_at = %s, release_reason = %s"
+            " WHERE namespace_id = %s AND id = %s AND released_at IS NULL",
+            (to_db(now), endings[row["attempt_id"]], namespace_id, row["id"]))
+        if cur.rowcount != 1:
+            raise CounterDrift("a permit was released twice")
+    return len(held)

@@ -93,25 +93,30 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def _task_body(queue_name: str, size: int, first: int, keys: int) -> dict[str, Any]:
+    return {"tasks": [{"queue": queue_name, "handler": "noop", "input": {},
+                       **({"concurrency_key": f"key-{(first + i) % keys}"} if keys else {})}
+                      for i in range(size)]}
+
+
 async def _submit_all(api: str, key: str, namespace: str, tasks: int, rate: float | None,
-                      submitters: int = 4, queue_name: str = "bench") -> float:
-    """Submit ``tasks`` no-op tasks; returns submits/s."""
+                      submitters: int = 4, queue_name: str = "bench", keys: int = 0) -> float:
+    """Submit ``tasks`` no-op tasks (key ``key-<n mod keys>`` when ``keys``); returns submits/s."""
     headers = {"Authorization": f"Bearer {key}"}
     url = f"{api}/v1/namespaces/{namespace}/tasks/batch"
     batch = 500 if rate is None else max(1, min(500, int(rate / 50)))
-    chunks = [min(batch, tasks - i) for i in range(0, tasks, batch)]
+    chunks = [(i, min(batch, tasks - i)) for i in range(0, tasks, batch)]
     started = time.perf_counter()
     async with aiohttp.ClientSession(headers=headers) as session:
         if rate is None:
-            queue: asyncio.Queue[int] = asyncio.Queue()
-            for size in chunks:
-                queue.put_nowait(size)
+            queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+            for chunk in chunks:
+                queue.put_nowait(chunk)
 
             async def submitter() -> None:
                 while not queue.empty():
-                    size = queue.get_nowait()
-                    body = {"tasks": [{"queue": queue_name, "handler": "noop", "input": {}}
-                                      for _ in range(size)]}
+                    first, size = queue.get_nowait()
+                    body = _task_body(queue_name, size, first, keys)
                     async with session.post(url, json=body) as response:
                         if response.status not in (200, 201):
                             raise RuntimeError(await response.text())
@@ -120,11 +125,10 @@ async def _submit_all(api: str, key: str, namespace: str, tasks: int, rate: floa
         else:
             interval = batch / rate
             pending = []
-            for n, size in enumerate(chunks):
+            for n, (first, size) in enumerate(chunks):
                 due = started + n * interval
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                body = {"tasks": [{"queue": queue_name, "handler": "noop", "input": {}}
-                                  for _ in range(size)]}
+                body = _task_body(queue_name, size, first, keys)
                 pending.append(asyncio.ensure_future(session.post(url, json=body)))
             for response in await asyncio.gather(*pending):
                 if response.status not in (200, 201):
@@ -133,8 +137,150 @@ async def _submit_all(api: str, key: str, namespace: str, tasks: int, rate: floa
     return tasks / (time.perf_counter() - started)
 
 
+def _post_json(url: str, key: str, doc: dict[str, Any]) -> None:
+    request = urllib.request.Request(  # noqa: S310 - loopback
+        url, method="POST", data=json.dumps(doc).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).close()  # noqa: S310
+
+
+class _Phase:
+    """A fresh database on the server, migrated, with ``apps`` bootstrapped applications (one
+    namespace and one ``bench`` queue each), the API and one dispatcher running."""
+
+    def __init__(self, server: DatabaseUrl, apps: int, logs: Path) -> None:
+        self.server, self.logs = server, logs
+        self.name = f"orbit_bench_{secrets.token_hex(4)}"
+        self.procs: list[subprocess.Popen[Any]] = []
+        admin = connect_sync(server, autocommit=True)
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{self.name}`")  # generated name
+        admin.close()
+        self.url = server.with_database(self.name)
+        Migrator(self.url).up(log=lambda _m: None)
+        self.env = {**os.environ, "ORBIT_DATABASE_URL": self.url.render(hide_password=False),
+                    "PYTHONPATH": str(ROOT)}
+        self.tenants: list[tuple[str, str]] = []
+        for n in range(apps):
+            boot = json.loads(subprocess.run(
+                [sys.executable, "-m", "orbit_cli", "admin", "bootstrap", "--application",
+                 f"bench-{n}", "--namespace", f"bench-{n}"], env=self.env, capture_output=True,
+                text=True, check=True).stdout)
+            self.tenants.append((boot["api_key"], boot["namespace"]))
+        api_port, dispatcher_port = _free_port(), _free_port()
+        self.api = f"http://127.0.0.1:{api_port}"
+        self.dispatcher = f"http://127.0.0.1:{dispatcher_port}"
+        for command, port_env in (("api", {"ORBIT_API_PORT": str(api_port)}),
+                                  ("dispatcher", {"ORBIT_DISPATCHER_PORT":
+                                                  str(dispatcher_port)})):
+            self._spawn(command, [sys.executable, "-m", "orbit_cli", command],
+                        {**port_env, "ORBIT_SERVICE_LOG_LEVEL": "WARNING"})
+        _wait_ready(f"{self.api}/readyz")
+        _wait_ready(f"{self.dispatcher}/readyz")
+        for key, namespace in self.tenants:
+            for queue_name in ("bench", "kernel"):
+                _post_json(f"{self.api}/v1/namespaces/{namespace}/queues", key,
+                           {"name": queue_name})
+
+    def _spawn(self, label: str, argv: list[str], env: dict[str, str]) -> None:
+        with (self.logs / f"{self.name}-{label}-{len(self.procs)}.log").open("wb") as log:
+            self.procs.append(subprocess.Popen(argv, env={**self.env, **env}, stdout=log,
+                                               stderr=subprocess.STDOUT, cwd=str(ROOT)))
+
+    def start_workers(self, workers: int, concurrency: int) -> None:
+        """``workers`` SDK worker processes, spread round-robin over the applications."""
+        for i in range(max(workers, len(self.tenants))):
+            key, namespace = self.tenants[i % len(self.tenants)]
+            self._spawn("worker", [sys.executable, "-m", "bench.noop_worker"], {
+                "ORBIT_DISPATCHER_URL": self.dispatcher, "ORBIT_API_KEY": key,
+                "ORBIT_NAMESPACE": namespace, "ORBIT_QUEUES": "bench",
+                "ORBIT_CONCURRENCY": str(concurrency)})
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        admin = connect_sync(self.server, autocommit=True)
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
+        admin.close()
+
+
+def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, concurrency: int,
+                keys: int) -> dict[str, Any]:
+    """Workers up, N tasks submitted (split evenly over the applications, in parallel), wait
+    until all SUCCEEDED; figures from the database."""
+    phase.start_workers(workers, concurrency)
+    time.sleep(1.0)  # let the workers register before the clock starts
+    url = phase.url
+    commits_before = _com_commit(url)
+    conn = connect_sync(url, autocommit=True)
+    with conn.cursor() as cur:
+        cur.execute("SELECT UTC_TIMESTAMP(6)")
+        db_started = cur.fetchone()[0]
+    apps = len(phase.tenants)
+    shares = [tasks // apps + (1 if n < tasks % apps else 0) for n in range(apps)]
+
+    async def submit_everything() -> list[float]:
+        return list(await asyncio.gather(*(
+            _submit_all(phase.api, key, namespace, share,
+                        None if rate is None else rate / apps, max(1, 4 // apps), keys=keys)
+            for (key, namespace), share in zip(phase.tenants, shares, strict=True))))
+
+    started = time.perf_counter()
+    submit_rates = asyncio.run(submit_everything())
+    bench_queues = ("SELECT t.updated_at, t.created_at, t.namespace_id, t.id FROM pulse_tasks t"
+                    " JOIN pulse_queues q ON q.namespace_id = t.namespace_id"
+                    " AND q.id = t.queue_id WHERE q.name = 'bench'")
+    try:
+        # Poll a few times a second (the count is a scan; polling it faster would load the
+        # server being measured); the end time is the last finish's database time.
+        while True:
+            with conn.cursor() as cur:
+                cur.execute("SELECT COUNT(*) FROM pulse_tasks t JOIN pulse_queues q"
+                            " ON q.namespace_id = t.namespace_id AND q.id = t.queue_id"
+                            " WHERE q.name = 'bench' AND t.state = 'SUCCEEDED'")
+                done = int(cur.fetchone()[0])
+            if done >= tasks:
+                break
+            if time.perf_counter() - started > 900:
+                raise RuntimeError(f"only {done} of {tasks} tasks succeeded in 900 s")
+            time.sleep(0.25)
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT TIMESTAMPDIFF(MICROSECOND, %s, MAX(b.updated_at))"
+                        f" FROM ({bench_queues}) b", (db_started,))
+            elapsed = int(cur.fetchone()[0]) / 1e6
+        commits = _com_commit(url) - commits_before
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT TIMESTAMPDIFF(MICROSECOND, b.created_at, a.started_at) FROM"
+                f" ({bench_queues}) b JOIN pulse_attempts a ON a.namespace_id = b.namespace_id"
+                " AND a.task_id = b.id AND a.generation = 1")
+            latencies = [row[0] / 1000 for row in cur.fetchall()]
+    finally:
+        conn.close()
+    return {
+        "tasks": tasks, "workers": max(workers, apps), "worker_concurrency": concurrency,
+        "rate": rate, "keys": keys, "apps": apps,
+        "submit_per_s": round(sum(submit_rates), 1),
+        "tasks_per_s": round(tasks / elapsed, 1),
+        "start_p50_ms": round(_percentile(latencies, 0.5), 1),
+        "start_p99_ms": round(_percentile(latencies, 0.99), 1),
+        "start_mean_ms": round(statistics.fmean(latencies), 1) if latencies else None,
+        "commits_per_task": round(commits / tasks, 3),
+    }
+
+
 def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
-        concurrency: int) -> dict[str, Any]:
+        concurrency: int, keys: int = 0, apps: int = 1) -> dict[str, Any]:
+    """The raw cycle, the kernel, then end to end; with ``keys`` or ``apps`` also a plain end
+    to end phase first (its own fresh database), so the flow-control ratio compares two
+    figures from the same run."""
     tmp = tempfile.TemporaryDirectory(prefix="orbit-bench-tasks-")
     private = None
     if url_text:
@@ -142,104 +288,37 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
     else:
         private = Path(tmp.name) / "mysql"
         server = DatabaseUrl.parse(devdb.start(private).url())
-    name = f"orbit_bench_{secrets.token_hex(4)}"
-    admin = connect_sync(server, autocommit=True)
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE `{name}`")  # generated name
-    url = server.with_database(name)
-    procs: list[subprocess.Popen[Any]] = []
+    logs = Path(tmp.name)
     try:
-        Migrator(url).up(log=lambda _m: None)
-        raw = asyncio.run(run_raw_cycle(url, min(tasks, 20_000), 4))
-        _wait_purged(url)
-        env = {**os.environ, "ORBIT_DATABASE_URL": url.render(hide_password=False),
-               "PYTHONPATH": str(ROOT)}
-        boot = json.loads(subprocess.run(
-            [sys.executable, "-m", "orbit_cli", "admin", "bootstrap", "--application", "bench",
-             "--namespace", "bench"], env=env, capture_output=True, text=True,
-            check=True).stdout)
-        key, namespace = boot["api_key"], boot["namespace"]
-        api_port, dispatcher_port = _free_port(), _free_port()
-        api, dispatcher = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{dispatcher_port}"
-        logs = Path(tmp.name)
-        for command, port_env in (("api", {"ORBIT_API_PORT": str(api_port)}),
-                                  ("dispatcher", {"ORBIT_DISPATCHER_PORT":
-                                                  str(dispatcher_port)})):
-            with (logs / f"{command}.log").open("wb") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "orbit_cli", command],
-                    env={**env, **port_env, "ORBIT_SERVICE_LOG_LEVEL": "WARNING"},
-                    stdout=log, stderr=subprocess.STDOUT))
-        _wait_ready(f"{api}/readyz")
-        _wait_ready(f"{dispatcher}/readyz")
-        for queue_name in ("bench", "kernel"):
-            request = urllib.request.Request(  # noqa: S310 - loopback
-                f"{api}/v1/namespaces/{namespace}/queues", method="POST",
-                data=json.dumps({"name": queue_name}).encode(),
-                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-            urllib.request.urlopen(request, timeout=10).close()  # noqa: S310
-        # Orbit's lease kernel alone (bench/kernelcycle.py) on its own queue, before the workers
-        # start; each phase begins once InnoDB has purged the previous phase's history.
-        kernel_n = min(tasks, 20_000)
-        asyncio.run(_submit_all(api, key, namespace, kernel_n, None, queue_name="kernel"))
-        _wait_purged(url)
-        kernel = asyncio.run(run_kernel_cycle(url, key, namespace, "kernel", kernel_n))
-        _wait_purged(url)
-        for i in range(workers):
-            with (logs / f"worker-{i}.log").open("wb") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "bench.noop_worker"],
-                    env={**env, "ORBIT_DISPATCHER_URL": dispatcher, "ORBIT_API_KEY": key,
-                         "ORBIT_NAMESPACE": namespace, "ORBIT_QUEUES": "bench",
-                         "ORBIT_CONCURRENCY": str(concurrency)},
-                    stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT)))
-        time.sleep(1.0)  # let the workers register before the clock starts
-        commits_before = _com_commit(url)
-        conn = connect_sync(url, autocommit=True)
-        with conn.cursor() as cur:
-            cur.execute("SELECT UTC_TIMESTAMP(6)")
-            db_started = cur.fetchone()[0]
-        started = time.perf_counter()
-        submit_per_s = asyncio.run(_submit_all(api, key, namespace, tasks, rate))
+        phase = _Phase(server, 1, logs)
         try:
-            # Poll a few times a second (the count is a scan; polling it faster would load the
-            # server being measured); the end time is the last finish's database time.
-            while True:
-                with conn.cursor() as cur:
-                    cur.execute("SELECT COUNT(*) FROM pulse_tasks WHERE state = 'SUCCEEDED'")
-                    done = int(cur.fetchone()[0])
-                if done >= tasks + kernel_n:
-                    break
-                if time.perf_counter() - started > 600:
-                    raise RuntimeError(f"only {done} of {tasks} tasks succeeded in 600 s")
-                time.sleep(0.25)
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT TIMESTAMPDIFF(MICROSECOND, %s, MAX(t.updated_at)) FROM pulse_tasks t"
-                    " JOIN pulse_queues q ON q.namespace_id = t.namespace_id AND q.id = t.queue_id"
-                    " WHERE q.name = 'bench'", (db_started,))
-                elapsed = int(cur.fetchone()[0]) / 1e6
-            commits = _com_commit(url) - commits_before
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT TIMESTAMPDIFF(MICROSECOND, t.created_at, a.started_at)"
-                    " FROM pulse_tasks t JOIN pulse_attempts a ON a.namespace_id ="
-                    " t.namespace_id AND a.task_id = t.id AND a.generation = 1"
-                    " JOIN pulse_queues q ON q.namespace_id = t.namespace_id AND q.id = t.queue_id"
-                    " WHERE q.name = 'bench'")
-                latencies = [row[0] / 1000 for row in cur.fetchall()]
+            raw = asyncio.run(run_raw_cycle(phase.url, min(tasks, 20_000), 4))
+            _wait_purged(phase.url)
+            # Orbit's lease kernel alone (bench/kernelcycle.py) on its own queue, before any
+            # worker runs; each phase begins once InnoDB has purged the previous one's history.
+            kernel_n = min(tasks, 20_000)
+            key, namespace = phase.tenants[0]
+            asyncio.run(_submit_all(phase.api, key, namespace, kernel_n, None,
+                                    queue_name="kernel"))
+            _wait_purged(phase.url)
+            kernel = asyncio.run(run_kernel_cycle(phase.url, key, namespace, "kernel", kernel_n))
+            _wait_purged(phase.url)
+            flow_control = keys > 0 or apps > 1
+            plain = _end_to_end(phase, tasks, workers, rate, concurrency, 0)
         finally:
-            conn.close()
-        result = {
-            "tasks": tasks, "workers": workers, "worker_concurrency": concurrency,
-            "rate": rate, "submit_per_s": round(submit_per_s, 1),
-            "tasks_per_s": round(tasks / elapsed, 1),
-            "start_p50_ms": round(_percentile(latencies, 0.5), 1),
-            "start_p99_ms": round(_percentile(latencies, 0.99), 1),
-            "start_mean_ms": round(statistics.fmean(latencies), 1) if latencies else None,
-            "commits_per_task": round(commits / tasks, 3),
-            **raw, **kernel,
-        }
+            phase.close()
+        result: dict[str, Any] = {**plain, **raw, **kernel}
+        if flow_control:
+            _wait_purged(server.with_database(""))
+            phase = _Phase(server, apps, logs)
+            try:
+                controlled = _end_to_end(phase, tasks, workers, rate, concurrency, keys)
+            finally:
+                phase.close()
+            result = {**controlled, **raw, **kernel,
+                      "plain_tasks_per_s": plain["tasks_per_s"],
+                      "flow_control_ratio": round(controlled["tasks_per_s"]
+                                                  / plain["tasks_per_s"], 3)}
         result["ratio_to_raw"] = round(result["tasks_per_s"] / raw["raw_tasks_per_s"], 3)
         result["kernel_ratio_to_raw"] = round(
             kernel["kernel_tasks_per_s"] / raw["raw_tasks_per_s"], 3)
@@ -247,17 +326,6 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
             result["tasks_per_s"] / kernel["kernel_tasks_per_s"], 3)
         return result
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
-        admin.close()
         if private is not None:
             devdb.stop(private)
         tmp.cleanup()

@@ -394,9 +394,13 @@ def bench() -> None:
 @click.option("--workers", default=2, show_default=True, help="SDK worker processes.")
 @click.option("--concurrency", default=64, show_default=True, help="Handlers per worker.")
 @click.option("--rate", type=float, default=None, help="Submit at this many tasks/s.")
+@click.option("--keys", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Spread the tasks over this many concurrency keys (0: none).")
+@click.option("--apps", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Applications submitting in parallel (the tasks split evenly).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line.")
-def bench_tasks(count: int, workers: int, concurrency: int, rate: float | None,
-                as_json: bool) -> None:
+def bench_tasks(count: int, workers: int, concurrency: int, rate: float | None,  # noqa: PLR0917
+                keys: int, apps: int, as_json: bool) -> None:
     """No-op tasks end to end (API, dispatcher, SDK workers) vs the raw queue cycle."""
     import os
 
@@ -406,7 +410,8 @@ def bench_tasks(count: int, workers: int, concurrency: int, rate: float | None,
     sys.path.insert(0, str(root))
     from bench.tasks import run
 
-    result = run(os.environ.get("ORBIT_DATABASE_URL"), count, workers, rate, concurrency)
+    result = run(os.environ.get("ORBIT_DATABASE_URL"), count, workers, rate, concurrency,
+                 keys=keys, apps=apps)
     if not as_json:
         click.echo("tasks end to end vs the raw queue cycle (same server, same run):")
     click.echo(json.dumps(result))

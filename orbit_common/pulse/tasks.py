@@ -627,6 +627,40 @@ async def _claim_identities(cur: Any, namespace_id: bytes, rows: list[_Row], now
         rows = remaining
 
 
+async def _insert_rows(cur: Any, namespace_id: bytes, rows: Sequence[_Row],
+                       now: dt.datetime) -> None:
+    await cur.executemany(INSERT_TASKS, [r.task for r in rows])
+    # Counters after the task rows (lock order); a limit refusal rolls everything back.
+    await resources.apply(cur, namespace_id, resources.Usage(
+        unfinished=Counter(r.queue.id for r in rows)), admit=True)
+    await resources.ensure_keys(cur, namespace_id, [r.item.spec.concurrency_key for r in rows
+                                                    if r.item.spec.concurrency_key is not None])
+    await cur.executemany(INSERT_EVENTS, [
+        (namespace_id, r.item.event_id, "task", r.item.task_id, 1, "task.accepted", None,
+         TaskState.WAITING.value, jsondoc.dumps(r.receipt), to_db(now))
+        for r in rows
+    ])
+
+
+async def insert_generated(cur: Any, namespace_id: bytes,
+                           planned: Sequence[tuple[Item, Queue]], now: dt.datetime,
+                           payload: Sequence[dict[str, Any]] | None = None) -> list[bytes]:
+    """Tasks made by Orbit itself (schedule fires), inside the caller's transaction: the same
+    rows, counters, limits and ``task.accepted`` events as a submission, no idempotency records
+    (the caller's own ledger is the identity). ``payload`` entries are merged into each
+    accepted event (e.g. the schedule occurrence). Raises like :func:`submit` on a limit."""
+    problems: list[dict[str, str]] = []
+    rows = [_plan(item, queue, now, problems) for item, queue in planned]
+    if problems:
+        raise errors.ValidationFailed(problems)
+    if payload is not None:
+        rows = [attrs.evolve(r, receipt={**r.receipt, **extra})
+                for r, extra in zip(rows, payload, strict=True)]
+    if rows:
+        await _insert_rows(cur, namespace_id, rows, now)
+    return [r.item.task_id for r in rows]
+
+
 async def submit(
     db: Database,
     principal: creds.Principal,
@@ -668,17 +702,7 @@ async def submit(
         if rows:
             rows = await _claim_identities(cur, ns.id, rows, now, replays)
         if rows:
-            await cur.executemany(INSERT_TASKS, [r.task for r in rows])
-            # Counters after the task rows (lock order); a limit refusal rolls everything back.
-            await resources.apply(cur, ns.id, resources.Usage(
-                unfinished=Counter(r.queue.id for r in rows)), admit=True)
-            await resources.ensure_keys(cur, ns.id, [r.item.spec.concurrency_key for r in rows
-                                                     if r.item.spec.concurrency_key is not None])
-            await cur.executemany(INSERT_EVENTS, [
-                (ns.id, r.item.event_id, "task", r.item.task_id, 1, "task.accepted", None,
-                 TaskState.WAITING.value, jsondoc.dumps(r.receipt), to_db(now))
-                for r in rows
-            ])
+            await _insert_rows(cur, ns.id, rows, now)
         created = {r.item.task_id: r.receipt for r in rows}
         result = [
             replays[i.task_id] if i.task_id in replays

@@ -58,7 +58,7 @@ CREATE TABLE pulse_schedule_occurrences (
   namespace_id BINARY(16) NOT NULL COMMENT '命名空间 ID',
   id BINARY(16) NOT NULL COMMENT '台账记录 ID：128 位加密随机值',
   schedule_id BINARY(16) NOT NULL COMMENT '所属计划 ID',
-  fire_at DATETIME(6) NOT NULL COMMENT '计划触发时间（UTC，未加抖动）：同一计划唯一',
+  fire_at DATETIME(6) NOT NULL COMMENT '计划触发时间（UTC，未加抖动）：同一计划同一来源唯一',
   version INT NOT NULL COMMENT '决定这次触发的计划版本号',
   source VARCHAR(16) NOT NULL COMMENT '来源：RULE 规则触发；BACKFILL 显式补跑；TRIGGER 立即触发',
   outcome VARCHAR(16) NOT NULL COMMENT '结果：FIRED 已生成任务；SKIPPED 跳过（原因见 reason）；MERGED 合并为一次运行',
@@ -69,7 +69,7 @@ CREATE TABLE pulse_schedule_occurrences (
   fired_at DATETIME(6) NOT NULL COMMENT '写入台账的数据库时间（UTC）',
   lateness_ms BIGINT NOT NULL COMMENT '迟到毫秒数：fired_at 减（计划时间加抖动），不早于 0',
   PRIMARY KEY (namespace_id, id),
-  UNIQUE KEY uq_occurrences_fire (namespace_id, schedule_id, fire_at),
+  UNIQUE KEY uq_occurrences_fire (namespace_id, schedule_id, fire_at, source),
   UNIQUE KEY uq_occurrences_task (namespace_id, task_id),
   CONSTRAINT ck_occurrences_source CHECK (source IN ('RULE', 'BACKFILL', 'TRIGGER')),
   CONSTRAINT ck_occurrences_outcome CHECK (outcome IN ('FIRED', 'SKIPPED', 'MERGED')),
@@ -77,7 +77,7 @@ CREATE TABLE pulse_schedule_occurrences (
   CONSTRAINT ck_occurrences_range CHECK (covered_until IS NULL OR covered_until > fire_at),
   CONSTRAINT ck_occurrences_count CHECK (covered_count >= 1 AND lateness_ms >= 0)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci
-  COMMENT='计划触发台账：每个（计划, UTC 计划时间）一行，与生成的任务和计划进度同事务写入，只追加';
+  COMMENT='计划触发台账：每个（计划, UTC 计划时间, 来源）一行，与生成的任务和计划进度同事务写入，只追加；显式补跑另记一行';
 
 CREATE TRIGGER trg_pulse_schedule_versions_no_update BEFORE UPDATE ON pulse_schedule_versions FOR EACH ROW
   SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'pulse_schedule_versions is append-only';

@@ -33,6 +33,13 @@ class Action(enum.StrEnum):
     TASKS_REVIEW = "tasks.review"  # resolve NEEDS_REVIEW
     TASKS_RETRY = "tasks.retry"  # manual retry of a finished task
     WORKERS_WORK = "workers.work"  # register worker sessions, claim and report attempts
+    # Application-wide (the shared quotas of orbit_common/pulse/quotas.py): allowed only by a
+    # grant whose namespaces and queues are both "*".
+    APPLICATIONS_READ = "applications.read"  # limits and usage of the application
+    APPLICATIONS_MANAGE = "applications.manage"  # change the limits (also allows reading)
+    SCHEDULES_READ = "schedules.read"  # schedules, their versions and occurrence ledgers
+    SCHEDULES_MANAGE = "schedules.manage"  # create, publish, pause/resume, disable, trigger,
+    # backfill (scoped by the schedule's queue)
 
 
 ACTIONS = frozenset(a.value for a in Action)

@@ -1,0 +1,1 @@
+"""The scheduler: fires due schedules into tasks through the occurrence ledger (no leader)."""

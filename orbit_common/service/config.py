@@ -56,6 +56,16 @@ class DispatcherConfig:
 
 
 @attrs.frozen(kw_only=True)
+class SchedulerConfig:
+    """The schedule firing daemon (``orbit scheduler``)."""
+
+    batch: int = 64  # schedules locked per firing transaction
+    concurrency: int = 2  # firing transactions in flight per scheduler process
+    poll_min_ms: int = 10  # shortest sleep when nothing is due
+    poll_max_ms: int = 200  # longest sleep: bounds the delay before a new schedule is seen
+
+
+@attrs.frozen(kw_only=True)
 class ServiceConfig:
     """Settings every daemon shares."""
 
@@ -73,6 +83,7 @@ class OrbitConfig:
     database: DatabaseConfig = attrs.field(factory=DatabaseConfig)
     api: ApiConfig = attrs.field(factory=ApiConfig)
     dispatcher: DispatcherConfig = attrs.field(factory=DispatcherConfig)
+    scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     service: ServiceConfig = attrs.field(factory=ServiceConfig)
 
 
@@ -108,6 +119,7 @@ SECTIONS: dict[str, type[Any]] = {
     "database": DatabaseConfig,
     "api": ApiConfig,
     "dispatcher": DispatcherConfig,
+    "scheduler": SchedulerConfig,
     "service": ServiceConfig,
 }
 def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:

@@ -225,18 +225,22 @@ def _transitions_after(name: str, after_s: int, through_s: int) -> Iterator[tupl
 # --- cron expressions --------------------------------------------------------------------------
 
 
-_DEGENERATE_STEP = re.compile(r"\A([0-9A-Za-z]+)-\1/0*[1-9][0-9]*\Z", re.IGNORECASE)
+_RANGE_STEP = re.compile(r"\A([0-9A-Za-z]+)-([0-9A-Za-z]+)/0*[1-9][0-9]*\Z")
 
 
 def _for_cronsim(expr: str) -> str:
     """``expr`` with every ``a-a/step`` term written as ``a``: cronsim reads a one-value range
     with a step as ``a/step`` (a to the field's maximum), unlike every other cron."""
-    fields = []
-    for text in expr.split():
-        terms = text.split(",")
-        fields.append(",".join(m.group(1) if (m := _DEGENERATE_STEP.match(t)) else t
-                               for t in terms))
-    return " ".join(fields)
+    def term(text: str) -> str:
+        found = _RANGE_STEP.match(text)
+        if found is None:
+            return text
+        first, last = found.group(1), found.group(2)
+        same = (int(first) == int(last) if first.isdigit() and last.isdigit()
+                else first.upper() == last.upper())
+        return first if same else text
+
+    return " ".join(",".join(term(t) for t in field.split(",")) for field in expr.split())
 
 
 def _cron_problem(expr: str) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.resources
+import itertools
 from typing import Any
 
 import attrs
@@ -33,7 +34,7 @@ US = dt.timedelta(microseconds=1)
 
 
 def utc(*parts: int) -> dt.datetime:
-    return dt.datetime(*parts, tzinfo=UTC)  # type: ignore[arg-type]
+    return dt.datetime(*parts, tzinfo=UTC)  # type: ignore[arg-type, misc]
 
 
 def cron(expr: str, tz: str = "UTC", **extra: Any) -> Rule:
@@ -317,6 +318,15 @@ def test_last_day_and_nth_weekday() -> None:
         "2026-01-30T08:00:00Z", "2026-02-27T08:00:00Z"]
 
 
+def test_a_one_value_range_with_a_step_is_that_value() -> None:
+    # cronsim alone reads "2-2/1" as "2/1" (Tuesday to Saturday); every other cron reads {2}.
+    assert fires(cron("0 0 * * 2-2/1"), utc(2026, 3, 1), utc(2026, 3, 15)) == [
+        "2026-03-03T00:00:00Z", "2026-03-10T00:00:00Z"]
+    assert fires(cron("05-5/2 0 * * tue-TUE/3"), utc(2026, 3, 1), utc(2026, 3, 8)) == [
+        "2026-03-03T00:05:00Z"]
+    assert cron("5-5/2 * * * *").cron == "5-5/2 * * * *"  # stored as written
+
+
 def test_a_rare_rule_is_found_years_ahead() -> None:
     rule = cron("0 0 29 2 *", "Europe/London")
     assert next_fire(rule, utc(2026, 3, 1)) == utc(2028, 2, 29)
@@ -350,7 +360,8 @@ def test_interval_without_start_at_is_aligned_to_the_epoch() -> None:
         utc(2026, 5, 5, 12, 1), utc(2026, 5, 5, 12, 2), utc(2026, 5, 5, 12, 3)]
     odd = parse_rule({"interval_ms": 7_000})
     got = fires_after(odd, utc(2026, 5, 5), utc(2026, 5, 5, 0, 0, 30), limit=10)
-    assert all(int(t.timestamp()) % 7 == 0 for t in got) and len(got) == 4
+    assert all(int(t.timestamp()) % 7 == 0 for t in got)
+    assert len(got) == 4
 
 
 def test_interval_end_at_is_exclusive() -> None:
@@ -610,11 +621,13 @@ def test_rule_constructor_refuses_inconsistent_rules() -> None:
 
 
 def _explicit_transitions(name: str) -> list[int]:
-    from zoneinfo._zoneinfo import ZoneInfo as PyZoneInfo  # the pure-Python twin
+    from zoneinfo._zoneinfo import (  # type: ignore[import-not-found]
+        ZoneInfo as PyZoneInfo,  # the pure-Python twin, which exposes its transition list
+    )
 
     resource = importlib.resources.files("tzdata.zoneinfo").joinpath(*name.split("/"))
     with resource.open("rb") as fobj:
-        return list(PyZoneInfo.from_file(fobj, key=name)._trans_utc)  # type: ignore[attr-defined]
+        return list(PyZoneInfo.from_file(fobj, key=name)._trans_utc)
 
 
 def test_tz_database_transitions_are_far_apart_and_small() -> None:
@@ -630,10 +643,11 @@ def test_tz_database_transitions_are_far_apart_and_small() -> None:
             before = dt.datetime.fromtimestamp(at - 1, tz).utcoffset()
             after = dt.datetime.fromtimestamp(at, tz).utcoffset()
             if before != after:
-                assert before is not None and after is not None
+                assert before is not None
+                assert after is not None
                 real.append(at)
                 largest = max(largest, abs(int((after - before).total_seconds())))
-        closest = min([closest, *(b - a for a, b in zip(real, real[1:], strict=False))])
+        closest = min([closest, *(b - a for a, b in itertools.pairwise(real))])
     assert closest > sr._SAMPLE_S
     assert largest <= 24 * 3600 < sr._MAX_SHIFT_S
 

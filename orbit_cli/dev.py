@@ -27,7 +27,7 @@ from orbit_common.db import migrator
 from orbit_common.db.pool import DatabaseUrl
 
 # Every daemon that exists today; later capabilities add theirs.
-DAEMONS = ("api", "dispatcher")
+DAEMONS = ("api", "dispatcher", "scheduler")
 
 
 @click.group()

@@ -16,9 +16,9 @@ Progress
 
 Firing rules (:func:`plan`, pure; database time decides ``now``)
     An instant is *due* at ``fire_at + jitter`` (deterministic per schedule and instant).
-    A due instant older than ``now - catchup_window`` is skipped (``outside_catchup_window``);
-    one later than its due time by more than ``grace`` is *missed* and the version's misfire
-    policy decides: ``SKIP`` records the missed range as skipped, ``MERGE`` runs once for the
+    One fired within ``grace`` of its due time is on time. One later than that is *missed*:
+    if it is also older than ``now - catchup_window`` it is skipped
+    (``outside_catchup_window``), otherwise the version's misfire policy decides: ``SKIP`` records the missed range as skipped, ``MERGE`` runs once for the
     range (``MERGED``, range recorded), ``EACH`` runs every one. A run then meets the overlap
     policy: ``ALLOW`` runs; ``SKIP`` skips while the previous run's task is unfinished;
     ``BUFFER_ONE`` keeps one instant in ``buffered_fire_at`` and runs it once the previous
@@ -183,11 +183,14 @@ def plan(schedule_id: bytes, versions: dict[int, Version], progress: Progress,  
             if due_at > now:
                 wait_until, stopped = due_at, True
                 break
-            if at < now - v.catchup_window:
+            # Within grace an instant is on time, whatever the window; only a missed one is
+            # judged by the catch-up window and then by the misfire policy.
+            missed = now - due_at > v.grace
+            if missed and at < now - v.catchup_window:
                 kind, reason = "SKIPPED", "outside_catchup_window"
-            elif now - due_at > v.grace and v.misfire_policy == "SKIP":
+            elif missed and v.misfire_policy == "SKIP":
                 kind, reason = "SKIPPED", "misfire"
-            elif now - due_at > v.grace and v.misfire_policy == "MERGE":
+            elif missed and v.misfire_policy == "MERGE":
                 kind, reason = "MERGED", "misfire"
             else:
                 kind, reason = "RUN", None

@@ -1,12 +1,15 @@
 """The dispatcher daemon: worker sessions over WebSocket (or HTTP long-poll) and recovery.
 
-Per connected WebSocket session the dispatcher runs a *claimer*: while the worker has announced
-free slots (``ready``), it claims due tasks from the session's queues in short batched
-transactions and pushes them as ``grants``; when nothing is due it backs off with jitter. It also
-heartbeats the session row while the connection lives and pushes ``cancel`` notices for running
-attempts whose task has a cancel request. Nothing in memory is authoritative: a killed
-dispatcher loses only connections; leases it granted expire and the recovery scan (here too, on
-every replica, SKIP LOCKED) resolves them.
+Sessions register *demand* with the node's claim pool (``orbit_dispatcher/pool.py``): a WebSocket
+session while the worker has announced free slots (``ready``), a long poll for its ``wait_ms``.
+The pool runs the short batched claim transactions in a fair order (round-robin over
+applications, then queues, then sessions; a bounded number at once; queues recently found empty
+are passed over) and hands each turn's grants to its session: pushed as a ``grants`` frame, or
+as the long poll's answer. Per WebSocket the dispatcher also heartbeats the session row while the
+connection lives and pushes ``cancel`` notices for running attempts whose task has a cancel
+request. Nothing in memory is authoritative: a killed dispatcher loses only connections and the
+pool's order; leases it granted expire and the recovery scan (here too, on every replica, SKIP
+LOCKED) resolves them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 import os
 import random
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import prometheus_client
@@ -40,6 +43,7 @@ from orbit_common.pulse.workers import Session
 from orbit_common.service.config import OrbitConfig
 from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
 from orbit_dispatcher import protocol
+from orbit_dispatcher.pool import ClaimPool, ProbeCache
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +66,16 @@ class Connection:
         self.service = service
         self.session = session
         self.ws = ws
-        self.slots = 0
-        self.ready = asyncio.Event()
         self.send_lock = asyncio.Lock()
         self.notified: set[bytes] = set()
         self.closing = False
+        self.demand = service.pool.open_stream(session, deliver=self.deliver,
+                                               fail=self.claim_failed)
+
+    @property
+    def slots(self) -> int:
+        """Credit left from the worker's last ``ready`` (the pool subtracts what it grants)."""
+        return self.demand.slots
 
     async def send(self, text: str) -> None:
         async with self.send_lock:
@@ -76,27 +85,35 @@ class Connection:
     async def send_json(self, doc: dict[str, Any]) -> None:
         await self.send(json.dumps(doc, ensure_ascii=False))
 
-    async def claimer(self) -> None:
-        config = self.service.config.dispatcher
-        backoff = config.idle_poll_min_ms
-        rotation = 0
-        while not self.closing:
-            await self.ready.wait()
-            if self.service.draining:
-                return
-            await self.service.gate.wait()
-            queues = self.session.queues[rotation:] + self.session.queues[:rotation]
-            rotation = (rotation + 1) % len(self.session.queues)
-            grants = await self.service.claim(self.session, queues, self.slots)
-            if grants:
-                self.slots -= len(grants)
-                if self.slots <= 0:
-                    self.ready.clear()
-                await self.send(protocol.grants_frame(grants))
-                backoff = config.idle_poll_min_ms
-                continue
-            await asyncio.sleep(backoff * random.uniform(0.5, 1.0) / 1000)  # noqa: S311
-            backoff = min(config.idle_poll_max_ms, backoff * 2)
+    async def deliver(self, grants: list[leases.Grant]) -> None:
+        """The claim pool's grants for this session (its slots are already reduced)."""
+        try:
+            await self.send(protocol.grants_frame(grants))
+        except (ConnectionError, RuntimeError) as exc:
+            # The socket went away under us: the offers expire and recovery re-queues them.
+            log.info("grants not delivered: %s", exc)
+
+    async def claim_failed(self, exc: BaseException) -> None:
+        """A claim for this session failed for good (the pool has dropped its demand)."""
+        if self.closing:
+            return
+        if isinstance(exc, workers.SessionLost):
+            await self.lost()
+            return
+        code = exc.code if isinstance(exc, errors.OrbitError) else "internal_error"
+        detail = exc.detail if isinstance(exc, errors.OrbitError) else "claiming failed"
+        log.warning("closing a worker session after a failed claim: %s", exc,
+                    extra={"code": code})
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.send_json({"type": "error", "id": None, "code": code, "detail": detail})
+        await self.ws.close()
+
+    async def lost(self) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.send_json({"type": "error", "id": None, "code": "session_lost",
+                                  "detail": "the session was fenced by a newer one or "
+                                            "expired; register again"})
+        await self.ws.close()
 
     async def heartbeat(self) -> None:
         while not self.closing:
@@ -105,10 +122,7 @@ class Connection:
                 await self.service.db.transaction(
                     "dispatch.heartbeat", lambda cur: workers.heartbeat(cur, self.session))
             except workers.SessionLost:
-                await self.send_json({"type": "error", "id": None, "code": "session_lost",
-                                      "detail": "the session was fenced by a newer one or "
-                                                "expired; register again"})
-                await self.ws.close()
+                await self.lost()
                 return
 
     async def cancel_notices(self) -> None:
@@ -143,11 +157,7 @@ class Connection:
                         or not 0 <= slots <= 10_000:
                     raise errors.ValidationFailed([{"path": "$.slots",
                                                     "message": "an integer from 0 to 10000"}])
-                self.slots = slots
-                if slots > 0:
-                    self.ready.set()
-                else:
-                    self.ready.clear()
+                self.service.pool.set_slots(self.demand, slots)
                 return
             op = self.service.operations().get(kind)
             if op is None:
@@ -175,7 +185,13 @@ class DispatcherService:
         self.gate = gate
         self.node = config.dispatcher.node or f"{socket.gethostname()}:{os.getpid()}"
         self.connections: set[Connection] = set()
-        self.draining = False
+        dispatcher = config.dispatcher
+        self.pool = ClaimPool(
+            self._claim_turn, batch=dispatcher.claim_batch,
+            concurrency=dispatcher.claim_concurrency,
+            probes=ProbeCache(first_ms=dispatcher.empty_probe_ms or dispatcher.idle_poll_min_ms,
+                              max_ms=dispatcher.idle_poll_max_ms),
+            ready=lambda: gate.is_ready, error_pause_ms=dispatcher.idle_poll_max_ms)
         self.runner: web.AppRunner | None = None
         self.recovery: asyncio.Task[None] | None = None
         self.app = self._make_app()
@@ -193,13 +209,22 @@ class DispatcherService:
                                                 "port": self.config.dispatcher.port,
                                                 "node": self.node})
 
+    @property
+    def draining(self) -> bool:
+        return self.pool.stopped
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        if value:
+            self.pool.stop_claiming()
+
     async def drain(self) -> None:
         """Stop granting, tell workers to reconnect elsewhere, let in-flight calls finish."""
-        self.draining = True
+        self.pool.stop_claiming()
         for conn in list(self.connections):
             conn.closing = True
-            conn.ready.set()
             await conn.ws.close(code=1001, message=b"dispatcher draining")
+        await self.pool.close()
         if self.recovery is not None:
             self.recovery.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -214,17 +239,19 @@ class DispatcherService:
 
     # --- domain calls -----------------------------------------------------------------------
 
-    async def claim(self, session: Session, queues: Any, slots: int) -> list[leases.Grant]:
-        grants: list[leases.Grant] = []
-        for queue in queues:
-            want = min(slots - len(grants), self.config.dispatcher.claim_batch)
-            if want <= 0:
-                break
-            got = await self.db.transaction("dispatch.claim", _claimer(session, queue, want))
-            CLAIMS.labels("yes" if got else "no").inc()
-            grants.extend(got)
+    async def _claim_turn(self, session: Session, queue: workers.QueueRef,
+                          limit: int) -> list[leases.Grant]:
+        """One claim transaction, run by the claim pool."""
+        grants = await self.db.transaction("dispatch.claim", _claimer(session, queue, limit))
+        CLAIMS.labels("yes" if grants else "no").inc()
         GRANTS.inc(len(grants))
         return grants
+
+    async def _pool_ctx(self, _app: web.Application) -> AsyncIterator[None]:
+        """The claim pool runs while the application does (started and stopped as a pair)."""
+        self.pool.start()
+        yield
+        await self.pool.close()
 
     @staticmethod
     async def cancel_requested(cur: Any, session: Session) -> list[bytes]:
@@ -288,6 +315,7 @@ class DispatcherService:
         app[CONFIG] = self.config
         app[GATE_KEY] = self.gate
         app[LIMIT_KEY] = self.config.api.max_body_bytes
+        app.cleanup_ctx.append(self._pool_ctx)
         add_health_routes(app)
         base = "/v1/namespaces/{namespace}/worker/sessions"
         app.router.add_post(base, self.http_register)
@@ -357,8 +385,7 @@ class DispatcherService:
         conn = Connection(self, session, ws)
         self.connections.add(conn)
         SESSIONS.inc()
-        loops = [asyncio.create_task(conn.claimer(), name="ws-claimer"),
-                 asyncio.create_task(conn.heartbeat(), name="ws-heartbeat"),
+        loops = [asyncio.create_task(conn.heartbeat(), name="ws-heartbeat"),
                  asyncio.create_task(conn.cancel_notices(), name="ws-cancel")]
         try:
             async for message in ws:
@@ -370,7 +397,7 @@ class DispatcherService:
                     break
         finally:
             conn.closing = True
-            conn.ready.set()
+            self.pool.discard(conn.demand)
             for task in loops:
                 task.cancel()
             for task in loops:
@@ -395,15 +422,7 @@ class DispatcherService:
                                             f"0-{MAX_POLL_WAIT_MS}, no other fields"}])
         await self.db.transaction("dispatch.heartbeat",
                                   lambda cur: workers.heartbeat(cur, session))
-        deadline = asyncio.get_running_loop().time() + wait_ms / 1000
-        backoff = self.config.dispatcher.idle_poll_min_ms
-        while True:
-            grants = [] if self.draining else await self.claim(session, session.queues, max_)
-            now = asyncio.get_running_loop().time()
-            if grants or now >= deadline:
-                break
-            await asyncio.sleep(min(deadline - now, backoff / 1000))
-            backoff = min(self.config.dispatcher.idle_poll_max_ms, backoff * 2)
+        grants = await self.pool.poll(session, max_, wait_ms / 1000)
         cancels = await self.db.read("dispatch.cancel_scan",
                                      lambda cur: self.cancel_requested(cur, session))
         body = ('{"grants": [' + ", ".join(protocol.grant_json(g) for g in grants) + '],'

@@ -183,11 +183,13 @@ SELECT state FROM pulse_execution_gates WHERE namespace_id = %s AND id = %s LOCK
 def _claim_sql(handler_count: int, concurrency_keys: bool) -> str:
     # ix_tasks_claim: (namespace_id, queue_id, state, dispatch_at, available_at, id). A task
     # whose concurrency key is held is skipped before the ordering picks (not after), so a run
-    # of tasks on one busy key cannot block the keys behind it.
+    # of tasks on one busy key cannot block the keys behind it. So is a key at the token bound
+    # (resources.acquire refuses it for good): the bound is a code constant, not a value.
     keys = (
         "  AND (t.concurrency_key_digest IS NULL OR NOT EXISTS ("
         "SELECT 1 FROM pulse_concurrency_limits l WHERE l.namespace_id = t.namespace_id"
-        " AND l.key_digest = t.concurrency_key_digest AND l.held_permits >= l.max_permits))"
+        " AND l.key_digest = t.concurrency_key_digest AND (l.held_permits >= l.max_permits"
+        f" OR l.revision > {resources.MAX_TOKEN - 2})))"
         if concurrency_keys else "  AND t.concurrency_key_digest IS NULL"
     )
     return f"""
@@ -335,7 +337,7 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     expect_rows(cur, len(task_updates), "claim")
     await resources.apply(cur, session.namespace_id,
                           Usage(active=Counter({queue.id: len(grants)}), reserved=len(grants)))
-    await resources.record_permits(cur, session.namespace_id, permits, now)
+    await resources.record_permits(cur, session.namespace_id, permits)
     await append_events(cur, events)
     return grants
 

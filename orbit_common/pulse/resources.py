@@ -354,13 +354,17 @@ INSERT_PERMITS = (
 
 
 async def record_permits(cur: Any, namespace_id: bytes,
-                         rows: Sequence[tuple[bytes, bytes, bytes, int]], now: dt.datetime
-                         ) -> None:
-    """Permit rows for ``(limit_id, attempt_id, task_id, token)`` grants."""
+                         rows: Sequence[tuple[bytes, bytes, bytes, int]]) -> None:
+    """Permit rows for ``(limit_id, attempt_id, task_id, token)`` grants.
+
+    ``acquired_at`` is the database time of this statement, after the keys' rows were locked,
+    not the claim's earlier ``now``: a claim held up between the two could otherwise record a
+    grant from before the previous holder's release (two holders of one key at one instant).
+    """
     if rows:
         sql, params = multi_insert(
-            INSERT_PERMITS, "(%s, %s, %s, %s, %s, %s, %s)",
-            [(namespace_id, ids.new_id(), *r, to_db(now)) for r in rows])
+            INSERT_PERMITS, "(%s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))",
+            [(namespace_id, ids.new_id(), *r) for r in rows])
         await cur.execute(sql, params)
 
 

@@ -246,6 +246,9 @@ async def test_real_traffic_keeps_every_invariant(
     await add_tasks(db, tenant, plain, 30, rerun_safe=True, max_attempts=3)
     await add_tasks(db, tenant, plain, 30, rerun_safe=False, max_attempts=2)
     await add_tasks(db, tenant, capped, 20, rerun_safe=True, max_attempts=1)
+    for key in (b"acct-1", b"acct-2", b"acct-3"):  # keyed permits under the same traffic
+        await add_tasks(db, tenant, plain, 6, rerun_safe=True, max_attempts=3,
+                        concurrency_key=key)
     late = await add_tasks(db, tenant, plain, 4, handler="never", deadline_s=600)
     sessions = [await open_session(db, tenant, [plain, capped]) for _ in range(3)]
     traffic = Traffic(db=db, tenant=tenant, who=await principal(db, tenant),
@@ -292,6 +295,10 @@ async def test_real_traffic_keeps_every_invariant(
         "outcome_unknown", "cancel_requested", "cancelled", "offer_expired", "lease_lost",
         "lease_lost_retry", "reviewed_succeeded", "reviewed_failed", "deadline_exceeded",
         "deadline_exceeded_with_uncertain_effect")} <= event_types
+    permits = await rows(db, "SELECT COUNT(*) AS n, COUNT(DISTINCT release_reason) AS reasons"
+                             " FROM pulse_permits WHERE namespace_id = %s", tenant.namespace_id)
+    assert permits[0]["n"] >= 6
+    assert permits[0]["reasons"] >= 3
     successors = await rows(db, "SELECT COUNT(*) AS n FROM pulse_tasks WHERE namespace_id = %s"
                                 " AND retry_of IS NOT NULL", tenant.namespace_id)
     assert successors[0]["n"] > 0
@@ -653,8 +660,279 @@ async def test_acknowledged_tasks_must_exist_and_creation_events_can_be_required
     assert len(required) == len(sc.task) - 1
 
 
+# --- (c) flow control: counters, start windows, concurrency keys and permits --------------------
+
+
+@attrs.frozen(kw_only=True)
+class FlowScenario:
+    """:class:`Scenario` plus a queue of keyed tasks with permits in every condition, and a
+    start window in use, built through the real functions."""
+
+    base: Scenario
+    queue: QueueRef  # the keyed tasks' queue (max_starts_per_second 100)
+    task: dict[str, bytes]
+    grant: dict[str, Grant]
+
+    @property
+    def tenant(self) -> Tenant:
+        return self.base.tenant
+
+
+async def build_flow_scenario(db: Database) -> FlowScenario:
+    base = await build_scenario(db)
+    tenant = base.tenant
+    queue = await make_queue(db, tenant)
+    await sql_async(db, "UPDATE pulse_queues SET max_starts_per_second = 100"
+                        " WHERE namespace_id = %s AND id = %s", tenant.namespace_id, queue.id)
+    session = await open_session(db, tenant, [queue])
+    task: dict[str, bytes] = {}
+    grant: dict[str, Grant] = {}
+
+    async def add_and_claim(name: str, key: bytes, *, started: bool) -> None:
+        # One at a time: each claim must pick exactly the task just added.
+        (task[name],) = await add_tasks(db, tenant, queue, concurrency_key=key)
+        (grant[name],) = await claim(db, session, queue, 1)
+        assert grant[name].task_id == task[name]
+        if started:
+            (approved,) = await start(db, tenant, [grant[name]])
+            assert approved.approved
+
+    await add_and_claim("done", b"k-two", started=True)  # token 1, released on success
+    (finished,) = await finish(db, tenant, [report(grant["done"], "succeeded")])
+    assert finished.task_state == "SUCCEEDED"
+    await add_and_claim("next", b"k-two", started=True)  # token 3, valid
+    await add_and_claim("running", b"k-held", started=True)
+    (task["behind"],) = await add_tasks(db, tenant, queue, concurrency_key=b"k-held")
+    await add_and_claim("offered", b"k-offered", started=False)
+    assert [grant[n].concurrency_token for n in ("done", "next", "running", "offered")] == [
+        1, 3, 1, 1]
+    return FlowScenario(base=base, queue=queue, task=task, grant=grant)
+
+
+async def sql_async(db: Database, statement: str, *params: Any) -> None:
+    async def body(cur: Any) -> None:
+        await cur.execute(statement, params)
+
+    await db.transaction("test.sql", body)
+
+
+def _key_row(conn: Any, fs: FlowScenario, key: bytes, assignment: str, *params: Any) -> None:
+    sql(conn, f"UPDATE pulse_concurrency_limits SET {assignment}"
+              " WHERE namespace_id = %s AND scope_key = %s",
+        *params, fs.tenant.namespace_id, key)
+
+
+def _permit(conn: Any, fs: FlowScenario, name: str, assignment: str, *params: Any) -> None:
+    sql(conn, f"UPDATE pulse_permits SET {assignment} WHERE namespace_id = %s AND attempt_id = %s",
+        *params, fs.tenant.namespace_id, fs.grant[name].attempt_id)
+
+
+def f_queue_unfinished_drift(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "UPDATE pulse_queues SET unfinished_tasks = unfinished_tasks + 1"
+              " WHERE namespace_id = %s AND id = %s", fs.tenant.namespace_id, fs.queue.id)
+
+
+def f_task_ended_without_counter(conn: Any, fs: FlowScenario) -> None:
+    _set_task(conn, fs.base, "WAITING", "state = 'CANCELLED', completed_at = UTC_TIMESTAMP(6)")
+
+
+def f_application_unfinished(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "UPDATE orbit_application_resources SET unfinished_tasks = unfinished_tasks + 1"
+              " WHERE application_id = %s", fs.tenant.application_id)
+
+
+def f_application_reserved(conn: Any, fs: FlowScenario) -> None:
+    # An offer started without giving back its reservation.
+    sql(conn, "UPDATE orbit_application_resources SET reserved_attempts = reserved_attempts + 1"
+              " WHERE application_id = %s", fs.tenant.application_id)
+
+
+def f_application_active(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "UPDATE orbit_application_resources SET active_attempts = active_attempts - 1"
+              " WHERE application_id = %s", fs.tenant.application_id)
+
+
+def f_application_row_missing(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "DELETE FROM orbit_application_resources WHERE application_id = %s",
+        fs.tenant.application_id)
+
+
+def f_window_over_limit(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "UPDATE pulse_queues SET max_starts_per_second = 2, starts_in_window = 3,"
+              " start_window_until = UTC_TIMESTAMP(6) + INTERVAL 900000 MICROSECOND"
+              " WHERE namespace_id = %s AND id = %s", fs.tenant.namespace_id, fs.queue.id)
+
+
+def f_window_too_long(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "UPDATE orbit_application_resources SET max_starts_per_second = 5,"
+              " starts_in_window = 1, start_window_until = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR"
+              " WHERE application_id = %s", fs.tenant.application_id)
+
+
+def f_key_bytes_differ(conn: Any, fs: FlowScenario) -> None:
+    _key_row(conn, fs, b"k-held", "scope_key = %s", b"k-HELD")
+
+
+def f_key_row_missing(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "UPDATE pulse_tasks SET concurrency_key = %s, concurrency_key_digest = %s"
+              " WHERE namespace_id = %s AND id = %s",
+        b"k-new", secrets.token_bytes(32), fs.tenant.namespace_id, fs.task["behind"])
+
+
+def f_keyed_attempt_without_token(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "UPDATE pulse_attempts SET concurrency_token = NULL"
+              " WHERE namespace_id = %s AND id = %s",
+        fs.tenant.namespace_id, fs.grant["done"].attempt_id)
+
+
+def f_token_without_key(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "UPDATE pulse_attempts SET concurrency_token = 7"
+              " WHERE namespace_id = %s AND id = %s",
+        fs.tenant.namespace_id, fs.base.grant["SUCCEEDED"].attempt_id)
+
+
+def f_held_count(conn: Any, fs: FlowScenario) -> None:
+    _key_row(conn, fs, b"k-held", "held_permits = 0")
+
+
+def f_two_valid_permits(conn: Any, fs: FlowScenario) -> None:
+    # uq_permits_held makes this impossible on a sound schema: this scratch database's permit
+    # table stops enforcing it (as `unchecked` does for a CHECK on MySQL).
+    ((present,),) = sql(conn, "SELECT COUNT(*) FROM information_schema.statistics"
+                              " WHERE table_schema = DATABASE() AND table_name = 'pulse_permits'"
+                              " AND index_name = 'uq_permits_held'")
+    if present:
+        sql(conn, "ALTER TABLE pulse_permits DROP INDEX uq_permits_held")
+    _permit(conn, fs, "done", "released_at = NULL, release_reason = NULL")
+
+
+def f_wrong_release_reason(conn: Any, fs: FlowScenario) -> None:
+    _permit(conn, fs, "done", "release_reason = 'FAILED'")
+
+
+def f_valid_permit_of_finished_attempt(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "UPDATE pulse_attempts SET state = 'SUCCEEDED', finished_at = UTC_TIMESTAMP(6)"
+              " WHERE namespace_id = %s AND id = %s",
+        fs.tenant.namespace_id, fs.grant["running"].attempt_id)
+
+
+def f_permit_token_differs(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "UPDATE pulse_attempts SET concurrency_token = 2"
+              " WHERE namespace_id = %s AND id = %s",
+        fs.tenant.namespace_id, fs.grant["offered"].attempt_id)
+
+
+def f_released_early(conn: Any, fs: FlowScenario) -> None:
+    _permit(conn, fs, "running",
+            "released_at = UTC_TIMESTAMP(6), release_reason = 'SUCCEEDED'")
+
+
+def f_permit_missing(conn: Any, fs: FlowScenario) -> None:
+    sql(conn, "DELETE FROM pulse_permits WHERE namespace_id = %s AND attempt_id = %s",
+        fs.tenant.namespace_id, fs.grant["offered"].attempt_id)
+
+
+def f_tokens_out_of_order(conn: Any, fs: FlowScenario) -> None:
+    _permit(conn, fs, "next", "acquired_at = acquired_at - INTERVAL 1 DAY")
+
+
+def f_overlapping_holders(conn: Any, fs: FlowScenario) -> None:
+    _permit(conn, fs, "done", "released_at = released_at + INTERVAL 1 DAY")
+
+
+def f_token_above_revision(conn: Any, fs: FlowScenario) -> None:
+    _permit(conn, fs, "next", "token = 30")
+    sql(conn, "UPDATE pulse_attempts SET concurrency_token = 30"
+              " WHERE namespace_id = %s AND id = %s",
+        fs.tenant.namespace_id, fs.grant["next"].attempt_id)
+
+
+def f_revision_drift(conn: Any, fs: FlowScenario) -> None:
+    _key_row(conn, fs, b"k-offered", "revision = revision + 1")
+
+
+FLOW_CORRUPTIONS: list[tuple[str, Callable[[Any, FlowScenario], None]]] = [
+    ("queue_unfinished", f_queue_unfinished_drift),
+    ("queue_unfinished", f_task_ended_without_counter),
+    ("application_counter", f_application_unfinished),
+    ("application_counter", f_application_reserved),
+    ("application_counter", f_application_active),
+    ("application_counter", f_application_row_missing),
+    ("application_counter", f_task_ended_without_counter),
+    ("start_window", f_window_over_limit),
+    ("start_window", f_window_too_long),
+    ("key_row", f_key_bytes_differ),
+    ("key_row", f_key_row_missing),
+    ("attempt_token", f_keyed_attempt_without_token),
+    ("attempt_token", f_token_without_key),
+    ("permit_count", f_held_count),
+    ("permit_count", f_released_early),
+    ("permit_held", f_two_valid_permits),
+    ("permit_holder", f_wrong_release_reason),
+    ("permit_holder", f_valid_permit_of_finished_attempt),
+    ("permit_holder", f_permit_token_differs),
+    ("permit_holder", f_released_early),
+    ("permit_missing", f_released_early),
+    ("permit_missing", f_permit_missing),
+    ("permit_missing", f_permit_token_differs),
+    ("permit_tokens", f_tokens_out_of_order),
+    ("permit_tokens", f_overlapping_holders),
+    ("permit_tokens", f_token_above_revision),
+    ("permit_tokens", f_two_valid_permits),
+    ("permit_revision", f_revision_drift),
+]
+
+
+@pytest.mark.parametrize(("code", "corrupt"), FLOW_CORRUPTIONS,
+                         ids=[f"{code}-{fn.__name__[2:]}" for code, fn in FLOW_CORRUPTIONS])
+async def test_the_checker_reports_each_flow_control_corruption(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any], code: str,
+    corrupt: Callable[[Any, FlowScenario], None],
+) -> None:
+    damaged = await build_flow_scenario(scratch_db)
+    bystander = await build_flow_scenario(scratch_db)
+    assert check(scratch_conn, [damaged.tenant.namespace_id]) == []
+    corrupt(scratch_conn, damaged)
+    found = check(scratch_conn, [damaged.tenant.namespace_id])
+    assert code in codes(found), found
+    assert all(v.startswith("[") and "] " in v for v in found)
+    assert check(scratch_conn, [bystander.tenant.namespace_id]) == []
+    assert code in codes(check(scratch_conn))  # unscoped sees it too
+    assert code in codes(await check_db(scratch_db, [damaged.tenant.namespace_id]))
+
+
+async def test_application_counters_are_checked_over_all_its_namespaces(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any]
+) -> None:
+    """A check scoped to one namespace recounts the application over all of its namespaces: work
+    in a sibling namespace is neither a false alarm nor hidden."""
+    from orbit_common.platform import commands
+
+    sc = await build_scenario(scratch_db)
+    who = await principal(scratch_db, sc.tenant)
+    sibling = await commands.create_namespace(scratch_db, who, name=f"ns-{secrets.token_hex(4)}",
+                                              description="", idempotency_key=None)
+    other = attrs.evolve(sc.tenant, namespace=sibling.body["name"],
+                         namespace_id=sibling.resource_id)
+    queue = await make_queue(scratch_db, other)
+    await add_tasks(scratch_db, other, queue, 3)
+    session = await open_session(scratch_db, other, [queue])
+    await claim(scratch_db, session, queue, 2)
+    for scope in ([sc.tenant.namespace_id], [other.namespace_id]):
+        assert check(scratch_conn, scope) == []
+    sql(scratch_conn, "UPDATE pulse_queues SET unfinished_tasks = unfinished_tasks - 1,"
+                      " active_attempts = active_attempts - 1 WHERE namespace_id = %s",
+        other.namespace_id)
+    sql(scratch_conn, "UPDATE orbit_application_resources SET active_attempts = active_attempts - 1"
+                      " WHERE application_id = %s", sc.tenant.application_id)
+    assert codes(check(scratch_conn, [sc.tenant.namespace_id])) == {"application_counter"}
+    assert codes(check(scratch_conn, [other.namespace_id])) == {
+        "application_counter", "queue_counter", "queue_unfinished"}
+
+
 def test_every_code_has_a_corruption_test() -> None:
     from tests.support.invariants import CODES
 
-    covered = {code for code, _ in CORRUPTIONS} | {"stuck", "missing_task"}
+    covered = ({code for code, _ in CORRUPTIONS} | {code for code, _ in FLOW_CORRUPTIONS}
+               | {"stuck", "missing_task"})
     assert covered == set(CODES)

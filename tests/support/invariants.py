@@ -34,6 +34,36 @@ Invariants (code: what must hold)
     result_sequence       each namespace's result sequences are gap-free 1..n, and the stream's
                           next_sequence is n + 1
     queue_counter         pulse_queues.active_attempts equals a recount of unfinished attempts
+    queue_unfinished      pulse_queues.unfinished_tasks equals a recount of its tasks in WAITING,
+                          LEASED, RUNNING or NEEDS_REVIEW
+    application_counter   every application has its orbit_application_resources row, whose
+                          unfinished_tasks, active_attempts (OFFERED/RUNNING) and
+                          reserved_attempts (OFFERED) equal recounts over all its namespaces
+    start_window          a current start window (start_window_until in the future, database
+                          time) ends at most 1 s from now and has not approved more starts than
+                          max_starts_per_second (queues and applications). Caveat: a limit
+                          lowered inside a current window may leave it above the new limit for
+                          the rest of that second; no test lowers a limit and checks within it
+    key_row               a task with a concurrency key has its key's pulse_concurrency_limits
+                          row (found by digest) and the row holds the same exact bytes
+    attempt_token         an attempt carries a concurrency_token exactly when its task has a key
+    permit_count          a key row's held_permits equals the count of its unreleased permits
+    permit_held           at most one unreleased (valid) permit per key
+    permit_holder         every permit names an existing attempt of its task with the same token,
+                          on the task's own key row; a valid permit's attempt is OFFERED/RUNNING
+                          and its task's current attempt; a released permit's attempt is
+                          finished and the release reason is that attempt's final state
+    permit_missing        every OFFERED/RUNNING attempt with a token holds exactly one valid
+                          permit, with that token, on its task's key row
+    permit_tokens         per key, in grant order (acquired_at, tie: token), each token is at
+                          least 2 above the previous one (its release came in between), the
+                          previous permit was released no later than the next was acquired (no
+                          two holders at one instant), only the last permit may still be
+                          valid, and no token exceeds the key row's revision
+    permit_revision       a key row's revision == grants + releases, i.e. the count of its
+                          permits plus the count of released ones, counted from the revision
+                          before its first grant (0 unless a test started the key near the
+                          token bound: first token - 1)
     uncertain_final       effect_uncertain is never set on SUCCEEDED/FAILED/CANCELLED
     uncertainty_dropped   a task one of whose attempts ended with an unknown effect (UNKNOWN,
                           LEASE_EXPIRED) still carries the flag unless a success or a human
@@ -67,6 +97,7 @@ from orbit_common.pulse.model import (
 )
 
 LIVE = "('OFFERED', 'RUNNING')"
+UNFINISHED = "('WAITING', 'LEASED', 'RUNNING', 'NEEDS_REVIEW')"
 TERMINAL = "('SUCCEEDED', 'FAILED', 'CANCELLED')"
 OUTCOMES = "('SUCCEEDED', 'FAILED', 'CANCELLED', 'NEEDS_REVIEW')"
 DEFAULT_GRACE = dt.timedelta(seconds=30)
@@ -81,6 +112,9 @@ CODES = (
     "idle_task_lease", "completed_at", "outcome_event", "result_event", "result_event_mismatch",
     "result_sequence", "queue_counter", "uncertain_final", "uncertainty_dropped",
     "success_overwritten", "transition", "event_revisions", "stuck", "missing_task",
+    "queue_unfinished", "application_counter", "start_window", "key_row", "attempt_token",
+    "permit_count", "permit_held", "permit_holder", "permit_missing", "permit_tokens",
+    "permit_revision",
 )
 
 
@@ -102,6 +136,19 @@ class Scope:
             return " AND FALSE"
         ids = ", ".join(f"X'{ns.hex()}'" for ns in self.namespace_ids)
         return f" AND {alias}.namespace_id IN ({ids})"
+
+    def apps(self, column: str) -> str:
+        """``AND column IN (the applications owning the scoped namespaces)``, or nothing.
+
+        Application counters span every namespace of the application, so a scoped check
+        recounts all of them, not only the scoped ones."""
+        if self.namespace_ids is None:
+            return ""
+        if not self.namespace_ids:
+            return " AND FALSE"
+        ids = ", ".join(f"X'{ns.hex()}'" for ns in self.namespace_ids)
+        return (f" AND {column} IN (SELECT sn.application_id FROM orbit_namespaces sn"
+                f" WHERE sn.id IN ({ids}))")
 
     @property
     def grace_us(self) -> int:
@@ -359,6 +406,244 @@ GROUP BY t.namespace_id, t.id, t.state
 HAVING t.state <> 'SUCCEEDED' OR COUNT(*) > 1"""
 
 
+# --- flow control: counters, start windows, concurrency keys and permits ---------------------
+
+def _queue_unfinished_sql(s: Scope) -> str:
+    return f"""
+SELECT q.namespace_id, q.id AS queue_id, q.name, q.unfinished_tasks, COALESCE(c.n, 0) AS found
+FROM pulse_queues q
+LEFT JOIN (
+  SELECT t.namespace_id, t.queue_id, COUNT(*) AS n FROM pulse_tasks t
+  WHERE t.state IN {UNFINISHED}{s.ns('t')} GROUP BY t.namespace_id, t.queue_id
+) c ON c.namespace_id = q.namespace_id AND c.queue_id = q.id
+WHERE q.unfinished_tasks <> COALESCE(c.n, 0){s.ns('q')}"""
+
+
+def _application_counter_sql(s: Scope) -> str:
+    return f"""
+SELECT a.id AS application_id, a.name, r.application_id AS resource_row,
+       r.unfinished_tasks, r.active_attempts, r.reserved_attempts,
+       COALESCE(u.n, 0) AS unfinished, COALESCE(x.active, 0) AS active,
+       COALESCE(x.reserved, 0) AS reserved
+FROM orbit_applications a
+LEFT JOIN orbit_application_resources r ON r.application_id = a.id
+LEFT JOIN (
+  SELECT n.application_id, COUNT(*) AS n
+  FROM orbit_namespaces n JOIN pulse_tasks t ON t.namespace_id = n.id
+  WHERE t.state IN {UNFINISHED}{s.apps('n.application_id')}
+  GROUP BY n.application_id
+) u ON u.application_id = a.id
+LEFT JOIN (
+  SELECT n.application_id, COUNT(*) AS active, SUM(x.state = 'OFFERED') AS reserved
+  FROM orbit_namespaces n JOIN pulse_attempts x ON x.namespace_id = n.id
+  WHERE x.state IN {LIVE}{s.apps('n.application_id')}
+  GROUP BY n.application_id
+) x ON x.application_id = a.id
+WHERE (r.application_id IS NULL OR r.unfinished_tasks <> COALESCE(u.n, 0)
+       OR r.active_attempts <> COALESCE(x.active, 0)
+       OR r.reserved_attempts <> COALESCE(x.reserved, 0)){s.apps('a.id')}"""
+
+
+def _application_counter_render(row: dict[str, Any], _s: Scope) -> str:
+    head = f"application {_h(row['application_id'])} ({row['name']})"
+    if row["resource_row"] is None:
+        return f"{head} has no orbit_application_resources row"
+    return (f"{head} counts unfinished/active/reserved {row['unfinished_tasks']}/"
+            f"{row['active_attempts']}/{row['reserved_attempts']}, a recount over its"
+            f" namespaces finds {row['unfinished']}/{row['active']}/{row['reserved']}")
+
+
+def _start_window_sql(s: Scope) -> str:
+    current = "{t}.start_window_until > UTC_TIMESTAMP(6)"
+    bad = ("({t}.start_window_until > UTC_TIMESTAMP(6) + INTERVAL 1 SECOND"
+           " OR ({t}.max_starts_per_second IS NOT NULL"
+           " AND {t}.starts_in_window > {t}.max_starts_per_second))")
+    return f"""
+SELECT 'queue' AS kind, q.namespace_id AS owner, q.name, q.max_starts_per_second AS lim,
+       q.starts_in_window AS used, q.start_window_until AS until, UTC_TIMESTAMP(6) AS now
+FROM pulse_queues q
+WHERE {current.format(t='q')} AND {bad.format(t='q')}{s.ns('q')}
+UNION ALL
+SELECT 'application', r.application_id, NULL, r.max_starts_per_second, r.starts_in_window,
+       r.start_window_until, UTC_TIMESTAMP(6)
+FROM orbit_application_resources r
+WHERE {current.format(t='r')} AND {bad.format(t='r')}{s.apps('r.application_id')}"""
+
+
+def _start_window_render(row: dict[str, Any], _s: Scope) -> str:
+    owner = (f"queue {_h(row['owner'])}/{row['name']}" if row["kind"] == "queue"
+             else f"application {_h(row['owner'])}")
+    return (f"{owner}: the start window until {row['until']} (now {row['now']}) holds"
+            f" {row['used']} starts, limit {_h(row['lim'])} (a window lasts at most 1 s and"
+            f" never holds more than its limit)")
+
+
+def _key_row_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.concurrency_key, l.id AS limit_id, l.scope_key
+FROM pulse_tasks t
+LEFT JOIN pulse_concurrency_limits l ON l.namespace_id = t.namespace_id
+  AND l.key_digest = t.concurrency_key_digest
+WHERE t.concurrency_key_digest IS NOT NULL
+  AND (l.id IS NULL OR l.scope_key <> t.concurrency_key){s.ns('t')}"""
+
+
+def _key_row_render(row: dict[str, Any], _s: Scope) -> str:
+    head = f"{_task(row)} with concurrency key {row['concurrency_key']!r}"
+    if row["limit_id"] is None:
+        return f"{head} has no key row"
+    return f"{head}: its key row {_h(row['limit_id'])} holds {row['scope_key']!r}"
+
+
+def _attempt_token_sql(s: Scope) -> str:
+    return f"""
+SELECT a.namespace_id, a.task_id, a.id AS attempt_id, a.generation, a.state,
+       a.concurrency_token, t.concurrency_key
+FROM pulse_attempts a
+JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
+WHERE (a.concurrency_token IS NULL) <> (t.concurrency_key_digest IS NULL){s.ns('a')}"""
+
+
+def _attempt_token_render(row: dict[str, Any], _s: Scope) -> str:
+    which = f"attempt {_h(row['attempt_id'])} (generation {row['generation']}, {row['state']})"
+    if row["concurrency_token"] is None:
+        return (f"{_task(row)} has concurrency key {row['concurrency_key']!r} but its {which}"
+                f" has no token")
+    return (f"{_task(row)} has no concurrency key but its {which} carries token"
+            f" {row['concurrency_token']}")
+
+
+def _permit_count_sql(s: Scope) -> str:
+    return f"""
+SELECT l.namespace_id, l.id AS limit_id, l.scope_key, l.held_permits, COALESCE(c.n, 0) AS held
+FROM pulse_concurrency_limits l
+LEFT JOIN (
+  SELECT p.namespace_id, p.limit_id, COUNT(*) AS n FROM pulse_permits p
+  WHERE p.released_at IS NULL{s.ns('p')} GROUP BY p.namespace_id, p.limit_id
+) c ON c.namespace_id = l.namespace_id AND c.limit_id = l.id
+WHERE l.held_permits <> COALESCE(c.n, 0){s.ns('l')}"""
+
+
+def _key(row: dict[str, Any]) -> str:
+    return f"key {_h(row['namespace_id'])}/{row['scope_key']!r}"
+
+
+def _permit_held_sql(s: Scope) -> str:
+    return f"""
+SELECT p.namespace_id, p.limit_id, l.scope_key, COUNT(*) AS n,
+       GROUP_CONCAT(p.token ORDER BY p.token) AS tokens
+FROM pulse_permits p
+LEFT JOIN pulse_concurrency_limits l ON l.namespace_id = p.namespace_id AND l.id = p.limit_id
+WHERE p.released_at IS NULL{s.ns('p')}
+GROUP BY p.namespace_id, p.limit_id, l.scope_key
+HAVING COUNT(*) > 1"""
+
+
+def _permit_holder_sql(s: Scope) -> str:
+    return f"""
+SELECT p.namespace_id, p.id AS permit_id, p.task_id, p.attempt_id, p.token, p.released_at,
+       p.release_reason, a.id AS found_attempt, a.task_id AS attempt_task,
+       a.state AS attempt_state, a.concurrency_token, t.id AS found_task, t.current_attempt_id,
+       t.concurrency_key_digest AS task_digest, l.id AS found_key, l.key_digest, l.scope_key
+FROM pulse_permits p
+LEFT JOIN pulse_attempts a ON a.namespace_id = p.namespace_id AND a.id = p.attempt_id
+LEFT JOIN pulse_tasks t ON t.namespace_id = p.namespace_id AND t.id = p.task_id
+LEFT JOIN pulse_concurrency_limits l ON l.namespace_id = p.namespace_id AND l.id = p.limit_id
+WHERE NOT (a.id IS NOT NULL AND a.task_id = p.task_id AND a.concurrency_token <=> p.token
+           AND t.id IS NOT NULL AND l.id IS NOT NULL AND l.key_digest <=> t.concurrency_key_digest
+           AND CASE WHEN p.released_at IS NULL
+                    THEN a.state IN {LIVE} AND t.current_attempt_id <=> a.id
+                    ELSE a.state NOT IN {LIVE} AND p.release_reason <=> a.state END){s.ns('p')}"""
+
+
+def _permit_holder_render(row: dict[str, Any], _s: Scope) -> str:
+    valid = row["released_at"] is None
+    head = (f"{'valid' if valid else 'released'} permit {_h(row['permit_id'])} (token"
+            f" {row['token']}) of {_task(row)}")
+    if row["found_attempt"] is None:
+        return f"{head} names missing attempt {_h(row['attempt_id'])}"
+    if row["attempt_task"] != row["task_id"]:
+        return f"{head}: its attempt belongs to task {_h(row['attempt_task'])}"
+    if row["concurrency_token"] != row["token"]:
+        return f"{head}: its attempt carries token {_h(row['concurrency_token'])}"
+    if row["found_task"] is None:
+        return f"{head}: the task does not exist"
+    if row["found_key"] is None or row["key_digest"] != row["task_digest"]:
+        return f"{head} is on key row {_h(row['found_key'])}, not its task's key"
+    if valid:
+        return (f"{head}: its attempt {_h(row['attempt_id'])} is {row['attempt_state']} and"
+                f" the task's current attempt is {_h(row['current_attempt_id'])}")
+    return (f"{head}: released as {_h(row['release_reason'])} but its attempt is"
+            f" {row['attempt_state']}")
+
+
+def _permit_missing_sql(s: Scope) -> str:
+    return f"""
+SELECT a.namespace_id, a.task_id, a.id AS attempt_id, a.state, a.concurrency_token,
+       COUNT(p.id) AS n
+FROM pulse_attempts a
+JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
+LEFT JOIN pulse_concurrency_limits l ON l.namespace_id = t.namespace_id
+  AND l.key_digest = t.concurrency_key_digest
+LEFT JOIN pulse_permits p ON p.namespace_id = a.namespace_id AND p.attempt_id = a.id
+  AND p.released_at IS NULL AND p.token = a.concurrency_token AND p.limit_id = l.id
+WHERE a.state IN {LIVE} AND a.concurrency_token IS NOT NULL{s.ns('a')}
+GROUP BY a.namespace_id, a.task_id, a.id, a.state, a.concurrency_token
+HAVING COUNT(p.id) <> 1"""
+
+
+def _permit_tokens_sql(s: Scope) -> str:
+    # Token differences, never sums: tokens may sit next to 2**63 - 1.
+    return f"""
+SELECT x.namespace_id, x.scope_key, x.token, x.acquired_at, x.released_at, x.revision,
+       x.prev_token, x.prev_released, x.next_token
+FROM (
+  SELECT p.namespace_id, l.scope_key, l.revision, p.token, p.acquired_at, p.released_at,
+         LAG(p.token) OVER w AS prev_token, LAG(p.released_at) OVER w AS prev_released,
+         LAG(p.id) OVER w AS prev_id, LEAD(p.token) OVER w AS next_token
+  FROM pulse_permits p
+  JOIN pulse_concurrency_limits l ON l.namespace_id = p.namespace_id AND l.id = p.limit_id
+  WHERE TRUE{s.ns('p')}
+  WINDOW w AS (PARTITION BY p.namespace_id, p.limit_id ORDER BY p.acquired_at, p.token)
+) x
+WHERE x.token > x.revision
+   OR (x.prev_id IS NOT NULL AND (x.token - x.prev_token < 2 OR x.prev_released IS NULL
+                                  OR x.prev_released > x.acquired_at))
+   OR (x.released_at IS NULL AND x.next_token IS NOT NULL)"""
+
+
+def _permit_tokens_render(row: dict[str, Any], _s: Scope) -> str:
+    head = f"{_key(row)}: the permit with token {row['token']} (acquired {row['acquired_at']})"
+    if row["token"] > row["revision"]:
+        return f"{head} is above the key's revision {row['revision']}"
+    if row["released_at"] is None and row["next_token"] is not None:
+        return f"{head} is still valid though token {row['next_token']} was granted after it"
+    return (f"{head} follows token {_h(row['prev_token'])} (released"
+            f" {_h(row['prev_released'])}): tokens must rise by at least 2 in grant order and"
+            f" the previous holder must have released first")
+
+
+def _permit_revision_sql(s: Scope) -> str:
+    return f"""
+SELECT l.namespace_id, l.id AS limit_id, l.scope_key, l.revision, COALESCE(c.n, 0) AS permits,
+       COALESCE(c.released, 0) AS released, c.lo
+FROM pulse_concurrency_limits l
+LEFT JOIN (
+  SELECT p.namespace_id, p.limit_id, COUNT(*) AS n, COUNT(p.released_at) AS released,
+         MIN(p.token) AS lo
+  FROM pulse_permits p WHERE TRUE{s.ns('p')} GROUP BY p.namespace_id, p.limit_id
+) c ON c.namespace_id = l.namespace_id AND c.limit_id = l.id
+WHERE CAST(l.revision AS DECIMAL(25)) <> COALESCE(CAST(c.lo AS DECIMAL(25)) - 1, 0)
+      + COALESCE(c.n, 0) + COALESCE(c.released, 0){s.ns('l')}"""
+
+
+def _permit_revision_render(row: dict[str, Any], _s: Scope) -> str:
+    base = 0 if row["lo"] is None else row["lo"] - 1
+    return (f"{_key(row)} is at revision {row['revision']}, but {row['permits']} grants and"
+            f" {row['released']} releases from revision {base} make"
+            f" {base + row['permits'] + row['released']}")
+
+
 # --- state events ----------------------------------------------------------------------------
 
 def _transitions_sql(s: Scope) -> str:
@@ -530,6 +815,25 @@ PROBES: tuple[Probe, ...] = (
                        f" ({r['occurred_at']}) is older than revision {r['prev_revision']}"
                        f" ({r['prev_at']})"),
     Probe("event_revisions", _event_revisions_sql, _event_revisions_render),
+    Probe("queue_unfinished", _queue_unfinished_sql,
+          lambda r, s: f"queue {_h(r['namespace_id'])}/{r['name']} counts"
+                       f" {r['unfinished_tasks']} unfinished tasks, a recount finds {r['found']}"),
+    Probe("application_counter", _application_counter_sql, _application_counter_render),
+    Probe("start_window", _start_window_sql, _start_window_render),
+    Probe("key_row", _key_row_sql, _key_row_render),
+    Probe("attempt_token", _attempt_token_sql, _attempt_token_render),
+    Probe("permit_count", _permit_count_sql,
+          lambda r, s: f"{_key(r)} counts {r['held_permits']} held permits, its valid permit"
+                       f" rows number {r['held']}"),
+    Probe("permit_held", _permit_held_sql,
+          lambda r, s: f"{_key(r)} has {r['n']} valid permits (tokens {r['tokens']})"),
+    Probe("permit_holder", _permit_holder_sql, _permit_holder_render),
+    Probe("permit_missing", _permit_missing_sql,
+          lambda r, s: f"{_task(r)}: live attempt {_h(r['attempt_id'])} ({r['state']}, token"
+                       f" {r['concurrency_token']}) holds {r['n']} valid permits with that"
+                       f" token on its key (expected exactly one)"),
+    Probe("permit_tokens", _permit_tokens_sql, _permit_tokens_render),
+    Probe("permit_revision", _permit_revision_sql, _permit_revision_render),
     Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),
     Probe("missing_task", _expected_sql,
           lambda r, s: f"acknowledged {_task(r)} does not exist",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import secrets
+import time
 from collections import Counter
 from typing import Any
 
@@ -99,3 +102,91 @@ async def scalar(db: Database, sql: str, *params: Any) -> Any:
         return next(iter(row.values()))
 
     return await db.read("test.scalar", body)
+
+
+# --- flow control: limits, counters and database time -------------------------------------------
+
+# Limit columns a test may set with plain SQL (identifiers from these fixed whitelists only).
+QUEUE_LIMITS = frozenset({"max_unfinished_tasks", "max_concurrent_attempts",
+                          "max_starts_per_second"})
+APPLICATION_LIMITS = frozenset({"max_unfinished_tasks", "max_active_attempts",
+                                "max_reserved_attempts", "max_starts_per_second"})
+
+
+async def set_queue_limits(db: Database, tenant: Tenant, queue_id: bytes,
+                           **limits: int | None) -> None:
+    """Set a queue's limits directly (config columns only; counters are never touched)."""
+    assert set(limits) <= QUEUE_LIMITS, limits
+    assignments = ", ".join(f"{column} = %s" for column in sorted(limits))
+
+    async def body(cur: Any) -> None:
+        await cur.execute(f"UPDATE pulse_queues SET {assignments}"
+                          " WHERE namespace_id = %s AND id = %s",
+                          (*[limits[c] for c in sorted(limits)], tenant.namespace_id, queue_id))
+
+    await db.transaction("test.queue_limits", body)
+
+
+async def set_application_limits(db: Database, tenant: Tenant, **limits: int | None) -> None:
+    """Set the tenant's application-wide limits directly (config columns only)."""
+    assert set(limits) <= APPLICATION_LIMITS, limits
+    assignments = ", ".join(f"{column} = %s" for column in sorted(limits))
+
+    async def body(cur: Any) -> None:
+        await cur.execute(f"UPDATE orbit_application_resources SET {assignments}"
+                          " WHERE application_id = %s",
+                          (*[limits[c] for c in sorted(limits)], tenant.application_id))
+
+    await db.transaction("test.application_limits", body)
+
+
+async def queue_counters(db: Database, tenant: Tenant, queue_id: bytes) -> dict[str, Any]:
+    async def body(cur: Any) -> dict[str, Any]:
+        await cur.execute(
+            "SELECT unfinished_tasks, active_attempts, starts_in_window, start_window_until,"
+            " max_unfinished_tasks, max_concurrent_attempts, max_starts_per_second"
+            " FROM pulse_queues WHERE namespace_id = %s AND id = %s",
+            (tenant.namespace_id, queue_id))
+        return dict(await cur.fetchone())
+
+    return await db.read("test.queue_counters", body)
+
+
+async def application_counters(db: Database, tenant: Tenant) -> dict[str, Any]:
+    async def body(cur: Any) -> dict[str, Any]:
+        await cur.execute(
+            "SELECT unfinished_tasks, active_attempts, reserved_attempts, starts_in_window,"
+            " start_window_until, max_unfinished_tasks, max_active_attempts,"
+            " max_reserved_attempts, max_starts_per_second"
+            " FROM orbit_application_resources WHERE application_id = %s",
+            (tenant.application_id,))
+        return dict(await cur.fetchone())
+
+    return await db.read("test.application_counters", body)
+
+
+async def key_row(db: Database, tenant: Tenant, key: bytes) -> dict[str, Any] | None:
+    """The concurrency key's row (exact bytes), or None."""
+    async def body(cur: Any) -> dict[str, Any] | None:
+        await cur.execute("SELECT * FROM pulse_concurrency_limits WHERE namespace_id = %s"
+                          " AND key_digest = %s",
+                          (tenant.namespace_id, resources.key_digest(key)))
+        row = await cur.fetchone()
+        return None if row is None else dict(row)
+
+    return await db.read("test.key_row", body)
+
+
+async def db_time(db: Database) -> dt.datetime:
+    """The database's clock (naive UTC, as DATETIME(6) columns read)."""
+    return (await scalar(db, "SELECT UTC_TIMESTAMP(6)")).replace(tzinfo=None)
+
+
+async def wait_db_time_past(db: Database, moment: dt.datetime, *, timeout: float = 10) -> None:
+    """Poll the database clock until it is past ``moment`` (naive UTC): database time decides
+    leases and windows, so tests wait on it, never on the local clock."""
+    deadline = time.monotonic() + timeout
+    while await db_time(db) <= moment:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the database clock did not pass {moment} in {timeout} s")
+        await asyncio.sleep(0.01)  # a poll interval, not a synchronisation

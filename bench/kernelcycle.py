@@ -11,6 +11,7 @@ between it and the end-to-end figure is the cost of the processes and the protoc
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
@@ -20,6 +21,16 @@ from orbit_common.platform import credentials
 from orbit_common.pulse import leases, workers
 
 BATCH = 32
+
+
+async def _start(cur: Any, *, namespace_id: bytes,
+                 refs: list[leases.AttemptRef]) -> list[leases.StartOutcome]:
+    return await leases.start(cur, namespace_id, refs)
+
+
+async def _finish(cur: Any, *, namespace_id: bytes,
+                  reports: list[leases.FinishReport]) -> list[leases.FinishOutcome]:
+    return await leases.finish(cur, namespace_id, reports)
 
 
 async def run_kernel_cycle(url: DatabaseUrl, api_key: str, namespace: str, queue: str,
@@ -52,13 +63,12 @@ async def run_kernel_cycle(url: DatabaseUrl, api_key: str, namespace: str, queue
                     continue
                 refs = [leases.AttemptRef(attempt_id=g.attempt_id, token=g.token,
                                           generation=g.generation) for g in grants]
-                await db.transaction("bench.start",
-                                     lambda cur, r=refs: leases.start(cur, session.namespace_id, r))
+                await db.transaction("bench.start", functools.partial(
+                    _start, namespace_id=session.namespace_id, refs=refs))
                 reports = [leases.FinishReport(ref=r, report_id=ids.new_id(),
                                                outcome="succeeded", result="{}") for r in refs]
-                outcomes = await db.transaction(
-                    "bench.finish",
-                    lambda cur, r=reports: leases.finish(cur, session.namespace_id, r))
+                outcomes = await db.transaction("bench.finish", functools.partial(
+                    _finish, namespace_id=session.namespace_id, reports=reports))
                 if not all(o.accepted for o in outcomes):
                     raise RuntimeError(f"kernel cycle: a finish was refused: {outcomes[0]}")
                 done += len(grants)
@@ -66,7 +76,8 @@ async def run_kernel_cycle(url: DatabaseUrl, api_key: str, namespace: str, queue
         await asyncio.gather(*(loop(s) for s in sessions))
         elapsed = time.perf_counter() - started
         for session in sessions:
-            await db.transaction("bench.close", lambda cur, s=session: workers.close(cur, s))
+            await db.transaction("bench.close", functools.partial(workers.close,
+                                                                  session=session))
         return {"kernel_tasks": done, "kernel_tasks_per_s": round(done / elapsed, 1),
                 "kernel_loops": loops}
     finally:

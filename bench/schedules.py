@@ -51,7 +51,8 @@ def _rule(interval_ms: int, start: dt.datetime) -> str:
 def _db_now(conn: Any) -> dt.datetime:
     with conn.cursor() as cur:
         cur.execute("SELECT UTC_TIMESTAMP(6)")
-        return cur.fetchone()[0].replace(tzinfo=dt.UTC)
+        now: dt.datetime = cur.fetchone()[0]
+        return now.replace(tzinfo=dt.UTC)
 
 
 def _bulk(conn: Any, sql: str, rows: list[tuple[Any, ...]], width: int) -> None:

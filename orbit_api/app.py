@@ -15,7 +15,7 @@ from orbit_api.middleware import (
     problem_middleware,
     request_id_middleware,
 )
-from orbit_api.routes import interventions, platform, queues, tasks
+from orbit_api.routes import applications, interventions, platform, queues, schedules, tasks
 from orbit_common.db.pool import Database
 from orbit_common.service.config import OrbitConfig
 from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
@@ -46,10 +46,12 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     queues.add_routes(app)
     tasks.add_routes(app)
     interventions.add_routes(app)
+    applications.add_routes(app)
+    schedules.add_routes(app)
     return app
 
 
-for _module in (queues, tasks, interventions):
+for _module in (queues, tasks, interventions, applications, schedules):
     openapi.merge(_module.OPENAPI_PATHS, _module.OPENAPI_SCHEMAS)
 
 

@@ -1,4 +1,9 @@
-"""Middlewares: request id, problem documents for every error, bearer authentication."""
+"""Middlewares: request id, problem documents for every error, bearer authentication, metrics.
+
+Metrics: ``orbit_http_requests_total`` and ``orbit_http_request_seconds`` by route template;
+``orbit_backpressure_refusals_total{code}`` (defined in orbit_common/pulse/usage.py, shared with
+the dispatcher) for every 429 answer, by problem code.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from orbit_api import problems
 from orbit_api.context import DB, PRINCIPAL, REQUEST_ID
 from orbit_common import errors
 from orbit_common.platform import credentials
+from orbit_common.pulse import usage
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +75,8 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
     try:
         return await handler(request)
     except errors.OrbitError as exc:
+        if exc.status == 429:  # a flow-control limit refused the request; nothing was written
+            usage.BACKPRESSURE_REFUSALS.labels(exc.code).inc()
         if exc.status >= 500:
             log.warning("request failed: %s", exc, extra={"code": exc.code, "path": instance,
                                                           "request_id": request.get(REQUEST_ID)})

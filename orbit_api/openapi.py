@@ -31,6 +31,16 @@ COMMON_ERRORS = {
     "503": _problem("Database unavailable or commit outcome unknown; retry"),
 }
 
+# A flow-control refusal (docs/flow-control.md): nothing was written; the whole request (a whole
+# batch) may be sent again after Retry-After.
+TOO_MANY_REQUESTS: dict[str, Any] = {
+    **_problem("queue_full (the queue's limit of unfinished tasks) or "
+               "application_quota_exceeded (the application's); nothing was written"),
+    "headers": {"Retry-After": {
+        "description": "Seconds to wait before sending the request again",
+        "schema": {"type": "integer", "minimum": 0}}},
+}
+
 ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
 NAME = {"type": "string", "pattern": "^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$"}
 TIME = {"type": "string", "format": "date-time"}
@@ -105,6 +115,8 @@ DOCUMENT: dict[str, Any] = {
                     "type": {"type": "string"}, "title": {"type": "string"},
                     "status": {"type": "integer"}, "detail": {"type": "string"},
                     "code": {"type": "string"}, "instance": {"type": "string"},
+                    "retry_after_s": {"type": "integer", "minimum": 0,
+                                      "description": "429 only: the Retry-After header's value"},
                     "errors": {"type": "array", "items": {
                         "type": "object", "properties": {"path": {"type": "string"},
                                                          "message": {"type": "string"}}}},

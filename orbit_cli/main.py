@@ -23,6 +23,7 @@ from orbit_common.platform import authz, commands
 from orbit_common.platform import credentials as creds
 from orbit_common.platform import namespaces as nss
 from orbit_common.platform.audit import Actor
+from orbit_common.pulse import quotas
 from orbit_common.service.config import ConfigError, OrbitConfig, load_config
 
 T = TypeVar("T")
@@ -265,6 +266,83 @@ def app_disable(ctx: click.Context, name: str, reason: str) -> None:
     _echo_json(app.summary())
 
 
+@admin_app.group("resources")
+def app_resources() -> None:
+    """The application's shared quotas (docs/flow-control.md)."""
+
+
+UNLIMITED = "none"
+
+
+class LimitType(click.ParamType[int | str]):
+    """A limit: a positive integer, or ``none`` (unlimited, returned as :data:`UNLIMITED`)."""
+
+    name = "N|none"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | str:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text in {"none", "null", "unlimited"}:
+            return UNLIMITED
+        if not (text.isascii() and text.isdigit() and len(text) <= 10):
+            self.fail(f"{value!r} is neither a positive integer nor 'none'", param, ctx)
+        return int(text)
+
+
+LIMIT = LimitType()
+
+
+@app_resources.command("show")
+@click.argument("name")
+@click.pass_context
+def app_resources_show(ctx: click.Context, name: str) -> None:
+    """Limits, counters and the start window of application NAME."""
+    _echo_json(_with_db(ctx, lambda db: quotas.operator_show(db, application=name)))
+
+
+@app_resources.command("set")
+@click.argument("name")
+@click.option("--max-unfinished-tasks", type=LIMIT,
+              help="Unfinished tasks of all namespaces together ('none': unlimited).")
+@click.option("--max-active-attempts", type=LIMIT,
+              help="Attempts OFFERED or RUNNING together ('none': unlimited).")
+@click.option("--max-reserved-attempts", type=LIMIT,
+              help="Attempts granted and not yet started ('none': unlimited).")
+@click.option("--max-starts-per-second", type=LIMIT,
+              help="Start approvals per second together ('none': unlimited).")
+@click.option("--revision", type=click.IntRange(min=1), default=None,
+              help="Change only if the resources are still at this revision (compare-and-set)."
+              " Default: the revision read in the same transaction.")
+@click.option("--reason", default=None, help="Why; recorded in the audit log.")
+@click.pass_context
+def app_resources_set(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, name: str, max_unfinished_tasks: int | str | None,
+    max_active_attempts: int | str | None, max_reserved_attempts: int | str | None,
+    max_starts_per_second: int | str | None, revision: int | None,
+    reason: str | None,
+) -> None:
+    """Change the limits of application NAME; options left out keep their value.
+
+    Lowering a limit below the current usage is allowed: it refuses new work until usage
+    falls, and never deletes tasks or revokes grants.
+    """
+    given = {"max_unfinished_tasks": max_unfinished_tasks,
+             "max_active_attempts": max_active_attempts,
+             "max_reserved_attempts": max_reserved_attempts,
+             "max_starts_per_second": max_starts_per_second}
+    def field(value: int | str | None) -> quotas.Field:
+        if value is None:  # left out: unchanged
+            return quotas.UNSET
+        return None if isinstance(value, str) else value  # "none": unlimited
+
+    patch = quotas.LimitsPatch(**{k: field(v) for k, v in given.items()})
+    _echo_json(_with_db(ctx, lambda db: quotas.operator_set(
+        db, application=name, actor=_actor(ctx), patch=patch, revision=revision,
+        reason=reason)))
+
+
 @admin.group("namespace")
 def admin_namespace() -> None:
     """Namespaces."""
@@ -384,6 +462,18 @@ def dispatcher_command(ctx: click.Context) -> None:
     runner.run(DispatcherService, config, "dispatcher")
 
 
+@cli.command("scheduler")
+@click.pass_context
+def scheduler_command(ctx: click.Context) -> None:
+    """Run the scheduler daemon (fires due schedules; run any number of replicas)."""
+    from orbit_common.service import runner
+    from orbit_scheduler.service import SchedulerService
+
+    config = _config(ctx)
+    _url(ctx)
+    runner.run(SchedulerService, config, "scheduler")
+
+
 @cli.group()
 def bench() -> None:
     """Benchmarks (run from a checkout; figures go to bench/RESULTS.md)."""
@@ -414,6 +504,28 @@ def bench_tasks(count: int, workers: int, concurrency: int, rate: float | None, 
                  keys=keys, apps=apps)
     if not as_json:
         click.echo("tasks end to end vs the raw queue cycle (same server, same run):")
+    click.echo(json.dumps(result))
+
+
+@bench.command("schedules")
+@click.option("--schedules", "count", default=10_000, show_default=True)
+@click.option("--replicas", default=1, show_default=True, help="orbit scheduler processes.")
+@click.option("--steady-seconds", default=130.0, show_default=True,
+              help="How long the once-a-minute phase runs (at least two minutes for the issue).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON line.")
+def bench_schedules(count: int, replicas: int, steady_seconds: float, as_json: bool) -> None:
+    """Schedules: a burst of N due at once, then N firing staggered once a minute."""
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "bench" / "schedules.py").exists():
+        raise click.ClickException("orbit bench runs from a source checkout")
+    sys.path.insert(0, str(root))
+    from bench.schedules import run
+
+    result = run(os.environ.get("ORBIT_DATABASE_URL"), count, replicas, steady_seconds)
+    if not as_json:
+        click.echo("schedules: burst drain and steady lateness (from the ledger):")
     click.echo(json.dumps(result))
 
 

@@ -38,7 +38,7 @@ from orbit_api.middleware import (
 from orbit_common import errors
 from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
-from orbit_common.pulse import leases, workers
+from orbit_common.pulse import leases, usage, workers
 from orbit_common.pulse.workers import Session
 from orbit_common.service.config import OrbitConfig
 from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
@@ -270,6 +270,9 @@ class DispatcherService:
         refs = protocol.parse_refs(doc)
         out = await self.db.transaction("dispatch.start",
                                         lambda cur: leases.start(cur, namespace_id, refs))
+        limited = sum(1 for o in out if o.reason == "start_rate_limited")
+        if limited:
+            usage.BACKPRESSURE_REFUSALS.labels("start_rate_limited").inc(limited)
         return [protocol.start_json(o) for o in out]
 
     async def op_renew(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
@@ -286,10 +289,21 @@ class DispatcherService:
 
     async def _recovery_loop(self) -> None:
         interval = self.config.dispatcher.recovery_interval_s
+        gauges = usage.UsageGauges()
+        next_gauges = 0.0
         while True:
             await asyncio.sleep(interval * random.uniform(0.5, 1.5))  # noqa: S311
             if not self.gate.is_ready:
                 continue
+            loop_time = asyncio.get_running_loop().time()
+            if loop_time >= next_gauges:
+                # Usage gauges (queue lag, unfinished tasks, permits held): one read-only
+                # transaction every gauge_interval_s per dispatcher, not per request.
+                next_gauges = loop_time + self.config.dispatcher.gauge_interval_s
+                try:
+                    await gauges.refresh(self.db)
+                except errors.OrbitError as exc:
+                    log.warning("usage gauges not refreshed: %s", exc, extra={"code": exc.code})
             try:
                 while True:
                     n = await self.db.transaction("recovery.leases",

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from orbit_api.body import query_params, read_json
 from orbit_api.context import DB, principal_of, request_id_of
+from orbit_api.openapi import TOO_MANY_REQUESTS
 from orbit_api.routes.platform import idempotency_key
 from orbit_common.model import jsondoc
 from orbit_common.pulse import interventions, queries
@@ -102,8 +103,8 @@ def _problem(description: str) -> dict[str, Any]:
         "schema": {"$ref": "#/components/schemas/Problem"}}}}
 
 
-def _operation(summary: str, op_id: str, schema: str, ok: str,
-               conflicts: str) -> dict[str, Any]:
+def _operation(summary: str, op_id: str, schema: str, ok: str, conflicts: str,
+               **more: Any) -> dict[str, Any]:
     return {
         "summary": summary, "operationId": op_id, "parameters": _PARAMS,
         "requestBody": {"required": op_id != "cancelTask", "content": {"application/json": {
@@ -117,6 +118,7 @@ def _operation(summary: str, op_id: str, schema: str, ok: str,
             "403": _problem("forbidden"),
             "404": _problem("task_not_found"),
             "409": _problem(conflicts),
+            **more,
         },
     }
 
@@ -130,7 +132,9 @@ OPENAPI_PATHS: dict[str, Any] = {
         "200", "task_not_reviewable, idempotency_conflict")},
     PATH + "/retry": {"post": _operation(
         "Create the one manual retry of a FAILED or CANCELLED task", "retryTask",
-        "RetryRequest", "201", "task_not_retryable, already_retried, idempotency_conflict")},
+        "RetryRequest", "201", "task_not_retryable, already_retried, idempotency_conflict",
+        # The successor counts against the limits like a submission.
+        **{"429": TOO_MANY_REQUESTS})},
 }
 OPENAPI_SCHEMAS: dict[str, Any] = {
     "CancelRequest": {"type": "object", "additionalProperties": False,

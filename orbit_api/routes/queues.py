@@ -39,6 +39,8 @@ class CreateQueueRequest:
     execution_lease_ms: int = queues.DEFAULT_EXECUTION_LEASE_MS
     retry: RetryFields = attrs.field(factory=RetryFields)
     max_concurrent_attempts: int | None = None
+    max_unfinished_tasks: int | None = None
+    max_starts_per_second: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -58,6 +60,8 @@ class UpdateQueueRequest:
     execution_lease_ms: int | None = None
     retry: RetryPatchFields | None = None
     max_concurrent_attempts: int | None = None
+    max_unfinished_tasks: int | None = None
+    max_starts_per_second: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -87,6 +91,8 @@ def _settings(dto: CreateQueueRequest) -> queues.QueueSettings:
             jitter=DEFAULT_RETRY.jitter if jitter is None else jitter,
         ),
         max_concurrent_attempts=dto.max_concurrent_attempts,
+        max_unfinished_tasks=dto.max_unfinished_tasks,
+        max_starts_per_second=dto.max_starts_per_second,
     )
     problems += settings.problems()
     if problems:
@@ -117,8 +123,15 @@ def _patch(dto: UpdateQueueRequest, raw: dict[str, Any]) -> queues.QueuePatch:
         max_ms=retry.max_ms,
         multiplier=multiplier,
         jitter=jitter,
+        # A limit sent as null means "unlimited"; one left out stays as it is.
         max_concurrent_attempts=(
             dto.max_concurrent_attempts if "max_concurrent_attempts" in raw else queues.UNSET
+        ),
+        max_unfinished_tasks=(
+            dto.max_unfinished_tasks if "max_unfinished_tasks" in raw else queues.UNSET
+        ),
+        max_starts_per_second=(
+            dto.max_starts_per_second if "max_starts_per_second" in raw else queues.UNSET
         ),
     )
     problems += patch.problems()
@@ -250,11 +263,21 @@ _BODY_ERRORS = {"413": _problem("payload_too_large"), "415": _problem("unsupport
 
 _INT = {"type": "integer"}
 _DECIMAL = {"type": "string", "pattern": r"^[0-9]{1,3}(\.[0-9]{1,3})?$"}
+_FLOW_LIMIT = {"type": ["integer", "null"], "minimum": 1, "maximum": queues.INT_MAX}
 _LIMITS = {
     "offer_lease_ms": {**_INT, "minimum": 100, "maximum": 3_600_000},
     "execution_lease_ms": {**_INT, "minimum": 100, "maximum": 86_400_000},
-    "max_concurrent_attempts": {"type": ["integer", "null"], "minimum": 1,
-                                "maximum": queues.INT_MAX},
+    "max_concurrent_attempts": {
+        **_FLOW_LIMIT,
+        "description": "Attempts OFFERED or RUNNING at once, checked at claim; null: unlimited"},
+    "max_unfinished_tasks": {
+        **_FLOW_LIMIT,
+        "description": "Tasks WAITING, LEASED, RUNNING or NEEDS_REVIEW, checked at submit "
+                       "(429 queue_full); null: unlimited"},
+    "max_starts_per_second": {
+        **_FLOW_LIMIT,
+        "description": "Start approvals per one-second window, checked at start "
+                       "(start_rate_limited); null: unlimited"},
 }
 _RETRY_LIMITS = {
     "max_attempts": {**_INT, "minimum": 1, "maximum": 1000},
@@ -307,7 +330,7 @@ OPENAPI_PATHS: dict[str, Any] = {
     ITEM: {
         "parameters": [_NAMESPACE_PARAM, _QUEUE_PARAM],
         "get": {
-            "summary": "A queue with its gate and runtime counters",
+            "summary": "A queue with its gate, runtime counters and usage (backlog, lag)",
             "operationId": "getQueue",
             "responses": {"200": _json("Queue", "The queue"), **_ERRORS,
                           "403": _FORBIDDEN, "404": _NOT_FOUND},
@@ -358,7 +381,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     "Queue": {
         "type": "object",
         "required": ["id", "name", "description", "revision", "offer_lease_ms",
-                     "execution_lease_ms", "retry", "max_concurrent_attempts", "active_attempts",
+                     "execution_lease_ms", "retry", "max_concurrent_attempts",
+                     "max_unfinished_tasks", "max_starts_per_second", "active_attempts",
                      "paused", "gate", "created_at", "updated_at"],
         "properties": {
             "id": ID, "name": NAME, "description": {"type": "string"},
@@ -375,6 +399,28 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                                "reason": {"type": ["string", "null"]}},
             },
             "created_at": TIME, "updated_at": TIME,
+            "usage": {**_ref("QueueUsage"),
+                      "description": "Only in the answer to GET of one queue"},
+        },
+    },
+    "QueueUsage": {
+        "type": "object",
+        "required": ["measured_at", "unfinished_tasks", "active_attempts", "starts_in_window",
+                     "start_window_until", "waiting_tasks", "oldest_waiting_age_ms"],
+        "properties": {
+            "measured_at": {**TIME, "description": "Database time of the reading"},
+            "unfinished_tasks": {"type": "integer", "minimum": 0,
+                                 "description": "Tasks WAITING, LEASED, RUNNING, NEEDS_REVIEW"},
+            "active_attempts": {"type": "integer", "minimum": 0},
+            "starts_in_window": {"type": "integer", "minimum": 0,
+                                 "description": "Starts approved in the current one-second "
+                                                "window; 0 once it has passed"},
+            "start_window_until": {"type": ["string", "null"], "format": "date-time"},
+            "waiting_tasks": {"type": "integer", "minimum": 0,
+                              "description": "Due WAITING tasks (available now)"},
+            "oldest_waiting_age_ms": {"type": "integer", "minimum": 0,
+                                      "description": "Database time minus the oldest due "
+                                                     "WAITING task's available_at; 0 if none"},
         },
     },
     "QueuePage": {
@@ -392,6 +438,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                 "offer_lease_ms": queues.DEFAULT_OFFER_LEASE_MS,
                 "execution_lease_ms": queues.DEFAULT_EXECUTION_LEASE_MS,
                 "max_concurrent_attempts": None,
+                "max_unfinished_tasks": None,
+                "max_starts_per_second": None,
             }),
             "retry": {"type": "object", "additionalProperties": False,
                       "properties": _with_defaults(_RETRY_LIMITS, _RETRY_DEFAULTS)},

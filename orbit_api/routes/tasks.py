@@ -8,7 +8,7 @@ from aiohttp import web
 
 from orbit_api.body import int_param, query_params, read_json
 from orbit_api.context import DB, principal_of
-from orbit_api.openapi import COMMON_ERRORS, ID, NAME, TIME, _json, _problem
+from orbit_api.openapi import COMMON_ERRORS, ID, NAME, TIME, TOO_MANY_REQUESTS, _json, _problem
 from orbit_api.routes.platform import idempotency_key
 from orbit_common import errors
 from orbit_common.model import jsondoc
@@ -192,11 +192,13 @@ _SUBMIT_ERRORS = {
     "409": _problem("idempotency_conflict"),
     "413": _problem("payload_too_large"),
     "415": _problem("unsupported_media_type"),
+    "429": TOO_MANY_REQUESTS,
 }
 _STATES = [s.value for s in TaskState]
 _RECEIPT_PROPS: dict[str, Any] = {
     "id": ID, "queue": NAME, "handler": {"type": "string"}, "state": {"enum": _STATES},
     "priority": _int(0, 9), "business_key": {"type": ["string", "null"]},
+    "concurrency_key": {"type": ["string", "null"]},
     "created_at": TIME, "available_at": TIME, "deadline_at": _nullable(TIME),
     "start_deadline_at": _nullable(TIME), "rerun_safe": {"type": "boolean"},
     "revision": {"type": "integer", "minimum": 1},
@@ -216,6 +218,10 @@ _SUBMIT_PROPS: dict[str, Any] = {
     "priority": {**_int(0, 9), "default": 0},
     "business_key": {"type": "string", "minLength": 1,
                      "description": "At most 512 UTF-8 bytes, matched byte-exact"},
+    "concurrency_key": {"type": "string", "minLength": 1,
+                        "description": "1-255 UTF-8 bytes, matched byte-exact: at most one "
+                                       "valid permit per key in the namespace; each grant "
+                                       "carries a fencing token (docs/howto/fencing-tokens.md)"},
     "deadline_ms": _int(1, tasks.MAX_DEADLINE_MS),
     "start_deadline_ms": _int(1, tasks.MAX_DEADLINE_MS),
     "attempt_timeout_ms": _int(100, tasks.DAY_MS),
@@ -354,7 +360,11 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "state": {"enum": [s.value for s in AttemptState]},
             "worker_instance_id": ID, "worker_session_id": ID, "offered_at": TIME,
             "started_at": _nullable(TIME), "lease_expires_at": TIME,
-            "renewals": {"type": "integer"}, "finished_at": _nullable(TIME),
+            "renewals": {"type": "integer"},
+            "concurrency_token": {"type": ["integer", "null"], "minimum": 1,
+                                  "description": "Fencing token of the concurrency key's "
+                                                 "permit; null for a task without a key"},
+            "finished_at": _nullable(TIME),
             "retryable": {"type": ["boolean", "null"]}, "result": _JSON_ANY, "error": _JSON_ANY,
         },
     },

@@ -1,8 +1,10 @@
 """Queues: create, get, list, update (revision CAS), pause and resume through the execution gate.
 
 A queue is the dispatch scope of tasks and holds their default execution policy (offer lease,
-execution lease, retry policy, concurrency limit). Each queue owns one execution gate
-(``pulse_execution_gates``, ``owner_kind = 'QUEUE'``), created with it in the same transaction.
+execution lease, retry policy) and its flow-control limits (``max_concurrent_attempts``,
+``max_unfinished_tasks``, ``max_starts_per_second``; resources.py says where each is enforced).
+Each queue owns one execution gate (``pulse_execution_gates``, ``owner_kind = 'QUEUE'``), created
+with it in the same transaction.
 
 Invariants kept here:
 
@@ -10,9 +12,13 @@ Invariants kept here:
   ``UPDATE … WHERE namespace_id = … AND id = … AND revision = …`` whose matched-row count is
   checked; a miss is ``409 stale_revision`` and writes nothing. ``revision`` counts
   configuration versions only.
-* ``active_attempts`` is a runtime counter owned by the lease protocol. No statement here writes
-  it: a configuration change can never reset or overwrite it, and a concurrent claim that moves
-  it does not invalidate a caller's ``revision``.
+* The runtime counters -- ``active_attempts``, ``unfinished_tasks``, ``start_window_until`` and
+  ``starts_in_window`` (:data:`RUNTIME_COLUMNS`) -- are owned by the submit and lease
+  transactions (resources.py). No statement here writes them: a configuration change can never
+  reset or overwrite them, and a concurrent claim, submit or start that moves them does not
+  invalidate a caller's ``revision``. Lowering a limit below the current usage is allowed: it
+  refuses new work until usage falls, and never deletes tasks or revokes grants.
+  ``tests/unit/test_queue_statements.py`` holds the statements to this.
 * Pause and resume change only the gate: ``state`` and ``control_revision + 1`` under the gate's
   row lock. Pausing a paused queue (resuming an open one) changes nothing and writes nothing. The
   lease protocol reads the gate with a shared lock, so it serialises with these updates: a paused
@@ -49,6 +55,7 @@ from orbit_common.platform.audit import AuditRecord, append_audit
 from orbit_common.platform.events import append_event
 from orbit_common.platform.idempotency import Claim, IdempotencyRequest, Replay
 from orbit_common.platform.namespaces import Namespace
+from orbit_common.pulse import usage
 from orbit_common.pulse.model import GateState, Queue, RetryPolicy
 
 T = TypeVar("T")
@@ -58,6 +65,9 @@ SCAN_BATCHES = 10  # a list page reads at most this many batches of rows it may 
 DESCRIPTION_MAX = 512
 REASON_MAX = 1024
 INT_MAX = 2_147_483_647  # the columns are INT
+# Flow-control limits a caller sets: null is "unlimited", otherwise 1..INT_MAX (the CHECK
+# constraints of migrations 0004 and 0009).
+LIMIT_FIELDS = ("max_concurrent_attempts", "max_unfinished_tasks", "max_starts_per_second")
 
 # Bounds of the CHECK constraints in migrations/0004_queues_and_gates.sql.
 OFFER_LEASE_MS = (100, 3_600_000)
@@ -146,12 +156,17 @@ class QueueSettings:
     execution_lease_ms: int = DEFAULT_EXECUTION_LEASE_MS
     retry: RetryPolicy = DEFAULT_RETRY
     max_concurrent_attempts: int | None = None
+    max_unfinished_tasks: int | None = None
+    max_starts_per_second: int | None = None
 
     @classmethod
-    def of(cls, queue: Queue) -> QueueSettings:
+    def of(cls, record: QueueRecord) -> QueueSettings:
+        queue, flow = record.queue, record.flow
         return cls(description=queue.description, offer_lease_ms=queue.offer_lease_ms,
                    execution_lease_ms=queue.execution_lease_ms, retry=queue.retry,
-                   max_concurrent_attempts=queue.max_concurrent_attempts)
+                   max_concurrent_attempts=queue.max_concurrent_attempts,
+                   max_unfinished_tasks=flow.max_unfinished_tasks,
+                   max_starts_per_second=flow.max_starts_per_second)
 
     def problems(self) -> Problems:
         """Every value the CHECK constraints would refuse, with its request path."""
@@ -169,9 +184,10 @@ class QueueSettings:
             _check_int(found, "$.retry.max_ms", retry.max_ms, retry.initial_ms, INT_MAX)
         _check_decimal(found, "$.retry.multiplier", retry.multiplier, MULTIPLIER)
         _check_decimal(found, "$.retry.jitter", retry.jitter, JITTER)
-        if self.max_concurrent_attempts is not None:
-            _check_int(found, "$.max_concurrent_attempts", self.max_concurrent_attempts, 1,
-                       INT_MAX)
+        for name in LIMIT_FIELDS:  # null is "unlimited"; 0 would stop the queue silently
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(found, f"$.{name}", value, 1, INT_MAX)
         return found
 
     def check(self) -> QueueSettings:
@@ -180,10 +196,21 @@ class QueueSettings:
             raise errors.ValidationFailed(found)
         return self
 
+    def request_json(self) -> dict[str, Any]:
+        """What the idempotency digest of a create covers. The limits added by migration 0009
+        appear only when set, so a create recorded before them still replays."""
+        doc = self.to_json()
+        for name in ("max_unfinished_tasks", "max_starts_per_second"):
+            if doc[name] is None:
+                del doc[name]
+        return doc
+
     def to_json(self) -> dict[str, Any]:
         return {"description": self.description, "offer_lease_ms": self.offer_lease_ms,
                 "execution_lease_ms": self.execution_lease_ms, "retry": _retry_json(self.retry),
-                "max_concurrent_attempts": self.max_concurrent_attempts}
+                "max_concurrent_attempts": self.max_concurrent_attempts,
+                "max_unfinished_tasks": self.max_unfinished_tasks,
+                "max_starts_per_second": self.max_starts_per_second}
 
 
 class Unset(enum.Enum):
@@ -197,8 +224,8 @@ UNSET = Unset.UNSET
 
 @attrs.frozen(kw_only=True)
 class QueuePatch:
-    """A partial change. ``None`` leaves a field as it is, except for
-    ``max_concurrent_attempts``, where ``None`` means "unlimited" and :data:`UNSET` "unchanged"."""
+    """A partial change. ``None`` leaves a field as it is, except for the limits
+    (:data:`LIMIT_FIELDS`), where ``None`` means "unlimited" and :data:`UNSET` "unchanged"."""
 
     description: str | None = None
     offer_lease_ms: int | None = None
@@ -209,6 +236,8 @@ class QueuePatch:
     multiplier: decimal.Decimal | None = None
     jitter: decimal.Decimal | None = None
     max_concurrent_attempts: int | Literal[Unset.UNSET] | None = UNSET
+    max_unfinished_tasks: int | Literal[Unset.UNSET] | None = UNSET
+    max_starts_per_second: int | Literal[Unset.UNSET] | None = UNSET
 
     def apply(self, current: QueueSettings) -> QueueSettings:
         retry = current.retry
@@ -223,11 +252,11 @@ class QueuePatch:
                 multiplier=_pick(self.multiplier, retry.multiplier),
                 jitter=_pick(self.jitter, retry.jitter),
             ),
-            max_concurrent_attempts=(
-                current.max_concurrent_attempts
-                if self.max_concurrent_attempts is UNSET
-                else self.max_concurrent_attempts
-            ),
+            max_concurrent_attempts=_limit(self.max_concurrent_attempts,
+                                           current.max_concurrent_attempts),
+            max_unfinished_tasks=_limit(self.max_unfinished_tasks, current.max_unfinished_tasks),
+            max_starts_per_second=_limit(self.max_starts_per_second,
+                                         current.max_starts_per_second),
         )
 
     def problems(self) -> Problems:
@@ -240,6 +269,10 @@ class QueuePatch:
 
 def _pick(value: T | None, current: T) -> T:
     return current if value is None else value
+
+
+def _limit(value: int | Literal[Unset.UNSET] | None, current: int | None) -> int | None:
+    return current if value is UNSET else value
 
 
 @attrs.frozen(kw_only=True)
@@ -269,19 +302,68 @@ class Gate:
 
 
 @attrs.frozen(kw_only=True)
+class QueueFlow:
+    """The queue row's flow-control columns (migration 0009): two limits a caller sets and the
+    runtime counters the submit and lease transactions keep (read here, never written)."""
+
+    max_unfinished_tasks: int | None
+    max_starts_per_second: int | None
+    unfinished_tasks: int
+    start_window_until: dt.datetime | None
+    starts_in_window: int
+
+    COLUMNS = (
+        "q.max_unfinished_tasks, q.unfinished_tasks, q.max_starts_per_second,"
+        " q.start_window_until, q.starts_in_window"
+    )
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> QueueFlow:
+        until = row["start_window_until"]
+        return cls(max_unfinished_tasks=row["max_unfinished_tasks"],
+                   max_starts_per_second=row["max_starts_per_second"],
+                   unfinished_tasks=row["unfinished_tasks"],
+                   start_window_until=None if until is None else as_utc(until),
+                   starts_in_window=row["starts_in_window"])
+
+    def open_window(self, now: dt.datetime) -> dt.datetime | None:
+        """The end of the current start window, or None once it has passed (``now`` is the
+        database's time): a passed window counts no starts, whatever the row still holds."""
+        until = self.start_window_until
+        return until if until is not None and until > now else None
+
+
+@attrs.frozen(kw_only=True)
 class QueueRecord:
     """A queue row with its gate."""
 
     queue: Queue
     gate: Gate
+    flow: QueueFlow
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> QueueRecord:
-        return cls(queue=Queue.from_row(row), gate=Gate.from_row(row))
+        return cls(queue=Queue.from_row(row), gate=Gate.from_row(row),
+                   flow=QueueFlow.from_row(row))
 
     @property
     def paused(self) -> bool:
         return self.gate.state is GateState.PAUSED
+
+    def usage_view(self, backlog: usage.Backlog) -> dict[str, Any]:
+        """The runtime side (docs/api/queues.md#usage): the counters as read with the queue row,
+        its start window judged by the database time of ``backlog``, and the backlog."""
+        until = self.flow.open_window(backlog.measured_at)
+        return {
+            "measured_at": backlog.measured_at.isoformat(timespec="microseconds"),
+            "unfinished_tasks": self.flow.unfinished_tasks,
+            "active_attempts": self.queue.active_attempts,
+            "starts_in_window": 0 if until is None else self.flow.starts_in_window,
+            "start_window_until": None if until is None
+            else until.isoformat(timespec="microseconds"),
+            "waiting_tasks": backlog.due_tasks,
+            "oldest_waiting_age_ms": backlog.oldest_age_ms,
+        }
 
     def view(self) -> dict[str, Any]:
         """The public representation (docs/api/queues.md)."""
@@ -295,6 +377,8 @@ class QueueRecord:
             "execution_lease_ms": q.execution_lease_ms,
             "retry": _retry_json(q.retry),
             "max_concurrent_attempts": q.max_concurrent_attempts,
+            "max_unfinished_tasks": self.flow.max_unfinished_tasks,
+            "max_starts_per_second": self.flow.max_starts_per_second,
             "active_attempts": q.active_attempts,
             "paused": self.paused,
             "gate": self.gate.to_json(),
@@ -310,15 +394,17 @@ INSERT INTO pulse_execution_gates (namespace_id, id, owner_kind, owner_id, state
   control_revision, reason, created_at, updated_at)
 VALUES (%s, %s, 'QUEUE', %s, 'OPEN', 1, NULL, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 """
+# The runtime counters start at zero (their column defaults); a new queue has no start window.
 INSERT_QUEUE = """
 INSERT INTO pulse_queues (namespace_id, id, name, gate_id, description, revision, offer_lease_ms,
   execution_lease_ms, max_attempts, retry_initial_ms, retry_max_ms, retry_multiplier,
-  retry_jitter, max_concurrent_attempts, active_attempts, created_at, updated_at)
-VALUES (%s, %s, %s, %s, %s, 1, %s, %s, %s, %s, %s, %s, %s, %s, 0, UTC_TIMESTAMP(6),
+  retry_jitter, max_concurrent_attempts, max_unfinished_tasks, max_starts_per_second,
+  active_attempts, created_at, updated_at)
+VALUES (%s, %s, %s, %s, %s, 1, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, UTC_TIMESTAMP(6),
   UTC_TIMESTAMP(6))
 """
 _SELECT_JOINED = f"""
-SELECT {Queue.COLUMNS}, {Gate.COLUMNS}
+SELECT {Queue.COLUMNS}, {QueueFlow.COLUMNS}, {Gate.COLUMNS}
 FROM pulse_queues q
 JOIN pulse_execution_gates g ON g.namespace_id = q.namespace_id AND g.id = q.gate_id
 """
@@ -333,12 +419,17 @@ LIMIT %s"""
 SELECT_ID_SHARED = """
 SELECT id FROM pulse_queues WHERE namespace_id = %s AND id = %s LOCK IN SHARE MODE
 """
-# Compare-and-set of the configuration. active_attempts is deliberately absent.
+# The columns of runtime state that no configuration statement may write (the module docstring;
+# tests/unit/test_queue_statements.py checks INSERT_QUEUE and UPDATE_SETTINGS_IF_REVISION).
+RUNTIME_COLUMNS = frozenset({"active_attempts", "unfinished_tasks", "start_window_until",
+                             "starts_in_window"})
+# Compare-and-set of the configuration. The runtime counters are deliberately absent.
 UPDATE_SETTINGS_IF_REVISION = """
 UPDATE pulse_queues
 SET description = %s, offer_lease_ms = %s, execution_lease_ms = %s, max_attempts = %s,
     retry_initial_ms = %s, retry_max_ms = %s, retry_multiplier = %s, retry_jitter = %s,
-    max_concurrent_attempts = %s, revision = revision + 1, updated_at = UTC_TIMESTAMP(6)
+    max_concurrent_attempts = %s, max_unfinished_tasks = %s, max_starts_per_second = %s,
+    revision = revision + 1, updated_at = UTC_TIMESTAMP(6)
 WHERE namespace_id = %s AND id = %s AND revision = %s
 """
 SELECT_GATE_FOR_UPDATE = """
@@ -383,6 +474,7 @@ async def insert_queue(
             namespace_id, queue_id, name, gate_id, settings.description, settings.offer_lease_ms,
             settings.execution_lease_ms, retry.max_attempts, retry.initial_ms, retry.max_ms,
             retry.multiplier, retry.jitter, settings.max_concurrent_attempts,
+            settings.max_unfinished_tasks, settings.max_starts_per_second,
         ))
     except Exception as exc:
         if dberrors.is_duplicate(exc, "uq_queues_name"):
@@ -419,14 +511,16 @@ async def update_settings_if_revision(
 ) -> QueueRecord:
     """Write ``settings`` if the queue is still at ``revision``; raises StaleRevision otherwise.
 
-    Locks: the queue row (exclusive, by the guarded UPDATE). ``active_attempts`` is not touched.
+    Locks: the queue row (exclusive, by the guarded UPDATE). The runtime counters
+    (:data:`RUNTIME_COLUMNS`) are not touched.
     """
     retry = settings.retry
     q = record.queue
     await cur.execute(UPDATE_SETTINGS_IF_REVISION, (
         settings.description, settings.offer_lease_ms, settings.execution_lease_ms,
         retry.max_attempts, retry.initial_ms, retry.max_ms, retry.multiplier, retry.jitter,
-        settings.max_concurrent_attempts, q.namespace_id, q.id, revision,
+        settings.max_concurrent_attempts, settings.max_unfinished_tasks,
+        settings.max_starts_per_second, q.namespace_id, q.id, revision,
     ))
     if cur.rowcount != 1:  # FOUND_ROWS: matched rows, so 0 means the guard did not hold
         raise errors.StaleRevision(
@@ -555,7 +649,7 @@ async def create_queue(
         # The namespace id is resolved inside the transaction; the digest does not depend on it.
         idem_template = IdempotencyRequest.build(
             namespace_id=bytes(16), operation="queues.create", scope=b"", key=idempotency_key,
-            request={"name": name, **settings.to_json()},
+            request={"name": name, **settings.request_json()},
             credential_id=principal.credential_id,
         )
     resolved: dict[str, bytes] = {}
@@ -604,13 +698,15 @@ async def create_queue(
 async def get_queue(
     db: Database, principal: creds.Principal, *, namespace: str, name: str
 ) -> dict[str, Any]:
-    """``GET /v1/namespaces/{namespace}/queues/{queue}``."""
+    """``GET /v1/namespaces/{namespace}/queues/{queue}``: the queue with its ``usage``."""
     _check_namespace_name(namespace)
 
     async def body(cur: Any) -> dict[str, Any]:
         ns = await _authorize(cur, principal, authz.Action.QUEUES_READ, namespace, name,
                               hide=True)
-        return (await _require(cur, ns, name)).view()
+        record = await _require(cur, ns, name)
+        found = await usage.backlog(cur, ns.id, record.queue.id, count=True)
+        return {**record.view(), "usage": record.usage_view(found)}
 
     return await db.read("queues.get", body)
 
@@ -688,7 +784,7 @@ async def update_queue(
             raise errors.StaleRevision(
                 f"queue {name!r} is at revision {before.queue.revision}, not {revision}"
             )
-        current = QueueSettings.of(before.queue)
+        current = QueueSettings.of(before)
         settings = patch.apply(current).check()
         target.update(namespace_id=ns.id, queue_id=before.queue.id, settings=settings)
         if settings == current:

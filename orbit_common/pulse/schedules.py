@@ -18,8 +18,9 @@ Firing rules (:func:`plan`, pure; database time decides ``now``)
     An instant is *due* at ``fire_at + jitter`` (deterministic per schedule and instant).
     One fired within ``grace`` of its due time is on time. One later than that is *missed*:
     if it is also older than ``now - catchup_window`` it is skipped
-    (``outside_catchup_window``), otherwise the version's misfire policy decides: ``SKIP`` records the missed range as skipped, ``MERGE`` runs once for the
-    range (``MERGED``, range recorded), ``EACH`` runs every one. A run then meets the overlap
+    (``outside_catchup_window``), otherwise the version's misfire policy decides: ``SKIP``
+    records the missed range as skipped, ``MERGE`` runs once for the range (``MERGED``, range
+    recorded), ``EACH`` runs every one. A run then meets the overlap
     policy: ``ALLOW`` runs; ``SKIP`` skips while the previous run's task is unfinished;
     ``BUFFER_ONE`` keeps one instant in ``buffered_fire_at`` and runs it once the previous
     task has finished (further ones are skipped).

@@ -214,7 +214,8 @@ async def test_settings_validation_matches_the_check_constraints(
                 secrets.token_bytes(16), settings.description,
                 settings.offer_lease_ms, settings.execution_lease_ms, retry.max_attempts,
                 retry.initial_ms, retry.max_ms, retry.multiplier, retry.jitter,
-                settings.max_concurrent_attempts,
+                settings.max_concurrent_attempts, settings.max_unfinished_tasks,
+                settings.max_starts_per_second,
             ))
             cur.execute("ROLLBACK")
     beyond = {
@@ -230,6 +231,8 @@ async def test_settings_validation_matches_the_check_constraints(
         "$.retry.jitter": queues.QueueSettings(
             retry=queues.RetryPolicy(jitter=decimal.Decimal("1.0001"))),
         "$.max_concurrent_attempts": queues.QueueSettings(max_concurrent_attempts=0),
+        "$.max_unfinished_tasks": queues.QueueSettings(max_unfinished_tasks=0),
+        "$.max_starts_per_second": queues.QueueSettings(max_starts_per_second=0),
         "$.description": queues.QueueSettings(description="d" * 513),
     }
     for path, settings in beyond.items():

@@ -47,7 +47,7 @@ def _insert(cur: Any, s: queues.QueueSettings) -> tuple[bytes, bytes]:
     cur.execute(queues.INSERT_QUEUE, (
         namespace_id, queue_id, "q", gate_id, s.description, s.offer_lease_ms,
         s.execution_lease_ms, r.max_attempts, r.initial_ms, r.max_ms, r.multiplier, r.jitter,
-        s.max_concurrent_attempts,
+        s.max_concurrent_attempts, s.max_unfinished_tasks, s.max_starts_per_second,
     ))
     return namespace_id, queue_id
 
@@ -92,6 +92,8 @@ any_settings = st.builds(
         jitter=st.one_of(_decimals(3), st.decimals(min_value=-1, max_value=2, places=3)),
     ),
     max_concurrent_attempts=st.one_of(st.none(), _ints(1, queues.INT_MAX)),
+    max_unfinished_tasks=st.one_of(st.none(), _ints(1, queues.INT_MAX)),
+    max_starts_per_second=st.one_of(st.none(), _ints(1, queues.INT_MAX)),
 )
 
 
@@ -110,6 +112,8 @@ def valid_settings(draw: st.DrawFn) -> queues.QueueSettings:
             jitter=draw(st.decimals(*queues.JITTER, places=3)),
         ),
         max_concurrent_attempts=draw(st.one_of(st.none(), st.integers(1, queues.INT_MAX))),
+        max_unfinished_tasks=draw(st.one_of(st.none(), st.integers(1, queues.INT_MAX))),
+        max_starts_per_second=draw(st.one_of(st.none(), st.integers(1, queues.INT_MAX))),
     )
 
 
@@ -122,7 +126,7 @@ def one_field_off(draw: st.DrawFn) -> queues.QueueSettings:
     base = draw(valid_settings())
     field = draw(st.sampled_from([None, "description", "offer_lease_ms", "execution_lease_ms",
                                   "max_attempts", "initial_ms", "max_ms", "multiplier", "jitter",
-                                  "max_concurrent_attempts"]))
+                                  *queues.LIMIT_FIELDS]))
     if field is None:
         return base
     retry = base.retry
@@ -134,7 +138,7 @@ def one_field_off(draw: st.DrawFn) -> queues.QueueSettings:
             changes[field] = draw(_ints(*queues.OFFER_LEASE_MS))
         case "execution_lease_ms":
             changes[field] = draw(_ints(*queues.EXECUTION_LEASE_MS))
-        case "max_concurrent_attempts":
+        case "max_concurrent_attempts" | "max_unfinished_tasks" | "max_starts_per_second":
             changes[field] = draw(_ints(1, queues.INT_MAX))
         case "max_attempts":
             changes["retry"] = attrs.evolve(retry, max_attempts=draw(_ints(*queues.MAX_ATTEMPTS)))
@@ -174,7 +178,7 @@ def test_a_valid_configuration_survives_the_round_trip(
             record = queues.QueueRecord.from_row(cur.fetchone())
     finally:
         conn.rollback()
-    assert queues.QueueSettings.of(record.queue) == s
+    assert queues.QueueSettings.of(record) == s
     view = record.view()
     for field in ("multiplier", "jitter"):
         text = view["retry"][field]

@@ -68,7 +68,8 @@ HOT_QUERIES = (
 GUARDED_WRITES = (
     HotQuery(name="queues.UPDATE_SETTINGS_IF_REVISION", sql=queues.UPDATE_SETTINGS_IF_REVISION,
              params=lambda s: ("", 30000, 60000, 3, 1000, 60000, decimal.Decimal(2),
-                               decimal.Decimal("0.2"), None, s.namespace_id, s.queue_id, 1),
+                               decimal.Decimal("0.2"), None, None, None, s.namespace_id,
+                               s.queue_id, 1),
              keys={"pulse_queues": "PRIMARY"}),
     HotQuery(name="queues.SET_GATE_STATE_IF_REVISION", sql=queues.SET_GATE_STATE_IF_REVISION,
              params=lambda s: ("PAUSED", None, s.namespace_id, s.gate_id, "OPEN", 1),
@@ -89,7 +90,8 @@ def seed(cur: Any) -> QueueSeed:
             gate_rows.append((namespace_id, gate_id, queue_id))
             queue_rows.append((namespace_id, queue_id, name, gate_id, "", settings.offer_lease_ms,
                                settings.execution_lease_ms, retry.max_attempts, retry.initial_ms,
-                               retry.max_ms, retry.multiplier, retry.jitter, None))
+                               retry.max_ms, retry.multiplier, retry.jitter, None, None,
+                               None))
             for revision, event_type in ((1, "queue.created"), (2, "queue.updated")):
                 event_rows.append((namespace_id, secrets.token_bytes(16), queue_id, revision,
                                    event_type))

@@ -28,6 +28,7 @@ class DispatcherDaemon(Daemon):
         super().__init__(["dispatcher"], db_url=db_url, log=log, env={
             "ORBIT_DISPATCHER_PORT": str(self.port),
             "ORBIT_DISPATCHER_RECOVERY_INTERVAL_S": "0.3",
+            "ORBIT_DISPATCHER_GAUGE_INTERVAL_S": "0.5",
             "ORBIT_SERVICE_DRAIN_TIMEOUT_S": "5",
         })
 

@@ -17,23 +17,45 @@ from orbit_sdk.errors import (
     OrbitError,
     OutcomeUnknown,
     ProtocolError,
+    QueueFull,
+    QuotaExceeded,
     RetryableError,
     ServerError,
     ServiceUnavailable,
     SessionLost,
     StaleRevision,
+    TooManyRequests,
     Unauthorized,
     ValidationError,
 )
 from orbit_sdk.jsonvalue import RawJson
-from orbit_sdk.models import Attempt, Evidence, Queue, RetryPolicy, Task, TaskEvent, Whoami
+from orbit_sdk.models import (
+    ApplicationResources,
+    Attempt,
+    Evidence,
+    Queue,
+    QueueUsage,
+    RetryPolicy,
+    Task,
+    TaskEvent,
+    Whoami,
+)
+from orbit_sdk.schedules import (
+    BackfillResult,
+    Schedule,
+    ScheduleOccurrence,
+    ScheduleRun,
+    ScheduleVersion,
+)
 from orbit_sdk.worker import Handler, Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
     "UNSET",
+    "ApplicationResources",
     "Attempt",
+    "BackfillResult",
     "BadRequest",
     "Client",
     "Conflict",
@@ -49,9 +71,16 @@ __all__ = [
     "OutcomeUnknown",
     "ProtocolError",
     "Queue",
+    "QueueFull",
+    "QueueUsage",
+    "QuotaExceeded",
     "RawJson",
     "RetryPolicy",
     "RetryableError",
+    "Schedule",
+    "ScheduleOccurrence",
+    "ScheduleRun",
+    "ScheduleVersion",
     "ServerError",
     "ServiceUnavailable",
     "SessionLost",
@@ -59,6 +88,7 @@ __all__ = [
     "Task",
     "TaskEvent",
     "TaskRequest",
+    "TooManyRequests",
     "Unauthorized",
     "ValidationError",
     "Whoami",

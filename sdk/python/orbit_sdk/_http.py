@@ -137,7 +137,7 @@ class Transport:
         if status >= 400:
             error = error_from_problem(status, payload, request_id=request_id)
             if retry_after is not None and retry_after.strip().isdigit():
-                error.retry_after = float(retry_after.strip())
+                error.retry_after = float(retry_after.strip())  # the header wins
             raise error
         if not payload:
             return None

@@ -1,9 +1,12 @@
-"""``orbit_sdk.Client``: the async HTTP client of the Orbit API (queues, tasks, interventions).
+"""``orbit_sdk.Client``: the async HTTP client of the Orbit API (queues, tasks, interventions,
+schedules).
 
 Every call that changes something and may be repeated safely carries an ``Idempotency-Key``:
 the caller's, or one the client makes up for the call. The client re-sends the same key on its
 own retries (connection failures and 503s), so a retry after a lost answer replays the original
 answer instead of submitting twice. Calls without a key are never retried automatically.
+A 429 (:class:`~orbit_sdk.QueueFull`, :class:`~orbit_sdk.QuotaExceeded`) is never retried
+either: it is backpressure, and the caller decides when to send the work again.
 """
 
 from __future__ import annotations
@@ -19,7 +22,24 @@ import attrs
 
 from orbit_sdk import jsonvalue
 from orbit_sdk._http import Transport
-from orbit_sdk.models import Attempt, Evidence, Queue, RetryPolicy, Task, TaskEvent, Whoami
+from orbit_sdk.errors import OrbitError
+from orbit_sdk.models import (
+    ApplicationResources,
+    Attempt,
+    Evidence,
+    Queue,
+    RetryPolicy,
+    Task,
+    TaskEvent,
+    Whoami,
+)
+from orbit_sdk.schedules import (
+    BackfillResult,
+    Schedule,
+    ScheduleOccurrence,
+    ScheduleRun,
+    version_body,
+)
 
 __all__ = ["UNSET", "Client", "TaskRequest", "new_idempotency_key"]
 
@@ -58,6 +78,11 @@ def _retry_json(retry: RetryPolicy | Mapping[str, Any] | None) -> dict[str, Any]
     return dict(retry)
 
 
+def _limits(**limits: int | _Unset | None) -> dict[str, int | None]:
+    """The limits given (``None`` included: it means unlimited); :data:`UNSET` ones left out."""
+    return {k: v for k, v in limits.items() if not isinstance(v, _Unset)}
+
+
 @attrs.frozen(kw_only=True)
 class TaskRequest:
     """One task of :meth:`Client.submit_batch` (the same fields as :meth:`Client.submit`).
@@ -81,6 +106,7 @@ class TaskRequest:
     rerun_safe: bool | None = None
     offer_lease_ms: int | None = None
     execution_lease_ms: int | None = None
+    concurrency_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The request body (without the idempotency key); unset options are left out."""
@@ -94,6 +120,7 @@ class TaskRequest:
             "attempt_timeout_ms": self.attempt_timeout_ms, "retry": _retry_json(self.retry),
             "rerun_safe": self.rerun_safe, "offer_lease_ms": self.offer_lease_ms,
             "execution_lease_ms": self.execution_lease_ms,
+            "concurrency_key": self.concurrency_key,
         }
         body.update({k: v for k, v in options.items() if v is not None})
         return body
@@ -190,19 +217,26 @@ class Client:
         execution_lease_ms: int | None = None,
         retry: RetryPolicy | Mapping[str, Any] | None = None,
         max_concurrent_attempts: int | None = None,
+        max_unfinished_tasks: int | None = None,
+        max_starts_per_second: int | None = None,
         idempotency_key: str | None = None,
     ) -> Queue:
-        """Create a queue (its gate open). Retried safely under an idempotency key."""
+        """Create a queue (its gate open). Retried safely under an idempotency key. Limits
+        left out (``None``) are unlimited (``docs/flow-control.md``)."""
         body: dict[str, Any] = {"name": name}
         options = {"description": description, "offer_lease_ms": offer_lease_ms,
                    "execution_lease_ms": execution_lease_ms, "retry": _retry_json(retry),
-                   "max_concurrent_attempts": max_concurrent_attempts}
+                   "max_concurrent_attempts": max_concurrent_attempts,
+                   "max_unfinished_tasks": max_unfinished_tasks,
+                   "max_starts_per_second": max_starts_per_second}
         body.update({k: v for k, v in options.items() if v is not None})
         raw = await self._post(self._ns("/queues"), body,
                                idempotency_key=idempotency_key or new_idempotency_key())
         return Queue.from_json(raw)
 
     async def get_queue(self, name: str) -> Queue:
+        """A queue with its ``usage``: counters, start window, due backlog and the age of its
+        oldest waiting task (database time)."""
         return Queue.from_json(await self._get(self._ns(f"/queues/{_seg(name)}")))
 
     async def list_queues(self, *, page_size: int | None = None) -> AsyncIterator[Queue]:
@@ -221,16 +255,20 @@ class Client:
         execution_lease_ms: int | None = None,
         retry: RetryPolicy | Mapping[str, Any] | None = None,
         max_concurrent_attempts: int | _Unset | None = UNSET,
+        max_unfinished_tasks: int | _Unset | None = UNSET,
+        max_starts_per_second: int | _Unset | None = UNSET,
     ) -> Queue:
         """Change a queue if it is still at ``revision`` (else :class:`StaleRevision`).
-        Arguments left out keep their value; ``max_concurrent_attempts=None`` removes the
-        limit. Not retried automatically (re-read and decide)."""
+        Arguments left out keep their value; a limit set to ``None`` is removed (unlimited).
+        Lowering a limit below the current usage only refuses new work. Not retried
+        automatically (re-read and decide)."""
         body: dict[str, Any] = {"revision": revision}
         options = {"description": description, "offer_lease_ms": offer_lease_ms,
                    "execution_lease_ms": execution_lease_ms, "retry": _retry_json(retry)}
         body.update({k: v for k, v in options.items() if v is not None})
-        if not isinstance(max_concurrent_attempts, _Unset):
-            body["max_concurrent_attempts"] = max_concurrent_attempts
+        body.update(_limits(max_concurrent_attempts=max_concurrent_attempts,
+                            max_unfinished_tasks=max_unfinished_tasks,
+                            max_starts_per_second=max_starts_per_second))
         raw = await self._http.request("PATCH", self._ns(f"/queues/{_seg(name)}"),
                                        body=jsonvalue.dumps(body))
         return Queue.from_json(raw)
@@ -247,6 +285,52 @@ class Client:
         body = None if reason is None else {"reason": reason}
         return Queue.from_json(
             await self._post(self._ns(f"/queues/{_seg(name)}/resume"), body, retry=True))
+
+    # --- application quotas ------------------------------------------------------------------
+
+    async def _application(self, application: str | None) -> str:
+        if application is not None:
+            return application
+        name = (await self.whoami()).application.get("name")
+        if not isinstance(name, str):
+            raise OrbitError("whoami did not name the credential's application",
+                             code="invalid_response")
+        return name
+
+    async def get_application_resources(
+        self, application: str | None = None
+    ) -> ApplicationResources:
+        """The shared limits and usage of the credential's application (``application``
+        defaults to it). Needs ``applications.read`` on every namespace and queue."""
+        name = await self._application(application)
+        raw = await self._get(f"/v1/applications/{_seg(name)}/resources")
+        return ApplicationResources.from_json(raw)
+
+    async def update_application_resources(
+        self,
+        application: str | None = None,
+        *,
+        revision: int,
+        max_unfinished_tasks: int | _Unset | None = UNSET,
+        max_active_attempts: int | _Unset | None = UNSET,
+        max_reserved_attempts: int | _Unset | None = UNSET,
+        max_starts_per_second: int | _Unset | None = UNSET,
+        reason: str | None = None,
+    ) -> ApplicationResources:
+        """Change the application's shared limits if they are still at ``revision`` (else
+        :class:`StaleRevision`). Limits left out keep their value; ``None`` removes one.
+        ``reason`` goes to the audit record. Not retried automatically."""
+        name = await self._application(application)
+        body: dict[str, Any] = {"revision": revision}
+        body.update(_limits(max_unfinished_tasks=max_unfinished_tasks,
+                            max_active_attempts=max_active_attempts,
+                            max_reserved_attempts=max_reserved_attempts,
+                            max_starts_per_second=max_starts_per_second))
+        if reason is not None:
+            body["reason"] = reason
+        raw = await self._http.request("PATCH", f"/v1/applications/{_seg(name)}/resources",
+                                       body=jsonvalue.dumps(body))
+        return ApplicationResources.from_json(raw)
 
     # --- tasks -------------------------------------------------------------------------------
 
@@ -268,12 +352,17 @@ class Client:
         rerun_safe: bool | None = None,
         offer_lease_ms: int | None = None,
         execution_lease_ms: int | None = None,
+        concurrency_key: str | None = None,
     ) -> Task:
         """Submit one task; returns its acceptance receipt.
 
         ``input`` is any JSON value (``RawJson`` / ``Decimal`` for byte-exact numbers). Without
         ``idempotency_key`` the client makes one up, used for its own retries only; pass your
         own to make a submission idempotent across processes and restarts.
+        ``concurrency_key`` (1-255 UTF-8 bytes, exact): at most one attempt of the namespace's
+        tasks with that key holds a permit at a time; the handler gets its fencing token as
+        ``ctx.concurrency_token``. A full queue or application raises :class:`QueueFull` /
+        :class:`QuotaExceeded` (nothing was written; ``retry_after`` says when to try again).
         """
         request = TaskRequest(
             queue=queue, handler=handler, input=input, delay_ms=delay_ms,
@@ -281,6 +370,7 @@ class Client:
             deadline_ms=deadline_ms, start_deadline_ms=start_deadline_ms,
             attempt_timeout_ms=attempt_timeout_ms, retry=retry, rerun_safe=rerun_safe,
             offer_lease_ms=offer_lease_ms, execution_lease_ms=execution_lease_ms,
+            concurrency_key=concurrency_key,
         )
         raw = await self._post(self._ns("/tasks"), request.to_json(),
                                idempotency_key=idempotency_key or new_idempotency_key())
@@ -385,3 +475,125 @@ class Client:
         raw = await self._post(self._ns(f"/tasks/{_seg(task_id)}/retry"), body,
                                idempotency_key=idempotency_key or new_idempotency_key())
         return Task.from_json(raw)
+
+    # --- schedules ---------------------------------------------------------------------------
+
+    async def create_schedule(
+        self,
+        name: str,
+        *,
+        queue: str,
+        rule: Mapping[str, Any],
+        template: Mapping[str, Any],
+        misfire_policy: str | None = None,
+        overlap_policy: str | None = None,
+        catchup_window_ms: int | None = None,
+        grace_ms: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Schedule:
+        """Create an ACTIVE schedule whose version 1 covers from now (the past is never fired:
+        use :meth:`backfill_schedule`). ``template`` is a task submission without ``queue``,
+        ``delay_ms`` and ``not_before`` (``RawJson`` input is sent byte-exact). Retried safely
+        under an idempotency key."""
+        body: dict[str, Any] = {"name": name, "queue": queue, **version_body(
+            rule, template, misfire_policy=misfire_policy, overlap_policy=overlap_policy,
+            catchup_window_ms=catchup_window_ms, grace_ms=grace_ms)}
+        raw = await self._post(self._ns("/schedules"), body,
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return Schedule.from_json(raw)
+
+    async def publish_schedule_version(
+        self,
+        name: str,
+        *,
+        revision: int,
+        rule: Mapping[str, Any],
+        template: Mapping[str, Any],
+        misfire_policy: str | None = None,
+        overlap_policy: str | None = None,
+        catchup_window_ms: int | None = None,
+        grace_ms: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Schedule:
+        """Publish a whole new version, effective from now, if the schedule is still at
+        ``revision`` (else :class:`StaleRevision`); instants planned before now keep their
+        version. Options left out take the server's defaults, not the previous version's."""
+        body: dict[str, Any] = {"revision": revision, **version_body(
+            rule, template, misfire_policy=misfire_policy, overlap_policy=overlap_policy,
+            catchup_window_ms=catchup_window_ms, grace_ms=grace_ms)}
+        raw = await self._post(self._ns(f"/schedules/{_seg(name)}/versions"), body,
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return Schedule.from_json(raw)
+
+    async def get_schedule(self, name: str) -> Schedule:
+        """A schedule with every version."""
+        return Schedule.from_json(await self._get(self._ns(f"/schedules/{_seg(name)}")))
+
+    async def list_schedules(self, *, after: str | None = None,
+                             page_size: int | None = None) -> AsyncIterator[Schedule]:
+        """Every schedule by name (all pages), starting after the name ``after``."""
+        params: dict[str, str] = {}
+        if after is not None:
+            params["after"] = after
+        if page_size is not None:
+            params["limit"] = str(page_size)
+        async for item in self._pages(self._ns("/schedules"), params):
+            yield Schedule.from_json(item)
+
+    async def _schedule_state(self, method: str, path: str, reason: str | None,
+                              idempotency_key: str | None) -> Schedule:
+        raw = await self._http.request(
+            method, self._ns(path),
+            body=None if reason is None else jsonvalue.dumps({"reason": reason}),
+            idempotency_key=idempotency_key or new_idempotency_key(), retry=True)
+        return Schedule.from_json(raw)
+
+    async def pause_schedule(self, name: str, reason: str | None = None, *,
+                             idempotency_key: str | None = None) -> Schedule:
+        """Stop firing; on resume the paused time meets the misfire policy. Idempotent."""
+        return await self._schedule_state("POST", f"/schedules/{_seg(name)}/pause", reason,
+                                          idempotency_key)
+
+    async def resume_schedule(self, name: str, reason: str | None = None, *,
+                              idempotency_key: str | None = None) -> Schedule:
+        """Fire again (idempotent)."""
+        return await self._schedule_state("POST", f"/schedules/{_seg(name)}/resume", reason,
+                                          idempotency_key)
+
+    async def delete_schedule(self, name: str, reason: str | None = None, *,
+                              idempotency_key: str | None = None) -> Schedule:
+        """Disable the schedule for good; its versions and ledger are kept (idempotent)."""
+        return await self._schedule_state("DELETE", f"/schedules/{_seg(name)}", reason,
+                                          idempotency_key)
+
+    async def trigger_schedule(self, name: str, *,
+                               idempotency_key: str | None = None) -> ScheduleRun:
+        """Run once now with the current version (ledger source TRIGGER). The key makes a
+        retry after a lost answer return the same run instead of a second one."""
+        raw = await self._post(self._ns(f"/schedules/{_seg(name)}/trigger"), None,
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return ScheduleRun.from_json(raw)
+
+    async def backfill_schedule(self, name: str, start: dt.datetime | str,
+                                end: dt.datetime | str, reason: str, *,
+                                idempotency_key: str | None = None) -> BackfillResult:
+        """Run the planned instants of ``[start, end)`` that never ran, each with the version
+        that governed it; running the same range again creates nothing."""
+        body = {"start": _time(start), "end": _time(end), "reason": reason}
+        raw = await self._post(self._ns(f"/schedules/{_seg(name)}/backfill"), body,
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return BackfillResult.from_json(raw)
+
+    async def list_schedule_occurrences(
+        self, name: str, *, after: dt.datetime | str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[ScheduleOccurrence]:
+        """The occurrence ledger in fire-time order (all pages), after ``after`` (exclusive)."""
+        params: dict[str, str] = {}
+        if after is not None:
+            params["after"] = _time(after)
+        if page_size is not None:
+            params["limit"] = str(page_size)
+        async for item in self._pages(self._ns(f"/schedules/{_seg(name)}/occurrences"),
+                                      params):
+            yield ScheduleOccurrence.from_json(item)

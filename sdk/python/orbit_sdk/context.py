@@ -31,7 +31,8 @@ class Grant:
     deadline_at: dt.datetime | None = None
     attempt_timeout_ms: int | None = None
     max_attempts: int | None = None
-    concurrency_token: str | None = attrs.field(default=None, repr=False)
+    concurrency_key: str | None = None
+    concurrency_token: int | None = None
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Grant:
@@ -50,7 +51,8 @@ class Grant:
         timeout = raw.get("attempt_timeout_ms")
         max_attempts = raw.get("max_attempts")
         business_key = raw.get("business_key")
-        concurrency = raw.get("concurrency_token")
+        concurrency_key = raw.get("concurrency_key")
+        fencing = raw.get("concurrency_token")
         priority = raw.get("priority")
         return cls(
             task_id=task_id, attempt_id=attempt_id, generation=generation, token=token,
@@ -62,7 +64,9 @@ class Grant:
             deadline_at=parse_time(raw.get("deadline_at")),
             attempt_timeout_ms=timeout if isinstance(timeout, int) else None,
             max_attempts=max_attempts if isinstance(max_attempts, int) else None,
-            concurrency_token=concurrency if isinstance(concurrency, str) else None,
+            concurrency_key=concurrency_key if isinstance(concurrency_key, str) else None,
+            concurrency_token=fencing
+            if isinstance(fencing, int) and not isinstance(fencing, bool) else None,
         )
 
     def ref(self) -> dict[str, Any]:
@@ -146,10 +150,22 @@ class Context:
         return self._grant.attempt_timeout_ms
 
     @property
-    def fencing_token(self) -> str | None:
-        """Reserved for keyed concurrency: the token to present to downstream systems so a
-        stale holder's writes can be refused. ``None`` until the server sends a
-        ``concurrency_token`` with the grant (this server version does not yet)."""
+    def concurrency_key(self) -> str | None:
+        """The task's concurrency key (``None`` for a task without one)."""
+        return self._grant.concurrency_key
+
+    @property
+    def concurrency_token(self) -> int | None:
+        """The fencing token of this attempt's permit on :attr:`concurrency_key`: strictly
+        increasing per key, so the resource side can refuse a write carrying a smaller token
+        than one it has already seen (``docs/howto/fencing-tokens.md``). ``None`` without a
+        key. It fences writes that reach the resource; it does not recall a request already
+        sent, so keep the resource side idempotent as well."""
+        return self._grant.concurrency_token
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The same as :attr:`concurrency_token` (the name this SDK reserved for it)."""
         return self._grant.concurrency_token
 
     @property

@@ -21,11 +21,14 @@ __all__ = [
     "OrbitError",
     "OutcomeUnknown",
     "ProtocolError",
+    "QueueFull",
+    "QuotaExceeded",
     "RetryableError",
     "ServerError",
     "ServiceUnavailable",
     "SessionLost",
     "StaleRevision",
+    "TooManyRequests",
     "Unauthorized",
     "ValidationError",
     "error_from_problem",
@@ -127,6 +130,39 @@ class SessionLost(Conflict):
     default_code = "session_lost"
 
 
+class TooManyRequests(OrbitError):
+    """429: a flow-control limit refused the request and **nothing was written** (a batch is
+    refused whole). ``retry_after`` is the server's ``Retry-After`` in seconds. The client does
+    not retry these on its own: back off, shed load, or raise the limit."""
+
+    default_code = "too_many_requests"
+
+    def __init__(self, detail: str = "", **kwargs: Any) -> None:
+        super().__init__(detail, **kwargs)
+        seconds = self.problem.get("retry_after_s")
+        if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds >= 0:
+            self.retry_after = float(seconds)
+
+    @property
+    def limit(self) -> int | None:
+        """The limit that refused the request, when the server says."""
+        value = self.problem.get("limit")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class QueueFull(TooManyRequests):
+    """429 ``queue_full``: the queue holds ``max_unfinished_tasks`` unfinished tasks."""
+
+    default_code = "queue_full"
+
+
+class QuotaExceeded(TooManyRequests):
+    """429 ``application_quota_exceeded``: the application's namespaces together hold its
+    ``max_unfinished_tasks`` unfinished tasks."""
+
+    default_code = "application_quota_exceeded"
+
+
 class ServerError(OrbitError):
     """5xx other than 503: a server fault (report it with ``request_id``)."""
 
@@ -172,6 +208,8 @@ _BY_CODE: dict[str, type[OrbitError]] = {
     "idempotency_conflict": IdempotencyConflict,
     "stale_revision": StaleRevision,
     "session_lost": SessionLost,
+    "queue_full": QueueFull,
+    "application_quota_exceeded": QuotaExceeded,
 }
 _BY_STATUS: dict[int, type[OrbitError]] = {
     400: BadRequest,
@@ -179,6 +217,7 @@ _BY_STATUS: dict[int, type[OrbitError]] = {
     403: Forbidden,
     404: NotFound,
     409: Conflict,
+    429: TooManyRequests,
     503: ServiceUnavailable,
 }
 

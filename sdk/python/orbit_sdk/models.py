@@ -14,9 +14,11 @@ from typing import Any
 import attrs
 
 __all__ = [
+    "ApplicationResources",
     "Attempt",
     "Evidence",
     "Queue",
+    "QueueUsage",
     "RetryPolicy",
     "Task",
     "TaskEvent",
@@ -102,8 +104,40 @@ class Whoami:
 
 
 @attrs.frozen(kw_only=True)
+class QueueUsage:
+    """What a queue holds now (``GET`` of one queue): counters kept by the server's
+    transactions, its start window, and its backlog of due WAITING tasks. ``measured_at`` is the
+    database's time of the reading."""
+
+    measured_at: dt.datetime | None = None
+    unfinished_tasks: int = 0
+    active_attempts: int = 0
+    starts_in_window: int = 0
+    start_window_until: dt.datetime | None = None
+    waiting_tasks: int = 0
+    oldest_waiting_age_ms: int = 0
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> QueueUsage:
+        return cls(
+            measured_at=parse_time(raw.get("measured_at")),
+            unfinished_tasks=_int(raw, "unfinished_tasks") or 0,
+            active_attempts=_int(raw, "active_attempts") or 0,
+            starts_in_window=_int(raw, "starts_in_window") or 0,
+            start_window_until=parse_time(raw.get("start_window_until")),
+            waiting_tasks=_int(raw, "waiting_tasks") or 0,
+            oldest_waiting_age_ms=_int(raw, "oldest_waiting_age_ms") or 0,
+        )
+
+    @property
+    def oldest_waiting_age(self) -> dt.timedelta:
+        return dt.timedelta(milliseconds=self.oldest_waiting_age_ms)
+
+
+@attrs.frozen(kw_only=True)
 class Queue:
-    """A queue with its gate and runtime counters (``docs/api/queues.md``)."""
+    """A queue with its gate and runtime counters (``docs/api/queues.md``). ``usage`` is set
+    only by :meth:`Client.get_queue`; ``None`` limits are unlimited."""
 
     id: str
     name: str
@@ -113,7 +147,10 @@ class Queue:
     execution_lease_ms: int | None = None
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     max_concurrent_attempts: int | None = None
+    max_unfinished_tasks: int | None = None
+    max_starts_per_second: int | None = None
     active_attempts: int | None = None
+    usage: QueueUsage | None = None
     paused: bool = False
     gate_state: str | None = None
     gate_reason: str | None = None
@@ -131,9 +168,57 @@ class Queue:
             execution_lease_ms=_int(raw, "execution_lease_ms"),
             retry=RetryPolicy.from_json(_dict(raw, "retry")),
             max_concurrent_attempts=_int(raw, "max_concurrent_attempts"),
-            active_attempts=_int(raw, "active_attempts"), paused=_bool(raw, "paused"),
+            max_unfinished_tasks=_int(raw, "max_unfinished_tasks"),
+            max_starts_per_second=_int(raw, "max_starts_per_second"),
+            active_attempts=_int(raw, "active_attempts"),
+            usage=QueueUsage.from_json(raw["usage"])
+            if isinstance(raw.get("usage"), Mapping) else None,
+            paused=_bool(raw, "paused"),
             gate_state=_str(gate, "state"), gate_reason=_str(gate, "reason"),
             created_at=parse_time(raw.get("created_at")),
+            updated_at=parse_time(raw.get("updated_at")), raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ApplicationResources:
+    """An application's shared quotas (``docs/flow-control.md``): the limits every namespace of
+    the application shares (``None``: unlimited), their configuration ``revision``, and the
+    usage at ``measured_at`` (database time)."""
+
+    application: str
+    application_id: str = ""
+    revision: int = 0
+    max_unfinished_tasks: int | None = None
+    max_active_attempts: int | None = None
+    max_reserved_attempts: int | None = None
+    max_starts_per_second: int | None = None
+    measured_at: dt.datetime | None = None
+    unfinished_tasks: int = 0
+    active_attempts: int = 0
+    reserved_attempts: int = 0
+    starts_in_window: int = 0
+    start_window_until: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ApplicationResources:
+        usage = _dict(raw, "usage")
+        return cls(
+            application=_str(raw, "application") or "",
+            application_id=_str(raw, "application_id") or "",
+            revision=_int(raw, "revision") or 0,
+            max_unfinished_tasks=_int(raw, "max_unfinished_tasks"),
+            max_active_attempts=_int(raw, "max_active_attempts"),
+            max_reserved_attempts=_int(raw, "max_reserved_attempts"),
+            max_starts_per_second=_int(raw, "max_starts_per_second"),
+            measured_at=parse_time(usage.get("measured_at")),
+            unfinished_tasks=_int(usage, "unfinished_tasks") or 0,
+            active_attempts=_int(usage, "active_attempts") or 0,
+            reserved_attempts=_int(usage, "reserved_attempts") or 0,
+            starts_in_window=_int(usage, "starts_in_window") or 0,
+            start_window_until=parse_time(usage.get("start_window_until")),
             updated_at=parse_time(raw.get("updated_at")), raw=dict(raw),
         )
 
@@ -153,6 +238,7 @@ class Task:
     revision: int = 0
     priority: int = 0
     business_key: str | None = None
+    concurrency_key: str | None = None
     rerun_safe: bool = False
     created_at: dt.datetime | None = None
     available_at: dt.datetime | None = None
@@ -180,7 +266,8 @@ class Task:
             id=_str(raw, "id") or "", queue=_str(raw, "queue") or "",
             handler=_str(raw, "handler") or "", state=_str(raw, "state") or "",
             revision=_int(raw, "revision") or 0, priority=_int(raw, "priority") or 0,
-            business_key=_str(raw, "business_key"), rerun_safe=_bool(raw, "rerun_safe"),
+            business_key=_str(raw, "business_key"),
+            concurrency_key=_str(raw, "concurrency_key"), rerun_safe=_bool(raw, "rerun_safe"),
             created_at=parse_time(raw.get("created_at")),
             available_at=parse_time(raw.get("available_at")),
             deadline_at=parse_time(raw.get("deadline_at")),
@@ -217,6 +304,7 @@ class Attempt:
     started_at: dt.datetime | None = None
     lease_expires_at: dt.datetime | None = None
     renewals: int | None = None
+    concurrency_token: int | None = None  # the fencing token of a task with a concurrency key
     finished_at: dt.datetime | None = None
     retryable: bool | None = None
     result: Any = None
@@ -234,7 +322,8 @@ class Attempt:
             offered_at=parse_time(raw.get("offered_at")),
             started_at=parse_time(raw.get("started_at")),
             lease_expires_at=parse_time(raw.get("lease_expires_at")),
-            renewals=_int(raw, "renewals"), finished_at=parse_time(raw.get("finished_at")),
+            renewals=_int(raw, "renewals"), concurrency_token=_int(raw, "concurrency_token"),
+            finished_at=parse_time(raw.get("finished_at")),
             retryable=retryable if isinstance(retryable, bool) else None,
             result=raw.get("result"), error=raw.get("error"), raw=dict(raw),
         )

@@ -5,7 +5,9 @@ Life of an attempt in this worker
     approved: the handler runs as its own asyncio task, renewed with every other running
     attempt in one ``renew`` every third of the lease → its outcome becomes a *report* with a
     fresh ``report_id`` → ``finish`` (batched) until the dispatcher acknowledges it. A start
-    that is not approved ends the attempt here, silently.
+    that is not approved ends the attempt here, silently -- except ``start_rate_limited`` (a
+    start window of the queue or the application is full): the offer stays valid, so the start
+    is sent again after ``retry_after_ms`` while the offer has not expired, keeping its slot.
 
 Outcomes
     return value → ``succeeded``; :class:`RetryableError` (or any exception whose
@@ -93,6 +95,8 @@ class _Attempt:
     stop_reason: str | None = None  # "cancel" | "lost" | "shutdown"
     renew_due: float = 0.0
     lease_deadline: float = 0.0
+    offer_deadline: float | None = None  # monotonic; None when this machine cannot tell
+    resend: asyncio.TimerHandle | None = None  # a rate-limited start waiting to be re-sent
 
 
 def _remaining_lease(value: Any, fallback: float) -> float:
@@ -106,6 +110,15 @@ def _remaining_lease(value: Any, fallback: float) -> float:
         return fallback
     remaining = (expires - dt.datetime.now(dt.UTC)).total_seconds()
     return remaining if 0.05 < remaining < 86_400 else fallback
+
+
+def _offer_deadline(offer_expires_at: dt.datetime | None) -> float | None:
+    """The offer's expiry on this machine's monotonic clock; None when unknown or when the
+    clocks disagree badly (the dispatcher's answer then decides)."""
+    if offer_expires_at is None:
+        return None
+    remaining = (offer_expires_at - dt.datetime.now(dt.UTC)).total_seconds()
+    return time.monotonic() + remaining if 0 < remaining < 86_400 else None
 
 
 class Worker:
@@ -168,6 +181,8 @@ class Worker:
         self._credit = 0
         self._draining = False
         self._starting: set[str] = set()
+        self._deferred: set[str] = set()  # rate-limited starts waiting for their re-send
+        self.starts_deferred = 0  # how many times a start was rate limited and re-scheduled
         self._loops: list[asyncio.Task[None]] = []
         self._events = self._new_events()
         self._stop = asyncio.Event()
@@ -415,7 +430,9 @@ class Worker:
                 continue
             if grant.attempt_id in self._attempts or self._draining:
                 continue  # a duplicate push, or we are leaving: the offer expires unused
-            self._attempts[grant.attempt_id] = _Attempt(grant=grant, ctx=Context(grant))
+            self._attempts[grant.attempt_id] = _Attempt(
+                grant=grant, ctx=Context(grant),
+                offer_deadline=_offer_deadline(grant.offer_expires_at))
             admitted = len(self._attempts) - len(self._backlog)  # this one included
             if admitted <= self.concurrency:
                 self._to_start.append(grant.attempt_id)
@@ -461,10 +478,41 @@ class Worker:
                     continue
                 if answer.get("approved") is True:
                     self._launch(attempt, answer.get("lease_expires_at"))
+                elif (answer.get("reason") == "start_rate_limited"
+                      and self._defer_start(attempt, answer.get("retry_after_ms"))):
+                    continue
                 else:
                     log.info("start of attempt %s not approved: %s", attempt.grant.attempt_id,
                              answer.get("reason"))
                     self._release(attempt.grant.attempt_id)
+
+    def _defer_start(self, attempt: _Attempt, retry_after_ms: Any) -> bool:
+        """Schedule the start of a rate-limited attempt again after ``retry_after_ms``, if its
+        offer is still valid then; False when it is not (the attempt is released)."""
+        if self._draining:
+            return False
+        valid = isinstance(retry_after_ms, int) and not isinstance(retry_after_ms, bool)
+        delay = max(0.001, retry_after_ms / 1000) if valid else 0.1
+        deadline = attempt.offer_deadline
+        if deadline is not None and time.monotonic() + delay >= deadline:
+            log.info("start of attempt %s rate limited until after its offer expires",
+                     attempt.grant.attempt_id)
+            return False
+        attempt_id = attempt.grant.attempt_id
+        self._deferred.add(attempt_id)
+        self.starts_deferred += 1
+        attempt.resend = asyncio.get_running_loop().call_later(
+            delay, self._resend_start, attempt_id)
+        return True
+
+    def _resend_start(self, attempt_id: str) -> None:
+        self._deferred.discard(attempt_id)
+        attempt = self._attempts.get(attempt_id)
+        if attempt is None or attempt.started or self._draining:
+            return
+        attempt.resend = None
+        self._to_start.append(attempt_id)
+        self._wake("start")
 
     def _launch(self, attempt: _Attempt, lease_expires_at: Any) -> None:
         attempt.started = True
@@ -663,11 +711,14 @@ class Worker:
     async def _drain(self) -> None:
         self._draining = True
         self._wake("slots")
-        unsent = set(self._to_start) | set(self._backlog)
+        unsent = set(self._to_start) | set(self._backlog) | self._deferred
         for attempt_id in unsent:  # their offers expire unused; a start in flight runs
-            self._attempts.pop(attempt_id, None)
+            attempt = self._attempts.pop(attempt_id, None)
+            if attempt is not None and attempt.resend is not None:
+                attempt.resend.cancel()
         self._to_start.clear()
         self._backlog.clear()
+        self._deferred.clear()
         self._wake("idle")
         await self._wait_until(lambda: not self._attempts, self.drain_timeout)
         for attempt in list(self._attempts.values()):
@@ -705,6 +756,8 @@ class Worker:
         tasks = [a.task for a in self._attempts.values() if a.task is not None]
         for attempt in list(self._attempts.values()):
             attempt.stop_reason = attempt.stop_reason or "shutdown"
+            if attempt.resend is not None:
+                attempt.resend.cancel()
         for task in tasks:
             task.cancel()
         if tasks:

@@ -36,6 +36,7 @@ class FakeAttempt:
     rerun_safe: bool
     session_id: str
     state: str = "OFFERED"  # OFFERED | RUNNING | FINISHED
+    limited: int = 0  # starts refused as start_rate_limited so far
     cancel_requested: bool = False
     lease_lost: bool = False
     outcome: str | None = None
@@ -77,6 +78,11 @@ class FakeDispatcher:
         self.receipts: dict[str, tuple[str, dict[str, Any]]] = {}
         self.deleted: list[str] = []
         self.lose_finish_replies = 0  # commit the next N finishes, then drop the connection
+        # Refuse each attempt's first N starts with start_rate_limited and this retry_after_ms.
+        self.rate_limit_starts = 0
+        self.rate_limit_ms = 50
+        self.offer_s = 30.0  # offer_expires_at of new grants, seconds from now
+        self.refuse_starts: str | None = None  # refuse every start with this reason
         self.work = asyncio.Event()
         self.server: TestServer | None = None
         self.url = ""
@@ -203,7 +209,7 @@ class FakeDispatcher:
                 "generation": attempt.generation, "token": attempt.token, "queue": "q",
                 "handler": attempt.handler, "input": attempt.input, "priority": 0,
                 "business_key": None, "rerun_safe": attempt.rerun_safe,
-                "offer_expires_at": _iso(30), "deadline_at": None,
+                "offer_expires_at": _iso(self.offer_s), "deadline_at": None,
                 "attempt_timeout_ms": None, "max_attempts": 3, **extra}
 
     def _take(self, session: FakeSession, limit: int) -> list[dict[str, Any]]:
@@ -236,6 +242,11 @@ class FakeDispatcher:
             answer["reason"] = "attempt_finished"
         elif attempt.cancel_requested:
             answer["reason"] = "cancel_requested"
+        elif self.refuse_starts is not None:
+            answer["reason"] = self.refuse_starts
+        elif attempt.state == "OFFERED" and attempt.limited < self.rate_limit_starts:
+            attempt.limited += 1
+            answer.update(reason="start_rate_limited", retry_after_ms=self.rate_limit_ms)
         else:
             attempt.state = "RUNNING"
             answer.update(approved=True, lease_expires_at=_iso(self.lease_ms / 1000))

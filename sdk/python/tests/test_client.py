@@ -20,11 +20,14 @@ from orbit_sdk import (
     IdempotencyConflict,
     NotFound,
     OrbitError,
+    QueueFull,
+    QuotaExceeded,
     RawJson,
     ServerError,
     ServiceUnavailable,
     StaleRevision,
     TaskRequest,
+    TooManyRequests,
     Unauthorized,
     ValidationError,
 )
@@ -278,3 +281,136 @@ async def test_interventions_send_their_fields_and_keys(api: tuple[FakeApi, Clie
         {"reason": "fixed the bug", "rerun_confirmed": True},
     ]
     assert all(s.headers.get("Idempotency-Key") for s in fake.seen)
+
+
+# --- flow control --------------------------------------------------------------------------------
+
+
+def too_many(code: str, retry_after: str | None = "3", **extra: Any) -> Reply:
+    def reply(request: web.Request, body: bytes) -> web.StreamResponse:
+        doc = {"type": f"/problems/{code}", "title": code, "status": 429, "code": code,
+               "detail": "full", "retry_after_s": 2, **extra}
+        headers = {} if retry_after is None else {"Retry-After": retry_after}
+        return web.Response(status=429, text=json.dumps(doc), headers=headers,
+                            content_type="application/problem+json")
+    return reply
+
+
+@pytest.mark.parametrize(("code", "cls"), [
+    ("queue_full", QueueFull),
+    ("application_quota_exceeded", QuotaExceeded),
+    ("too_many_requests", TooManyRequests),
+])
+async def test_a_refusal_by_a_limit_is_typed_carries_retry_after_and_is_not_retried(
+        api: tuple[FakeApi, Client], code: str, cls: type[TooManyRequests]) -> None:
+    fake, client = api
+    fake.on("POST", f"{NS}/tasks", too_many(code, limit=100, unfinished=100))
+    with pytest.raises(cls) as caught:
+        await client.submit("emails", "send", {})
+    exc = caught.value
+    assert isinstance(exc, TooManyRequests)
+    assert (exc.status, exc.code, exc.retry_after, exc.limit) == (429, code, 3.0, 100)
+    assert len(fake.seen) == 1, "backpressure is the caller's to handle"
+
+
+async def test_retry_after_falls_back_to_the_problem_document(
+        api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    fake.on("POST", f"{NS}/tasks/batch", too_many("queue_full", retry_after=None))
+    with pytest.raises(QueueFull) as caught:
+        await client.submit_batch([TaskRequest(queue="emails", handler="send")])
+    assert caught.value.retry_after == 2.0
+    assert caught.value.limit is None
+
+
+async def test_queue_limits_and_usage(api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    view = {"id": "ef" * 16, "name": "emails", "revision": 4, "max_concurrent_attempts": None,
+            "max_unfinished_tasks": 1000, "max_starts_per_second": 50, "active_attempts": 3,
+            "paused": False, "gate": {"state": "OPEN", "control_revision": 1, "reason": None}}
+    usage = {"measured_at": "2030-01-02T03:04:05.000006+00:00", "unfinished_tasks": 12,
+             "active_attempts": 3, "starts_in_window": 7,
+             "start_window_until": "2030-01-02T03:04:05.500000+00:00", "waiting_tasks": 9,
+             "oldest_waiting_age_ms": 1532}
+    fake.on("GET", f"{NS}/queues/emails", ok({**view, "usage": usage}))
+    fake.on("POST", f"{NS}/queues", ok(view, 201))
+    fake.on("PATCH", f"{NS}/queues/emails", ok({**view, "revision": 5}))
+    got = await client.get_queue("emails")
+    assert (got.max_unfinished_tasks, got.max_starts_per_second) == (1000, 50)
+    assert got.usage is not None
+    assert (got.usage.unfinished_tasks, got.usage.waiting_tasks, got.usage.starts_in_window,
+            got.usage.oldest_waiting_age_ms) == (12, 9, 7, 1532)
+    assert got.usage.oldest_waiting_age.total_seconds() == 1.532
+    assert got.usage.measured_at is not None
+    assert got.usage.start_window_until is not None
+
+    created = await client.create_queue("emails", max_unfinished_tasks=1000,
+                                        max_starts_per_second=50)
+    assert created.usage is None
+    await client.update_queue("emails", revision=4, max_unfinished_tasks=None,
+                              max_starts_per_second=10)
+    await client.update_queue("emails", revision=5, description="only this")
+    _, create_body, patch_body, plain_body = (json.loads(s.body or b"null") for s in fake.seen)
+    assert create_body == {"name": "emails", "max_unfinished_tasks": 1000,
+                           "max_starts_per_second": 50}
+    assert patch_body == {"revision": 4, "max_unfinished_tasks": None,
+                          "max_starts_per_second": 10}
+    assert plain_body == {"revision": 5, "description": "only this"}
+
+
+RESOURCES = {"application": "shop", "application_id": "aa" * 16, "revision": 3,
+             "max_unfinished_tasks": 5000, "max_active_attempts": None,
+             "max_reserved_attempts": 100, "max_starts_per_second": None,
+             "usage": {"measured_at": "2030-01-02T03:04:05.000006+00:00",
+                       "unfinished_tasks": 42, "active_attempts": 7, "reserved_attempts": 2,
+                       "starts_in_window": 0, "start_window_until": None},
+             "updated_at": "2030-01-01T00:00:00.000000+00:00"}
+
+
+async def test_application_resources(api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    path = "/v1/applications/shop/resources"
+    fake.on("GET", "/v1/whoami", ok({"application": {"id": "aa" * 16, "name": "shop"},
+                                     "credential": {}, "grants": [], "namespaces": []}))
+    fake.on("GET", path, ok(RESOURCES))
+    fake.on("PATCH", path, ok({**RESOURCES, "revision": 4, "max_unfinished_tasks": None}))
+    got = await client.get_application_resources()
+    assert (got.application, got.revision, got.max_unfinished_tasks,
+            got.max_reserved_attempts, got.max_active_attempts) == ("shop", 3, 5000, 100, None)
+    assert (got.unfinished_tasks, got.active_attempts, got.reserved_attempts) == (42, 7, 2)
+    assert [s.path for s in fake.seen] == ["/v1/whoami", path]
+
+    changed = await client.update_application_resources(
+        "shop", revision=3, max_unfinished_tasks=None, max_active_attempts=20,
+        reason="INC-9")
+    assert (changed.revision, changed.max_unfinished_tasks) == (4, None)
+    assert json.loads(fake.seen[-1].body) == {"revision": 3, "max_unfinished_tasks": None,
+                                              "max_active_attempts": 20, "reason": "INC-9"}
+    assert "Idempotency-Key" not in fake.seen[-1].headers
+
+
+async def test_a_stale_revision_on_application_resources_is_not_retried(
+        api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    fake.on("PATCH", "/v1/applications/shop/resources", problem(409, "stale_revision"))
+    with pytest.raises(StaleRevision):
+        await client.update_application_resources("shop", revision=1, max_active_attempts=1)
+    assert len(fake.seen) == 1
+
+
+async def test_concurrency_keys_are_sent_and_read_back(api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    fake.on("POST", f"{NS}/tasks", ok({**RECEIPT, "concurrency_key": "账户:42"}, 201))
+    fake.on("POST", f"{NS}/tasks/batch", ok({"tasks": [RECEIPT]}, 201))
+    fake.on("GET", f"{NS}/tasks/{'ab' * 16}/attempts", ok({"items": [
+        {"id": "cd" * 16, "generation": 1, "state": "RUNNING", "concurrency_token": 9},
+        {"id": "ce" * 16, "generation": 2, "state": "OFFERED", "concurrency_token": None}],
+        "next_cursor": None}))
+    task = await client.submit("emails", "send", {}, concurrency_key="账户:42")
+    assert task.concurrency_key == "账户:42"
+    await client.submit_batch([TaskRequest(queue="emails", handler="send",
+                                           concurrency_key="k")])
+    assert json.loads(fake.seen[0].body)["concurrency_key"] == "账户:42"
+    assert json.loads(fake.seen[1].body)["tasks"][0]["concurrency_key"] == "k"
+    attempts = await client.task_attempts("ab" * 16)
+    assert [a.concurrency_token for a in attempts] == [9, None]

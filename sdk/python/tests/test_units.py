@@ -115,3 +115,16 @@ def test_backoff_is_bounded_and_jittered() -> None:
     assert delays[-1] >= 0.5
     backoff.reset()
     assert backoff.next_delay() <= 0.1
+
+
+def test_grants_carry_the_concurrency_key_and_its_fencing_token() -> None:
+    raw = {"task_id": "t" * 32, "attempt_id": "a" * 32, "generation": 1, "token": "s",
+           "queue": "q", "handler": "h", "concurrency_key": "账户:42",
+           "concurrency_token": 2**62}
+    grant = Grant.from_json(raw)
+    assert (grant.concurrency_key, grant.concurrency_token) == ("账户:42", 2**62)
+    for bad in (True, "7", 1.5):
+        assert Grant.from_json({**raw, "concurrency_token": bad}).concurrency_token is None
+    plain = Grant.from_json({k: v for k, v in raw.items() if not k.startswith("concurrency")})
+    assert (plain.concurrency_key, plain.concurrency_token) == (None, None)
+    assert "secret" not in repr(GRANT)

@@ -340,3 +340,95 @@ async def test_a_grant_for_an_unknown_handler_is_reported_failed(
         ("failed", False, "LookupError")
     assert fake.registrations[0]["handlers"] == ["known"]
     assert fake.registrations[0]["max_in_flight"] == 8
+
+
+# --- flow control ----------------------------------------------------------------------------
+
+
+async def test_a_rate_limited_start_is_sent_again_after_retry_after(
+        fake: FakeDispatcher, make_worker: MakeWorker, run_worker: RunWorker) -> None:
+    fake.rate_limit_starts = 2
+    fake.rate_limit_ms = 80
+    seen: dict[str, Any] = {}
+    worker = make_worker(concurrency=1)
+
+    @worker.handler("keyed")
+    async def keyed(ctx: Context, data: Any) -> str:
+        seen.update(key=ctx.concurrency_key, token=ctx.concurrency_token,
+                    fencing=ctx.fencing_token)
+        return "done"
+
+    task_id = fake.add_task("keyed", concurrency_key="account:42", concurrency_token=17)
+    run_worker(worker)
+    await fake.until(lambda: fake.state(task_id) == "FINISHED")
+    assert outcome_of(fake, task_id)["outcome"] == "succeeded"
+    starts = fake.of_type("start")
+    assert len(starts) == 3, "two refusals, then the approved start"
+    assert all(m.body["items"][0]["attempt_id"] == fake.attempt_for(task_id).attempt_id
+               for m in starts)
+    assert worker.starts_deferred == 2
+    assert seen == {"key": "account:42", "token": 17, "fencing": 17}
+    # The waiting attempt kept its slot: nothing else was granted meanwhile.
+    assert len(fake.attempts) == 1
+
+
+async def test_a_rate_limited_start_past_its_offer_is_given_up(
+        fake: FakeDispatcher, make_worker: MakeWorker, run_worker: RunWorker) -> None:
+    fake.rate_limit_starts = 100
+    fake.rate_limit_ms = 5000
+    fake.offer_s = 1.0  # the offer expires before the window would have room
+    worker = make_worker(concurrency=1)
+    ran: list[str] = []
+
+    @worker.handler("h")
+    async def handler(ctx: Context, data: Any) -> None:
+        ran.append(ctx.task_id)
+
+    task_id = fake.add_task("h")
+    run_worker(worker)
+    await fake.until(lambda: len(fake.of_type("start")) == 1)
+    await fake.until(lambda: worker.in_flight == 0)
+    assert worker.starts_deferred == 0
+    assert ran == []
+    assert fake.state(task_id) == "OFFERED"  # left to expire at the dispatcher
+
+
+@pytest.mark.parametrize("reason", ["queue_paused", "offer_expired", "cancel_requested"])
+async def test_other_refusals_still_end_the_attempt_at_once(
+        fake: FakeDispatcher, make_worker: MakeWorker, run_worker: RunWorker,
+        reason: str) -> None:
+    fake.refuse_starts = reason
+    worker = make_worker(concurrency=1)
+    ran: list[str] = []
+
+    @worker.handler("h")
+    async def handler(ctx: Context, data: Any) -> None:
+        ran.append(ctx.task_id)
+
+    task_id = fake.add_task("h")
+    run_worker(worker)
+    await fake.until(lambda: len(fake.of_type("start")) == 1)
+    await fake.until(lambda: worker.in_flight == 0)
+    await asyncio.sleep(0.1)
+    assert len(fake.of_type("start")) == 1, "not sent again"
+    assert worker.starts_deferred == 0
+    assert ran == []
+    assert fake.state(task_id) == "OFFERED"
+
+
+async def test_draining_drops_a_start_waiting_for_its_window(
+        fake: FakeDispatcher, make_worker: MakeWorker, run_worker: RunWorker) -> None:
+    fake.rate_limit_starts = 100
+    fake.rate_limit_ms = 10_000
+    worker = make_worker(concurrency=1)
+
+    @worker.handler("h")
+    async def handler(ctx: Context, data: Any) -> None:
+        return None
+
+    fake.add_task("h")
+    handle = run_worker(worker)
+    await fake.until(lambda: worker.starts_deferred == 1)
+    await asyncio.wait_for(handle.stop(), 3)
+    assert worker.in_flight == 0
+    assert len(fake.of_type("start")) == 1

@@ -17,6 +17,7 @@ from tests.integration.api.test_queues_support import (
     QueueWrites,
     bearer,
     create,
+    get,
     list_all,
     qwrites,
     url,
@@ -185,6 +186,5 @@ async def test_tenants_are_isolated(
     assert names == []
     mine = await create(api, other, name)
     assert mine["id"] != theirs["id"]
-    response = await api.get(url(ns, name), headers=tenant.auth)
-    assert await response.json() == theirs
+    assert await get(api, tenant, name) == theirs
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import prometheus_client
 import pymysql
 import pytest
 from aiohttp.test_utils import TestClient
@@ -21,11 +22,20 @@ DEFAULTS = {
     "retry": {"max_attempts": 3, "initial_ms": 1000, "max_ms": 60000, "multiplier": "2",
               "jitter": "0.2"},
     "max_concurrent_attempts": None,
+    "max_unfinished_tasks": None,
+    "max_starts_per_second": None,
     "active_attempts": 0,
     "paused": False,
     "gate": {"state": "OPEN", "control_revision": 1, "reason": None},
     "revision": 1,
 }
+
+
+def refusals(code: str) -> float:
+    """``orbit_backpressure_refusals_total{code}`` of this process (the API runs in it)."""
+    value = prometheus_client.REGISTRY.get_sample_value(
+        "orbit_backpressure_refusals_total", {"code": code})
+    return value or 0.0
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -67,10 +77,24 @@ async def create(
     return body
 
 
-async def get(api: TestClient[Any, Any], tenant: Tenant, name: str) -> dict[str, Any]:
+USAGE_FIELDS = {"measured_at", "unfinished_tasks", "active_attempts", "starts_in_window",
+                "start_window_until", "waiting_tasks", "oldest_waiting_age_ms"}
+
+
+async def get_with_usage(api: TestClient[Any, Any], tenant: Tenant, name: str
+                         ) -> dict[str, Any]:
+    """GET of one queue: the queue view plus its ``usage``."""
     response = await api.get(url(tenant.namespace, name), headers=tenant.auth)
     assert response.status == 200, await response.text()
     body: dict[str, Any] = await response.json()
+    assert set(body["usage"]) == USAGE_FIELDS, body["usage"]
+    return body
+
+
+async def get(api: TestClient[Any, Any], tenant: Tenant, name: str) -> dict[str, Any]:
+    """GET of one queue without its ``usage`` (the view every other answer carries)."""
+    body = await get_with_usage(api, tenant, name)
+    del body["usage"]
     return body
 
 

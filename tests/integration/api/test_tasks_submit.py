@@ -130,9 +130,9 @@ async def test_a_task_starts_waiting_with_the_queue_defaults_frozen_in(
             jitter=decimal.Decimal("0.125"))))
     status, receipt = await post(api, tenant, {"queue": "tuned", "handler": "mail.send:v2"})
     assert status == 201
-    assert set(receipt) == {"id", "queue", "handler", "state", "priority", "business_key", "concurrency_key",
-                            "created_at", "available_at", "deadline_at", "start_deadline_at",
-                            "rerun_safe", "revision"}
+    assert set(receipt) == {"id", "queue", "handler", "state", "priority", "business_key",
+                            "concurrency_key", "created_at", "available_at", "deadline_at",
+                            "start_deadline_at", "rerun_safe", "revision"}
     assert receipt["state"] == "WAITING"
     assert receipt["revision"] == 1
     assert receipt["priority"] == 0

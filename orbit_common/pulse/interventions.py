@@ -247,8 +247,8 @@ async def _cancel_now(cur: Any, namespace_id: bytes, task: Task, reason: str | N
          None if target is TaskState.NEEDS_REVIEW else to_db(now),
          namespace_id, task.id, task.revision, task.state.value))
     leases.expect_rows(cur, 1, "cancel")
-    await resources.apply(cur, namespace_id, usage)
-    await resources.release(cur, namespace_id, endings, now)
+    await resources.apply(cur, namespace_id, usage, between=lambda: resources.release(
+        cur, namespace_id, endings, now))
     event = leases.task_event(namespace_id, task.id, task.revision + 1, "task." + why,
                           task.state, target, {"reason": reason})
     await append_events(cur, [event])

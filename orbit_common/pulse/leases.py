@@ -335,10 +335,12 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
         (*values, session.namespace_id),
     )
     expect_rows(cur, len(task_updates), "claim")
-    await resources.apply(cur, session.namespace_id,
-                          Usage(active=Counter({queue.id: len(grants)}), reserved=len(grants)))
     await resources.record_permits(cur, session.namespace_id, permits)
     await append_events(cur, events)
+    # The counters last (the queue row is locked since _grantable; the application's row is
+    # updated here, at the end, unless the application has claim-time limits).
+    await resources.apply(cur, session.namespace_id,
+                          Usage(active=Counter({queue.id: len(grants)}), reserved=len(grants)))
     return grants
 
 
@@ -547,12 +549,13 @@ async def start(  # noqa: PLR0912, PLR0915 - one pass over the batch; each branc
             (*values, namespace_id, when),
         )
         expect_rows(cur, len(approvals), "start tasks")
+        await append_events(cur, events)
+        # Counter rows last, so the application's row is held only for the commit.
         await resources.save_windows(
             cur, namespace_id, windows or {},
             touched={lk.attempt["queue_id"] for lk in locked.values()
                      if lk.attempt["id"] in approved_ids},
             app=app_window, started=len(approvals))
-        await append_events(cur, events)
     return outcomes
 
 
@@ -933,14 +936,17 @@ async def finish(  # noqa: PLR0912, PLR0915 - one pass over the batch; each bran
     if attempt_updates:
         await _apply_attempt_endings(cur, namespace_id, attempt_updates, now)
         await _apply_task_endings(cur, namespace_id, task_updates, now)
-        await resources.apply(cur, namespace_id, usage)
-        await resources.release(cur, namespace_id, endings, now)
         await append_events(cur, events)
     await _insert_evidence(cur, evidence)
     if receipts:
         sql, params = multi_insert(INSERT_RECEIPTS,
                                    "(%s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))", receipts)
         await cur.execute(sql, params)
+    # The shared rows last (new rows above take no locks others wait for): queue and
+    # application counters, concurrency keys, then the result stream.
+    if attempt_updates:
+        await resources.apply(cur, namespace_id, usage, between=lambda: resources.release(
+            cur, namespace_id, endings, now))
     await append_results(cur, namespace_id, results)
     for index, original in copies.items():
         outcomes[index] = attrs.evolve(outcomes[original], replayed=True)
@@ -1131,9 +1137,9 @@ async def _recover_namespace(cur: Any, namespace_id: bytes, task_ids: list[bytes
     # The guard re-checks revision and, through the attempt id, that no finish or renewal
     # slipped in; lease expiry was re-checked above under the row lock.
     await _apply_task_endings(cur, namespace_id, task_updates, now)
-    await resources.apply(cur, namespace_id, usage)
-    await resources.release(cur, namespace_id, endings, now)
     await append_events(cur, events)
+    await resources.apply(cur, namespace_id, usage, between=lambda: resources.release(
+        cur, namespace_id, endings, now))
     await append_results(cur, namespace_id, results)
     return len(tasks)
 

@@ -19,10 +19,12 @@ approval. Lowering a limit below the current usage refuses new work until usage 
 deletes tasks or revokes grants.
 
 Lock order (every transaction that takes more than one of these takes them in this order, which
-is why none of them can deadlock with another): tasks / attempts → queue rows (by id) → the
-application's resource row → concurrency-key rows (by digest) and their permits → the result
-stream (last). The counter rows come after the tasks so that the hot rows are held only for the
-end of each transaction.
+is why they do not deadlock): tasks / attempts → queue rows (by id) → concurrency-key rows (by
+digest) and their permits → the application's resource row → the result stream (last). The
+shared rows come after the tasks, and new rows (events, receipts) are written before them, so
+the hottest row — the application's, which every transaction of the application updates — is
+held only for the end of each transaction. One exception, only for applications with claim-time
+limits: see :func:`application_room`.
 
 Keyed concurrency: a task may carry a ``concurrency_key`` (exact bytes). Its row in
 ``pulse_concurrency_limits`` (created at submit, never deleted) allows one valid permit. Each
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -114,8 +116,10 @@ WHERE application_id = %s
 APP_LIMIT = " AND (max_unfinished_tasks IS NULL OR unfinished_tasks + %s <= max_unfinished_tasks)"
 
 
-async def apply(cur: Any, namespace_id: bytes, usage: Usage, *, admit: bool = False) -> None:
-    """Apply ``usage`` to the queue rows (by id) and then the application row.
+async def apply(cur: Any, namespace_id: bytes, usage: Usage, *, admit: bool = False,
+                between: Callable[[], Awaitable[Any]] | None = None) -> None:
+    """Apply ``usage`` to the queue rows (by id), run ``between`` (the concurrency-key work of
+    the same transaction), then update the application row: the lock order of this module.
 
     With ``admit`` (submissions), an increase of unfinished tasks past a limit raises
     :class:`errors.QueueFull` or :class:`errors.ApplicationQuotaExceeded`; the caller's
@@ -133,6 +137,8 @@ async def apply(cur: Any, namespace_id: bytes, usage: Usage, *, admit: bool = Fa
             if admit and du > 0:
                 await _explain_queue_refusal(cur, namespace_id, queue_id, du)
             raise CounterDrift(f"queue {queue_id.hex()} counters would go negative")
+    if between is not None:
+        await between()
     du, da = sum(usage.unfinished.values()), sum(usage.active.values())
     if du == 0 and da == 0 and usage.reserved == 0:
         return
@@ -180,13 +186,28 @@ class ApplicationRoom:
         return max(0, min(values)) if values else None
 
 
+APP_ROOM = (
+    "SELECT active_attempts, max_active_attempts, reserved_attempts, max_reserved_attempts"
+    " FROM orbit_application_resources WHERE application_id = %s"
+)
+
+
 async def application_room(cur: Any, namespace_id: bytes) -> ApplicationRoom:
-    """Lock the application's row (after the queue rows) and say how many grants fit."""
+    """How many grants the application's claim-time limits allow.
+
+    Without such limits (the default) the row is only read, and locked later, last, by the
+    counter update. With them it is locked here (after the queue row, before the keys), so
+    concurrent claims of the application count against one another; that order differs from
+    the module's only for such applications, where a rare deadlock with a concurrent key
+    release is detected by the server and re-run by the transaction runner.
+    """
     app = await application_of(cur, namespace_id)
-    await cur.execute(
-        "SELECT active_attempts, max_active_attempts, reserved_attempts, max_reserved_attempts"
-        " FROM orbit_application_resources WHERE application_id = %s FOR UPDATE", (app,))
+    await cur.execute(APP_ROOM, (app,))
     row = await cur.fetchone()
+    if row is not None and (row["max_active_attempts"] is not None
+                            or row["max_reserved_attempts"] is not None):
+        await cur.execute(APP_ROOM + " FOR UPDATE", (app,))
+        row = await cur.fetchone()
     if row is None:
         raise CounterDrift(f"application {app.hex()} has no resource row")
     return ApplicationRoom(
@@ -228,28 +249,46 @@ class Window:
 
 async def queue_windows(cur: Any, namespace_id: bytes,
                         queue_ids: Iterable[bytes]) -> dict[bytes, Window]:
+    """The queues' start windows; only queues with a start limit are locked (FOR UPDATE, by
+    id). A limit set by a transaction that commits after this read applies from the next
+    start batch on."""
     ordered = sorted(set(queue_ids))
     if not ordered:
         return {}
     await cur.execute(
-        "SELECT id, max_starts_per_second, start_window_until, starts_in_window FROM pulse_queues"
-        f" WHERE namespace_id = %s AND id IN ({placeholders(len(ordered))}) ORDER BY id"
-        " FOR UPDATE", (namespace_id, *ordered))
-    return {row["id"]: Window(limit=row["max_starts_per_second"],
-                              until=as_utc(row["start_window_until"])
-                              if row["start_window_until"] else None,
-                              used=row["starts_in_window"])
-            for row in await cur.fetchall()}
+        "SELECT id, max_starts_per_second FROM pulse_queues"
+        f" WHERE namespace_id = %s AND id IN ({placeholders(len(ordered))})",
+        (namespace_id, *ordered))
+    limited = sorted(r["id"] for r in await cur.fetchall() if r["max_starts_per_second"])
+    windows = {q: Window(limit=None, until=None, used=0) for q in ordered}
+    if limited:
+        await cur.execute(
+            "SELECT id, max_starts_per_second, start_window_until, starts_in_window"
+            f" FROM pulse_queues WHERE namespace_id = %s AND id IN ({placeholders(len(limited))})"
+            " ORDER BY id FOR UPDATE", (namespace_id, *limited))
+        for row in await cur.fetchall():
+            windows[row["id"]] = Window(
+                limit=row["max_starts_per_second"],
+                until=as_utc(row["start_window_until"]) if row["start_window_until"] else None,
+                used=row["starts_in_window"])
+    return windows
 
 
 async def application_window(cur: Any, namespace_id: bytes) -> Window:
+    """The application's start window; its row is locked only when it has a start limit
+    (its reserved count is decremented at the end of the start transaction either way)."""
     app = await application_of(cur, namespace_id)
+    await cur.execute("SELECT max_starts_per_second FROM orbit_application_resources"
+                      " WHERE application_id = %s", (app,))
+    row = await cur.fetchone()
+    if row is None:
+        raise CounterDrift(f"application {app.hex()} has no resource row")
+    if row["max_starts_per_second"] is None:
+        return Window(limit=None, until=None, used=0)
     await cur.execute(
         "SELECT max_starts_per_second, start_window_until, starts_in_window"
         " FROM orbit_application_resources WHERE application_id = %s FOR UPDATE", (app,))
     row = await cur.fetchone()
-    if row is None:
-        raise CounterDrift(f"application {app.hex()} has no resource row")
     return Window(limit=row["max_starts_per_second"],
                   until=as_utc(row["start_window_until"]) if row["start_window_until"] else None,
                   used=row["starts_in_window"])

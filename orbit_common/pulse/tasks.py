@@ -631,10 +631,12 @@ async def _insert_rows(cur: Any, namespace_id: bytes, rows: Sequence[_Row],
                        now: dt.datetime) -> None:
     await cur.executemany(INSERT_TASKS, [r.task for r in rows])
     # Counters after the task rows (lock order); a limit refusal rolls everything back.
+    # Counters after the task rows (lock order: queues, the new keys' rows, the application);
+    # a limit refusal rolls everything back.
+    keys = [r.item.spec.concurrency_key for r in rows if r.item.spec.concurrency_key is not None]
     await resources.apply(cur, namespace_id, resources.Usage(
-        unfinished=Counter(r.queue.id for r in rows)), admit=True)
-    await resources.ensure_keys(cur, namespace_id, [r.item.spec.concurrency_key for r in rows
-                                                    if r.item.spec.concurrency_key is not None])
+        unfinished=Counter(r.queue.id for r in rows)), admit=True,
+        between=lambda: resources.ensure_keys(cur, namespace_id, keys))
     await cur.executemany(INSERT_EVENTS, [
         (namespace_id, r.item.event_id, "task", r.item.task_id, 1, "task.accepted", None,
          TaskState.WAITING.value, jsondoc.dumps(r.receipt), to_db(now))

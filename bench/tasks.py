@@ -64,6 +64,22 @@ def _com_commit(url: DatabaseUrl) -> int:
         conn.close()
 
 
+def _wait_sessions(url: DatabaseUrl, count: int, timeout: float = 60) -> None:
+    """Wait until ``count`` worker sessions are ACTIVE (read from the database)."""
+    conn = connect_sync(url, autocommit=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with conn.cursor() as cur:
+                cur.execute("SELECT COUNT(*) FROM pulse_worker_sessions WHERE state = 'ACTIVE'")
+                if int(cur.fetchone()[0]) >= count:
+                    return
+            time.sleep(0.05)
+    finally:
+        conn.close()
+    raise RuntimeError(f"{count} worker sessions did not register in {timeout} s")
+
+
 def _wait_purged(url: DatabaseUrl, timeout: float = 120) -> None:
     """Wait until InnoDB has purged the undo history of the previous phase.
 
@@ -216,8 +232,8 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
     """Workers up, N tasks submitted (split evenly over the applications, in parallel), wait
     until all SUCCEEDED; figures from the database."""
     phase.start_workers(workers, concurrency)
-    time.sleep(1.0)  # let the workers register before the clock starts
     url = phase.url
+    _wait_sessions(url, max(workers, len(phase.tenants)))  # registered before the clock starts
     commits_before = _com_commit(url)
     conn = connect_sync(url, autocommit=True)
     with conn.cursor() as cur:

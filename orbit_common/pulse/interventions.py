@@ -28,17 +28,15 @@ import datetime as dt
 from collections import Counter
 from typing import Any
 
-import attrs
-
 from orbit_common import errors
 from orbit_common.db import errors as dberrors
 from orbit_common.db.clock import as_utc, db_now, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
-from orbit_common.platform import authz, credentials, idempotency, namespaces
+from orbit_common.platform import authz, credentials, namespaced
 from orbit_common.platform.audit import AuditRecord, append_audit
 from orbit_common.platform.events import append_events
-from orbit_common.platform.idempotency import IdempotencyRequest, Replay
+from orbit_common.platform.idempotency import Replay
 from orbit_common.platform.results import ResultEvent, append_results
 from orbit_common.pulse import leases, resources
 from orbit_common.pulse.model import Task, TaskState
@@ -117,53 +115,6 @@ def _check_reason(reason: str | None, *, required: bool) -> None:
                                         "message": f"at most {REASON_MAX} characters"}])
 
 
-async def _run(
-    db: Database,
-    name: str,
-    *,
-    principal: credentials.Principal,
-    action: authz.Action,
-    namespace: str,
-    idem: IdempotencyRequest | None,
-    act: Any,
-) -> Replay:
-    """Run one intervention: authorize the namespace, then (optionally) claim the idempotency
-    identity, then ``act(cur, namespace_id)`` → ``(status, body, resource id)``."""
-
-    async def body(cur: Any) -> Replay:
-        ns = await credentials.authorize(cur, principal, action, namespace)
-        claim = None
-        if idem is not None:
-            outcome = await idempotency.begin(cur, attrs.evolve(idem, namespace_id=ns.id),
-                                              ids.new_id())
-            if isinstance(outcome, Replay):
-                return outcome
-            claim = outcome
-        status, view, resource = await act(cur, ns.id)
-        if claim is not None:
-            await idempotency.complete(cur, claim, status=status, body=view,
-                                       resource_id=resource)
-        return Replay(status=status, body=view, resource_id=resource)
-
-    async def recheck(cur: Any) -> Replay | None:
-        assert idem is not None  # noqa: S101 - only passed when idem is set
-        ns = await namespaces.find_namespace(cur, namespace)
-        if ns is None:
-            return None
-        return await idempotency.lookup(cur, attrs.evolve(idem, namespace_id=ns.id))
-
-    return await db.transaction(name, body, recheck=recheck if idem is not None else None)
-
-
-def _idem(operation: str, key: str | None, task_id: bytes, request: dict[str, Any],
-          principal: credentials.Principal) -> IdempotencyRequest | None:
-    if key is None:
-        return None
-    return IdempotencyRequest.build(
-        namespace_id=bytes(16),  # replaced by the real namespace inside the transaction
-        operation=operation, scope=task_id, key=key, request=request,
-        credential_id=principal.credential_id,
-    )
 
 
 # --- cancel ----------------------------------------------------------------------------------
@@ -174,7 +125,8 @@ async def cancel_task(db: Database, principal: credentials.Principal, *, namespa
                       request_id: str | None = None) -> Replay:
     """Cancel a task (see the module docstring); 200 with the task's representation."""
     _check_reason(reason, required=False)
-    idem = _idem("tasks.cancel", idempotency_key, task_id, {"reason": reason}, principal)
+    idem = namespaced.request("tasks.cancel", idempotency_key, task_id, {"reason": reason},
+                              principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         task, queue, _ = await _locked_task(cur, principal, authz.Action.TASKS_CANCEL,
@@ -209,8 +161,9 @@ async def cancel_task(db: Database, principal: credentials.Principal, *, namespa
         ))
         return 200, task_view(after, queue), task.id
 
-    return await _run(db, "tasks.cancel", principal=principal, action=authz.Action.TASKS_CANCEL,
-                      namespace=namespace, idem=idem, act=act)
+    return await namespaced.run(
+        db, "tasks.cancel", principal=principal, action=authz.Action.TASKS_CANCEL,
+        namespace=namespace, idem=idem, act=act)
 
 
 async def _cancel_now(cur: Any, namespace_id: bytes, task: Task, reason: str | None,
@@ -288,9 +241,9 @@ async def review_task(db: Database, principal: credentials.Principal, *, namespa
     if problems:
         raise errors.ValidationFailed(problems)
     _check_reason(reason, required=True)
-    idem = _idem("tasks.review", idempotency_key, task_id,
-                 {"decision": decision, "reason": reason, "evidence_ref": evidence_ref,
-                  "result": result}, principal)
+    idem = namespaced.request("tasks.review", idempotency_key, task_id,
+                              {"decision": decision, "reason": reason,
+                               "evidence_ref": evidence_ref, "result": result}, principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         task, queue, _ = await _locked_task(cur, principal, authz.Action.TASKS_REVIEW,
@@ -332,8 +285,9 @@ async def review_task(db: Database, principal: credentials.Principal, *, namespa
                                                 "evidence_ref": evidence_ref}})])
         return 200, task_view(after, queue), task.id
 
-    return await _run(db, "tasks.review", principal=principal, action=authz.Action.TASKS_REVIEW,
-                      namespace=namespace, idem=idem, act=act)
+    return await namespaced.run(
+        db, "tasks.review", principal=principal, action=authz.Action.TASKS_REVIEW,
+        namespace=namespace, idem=idem, act=act)
 
 
 # --- manual retry ----------------------------------------------------------------------------
@@ -348,7 +302,8 @@ async def retry_task(db: Database, principal: credentials.Principal, *, namespac
     if rerun_confirmed is not True:
         raise ConfirmationRequired("set rerun_confirmed to true to declare re-running safe")
     new_id = ids.new_id()
-    idem = _idem("tasks.retry", idempotency_key, task_id, {"reason": reason}, principal)
+    idem = namespaced.request("tasks.retry", idempotency_key, task_id, {"reason": reason},
+                              principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         task, queue, _ = await _locked_task(cur, principal, authz.Action.TASKS_RETRY,
@@ -392,8 +347,9 @@ async def retry_task(db: Database, principal: credentials.Principal, *, namespac
         successor = await _reload(cur, namespace_id, new_id)
         return 201, task_view(successor, queue), new_id
 
-    return await _run(db, "tasks.retry", principal=principal, action=authz.Action.TASKS_RETRY,
-                      namespace=namespace, idem=idem, act=act)
+    return await namespaced.run(
+        db, "tasks.retry", principal=principal, action=authz.Action.TASKS_RETRY,
+        namespace=namespace, idem=idem, act=act)
 
 
 # The successor copies the original's work and frozen policies; deadlines keep their relative

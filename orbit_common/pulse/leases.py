@@ -472,7 +472,7 @@ async def start(  # noqa: PLR0912, PLR0915 - one pass over the batch; each branc
     locked = await _lock(cur, namespace_id, [r.attempt_id for r in refs])
     now = await db_now(cur)
     queue_ids = {lk.attempt["queue_id"] for lk in locked.values()}
-    gates = await _gate_states(cur, namespace_id, queue_ids)
+    gates, start_limited = await _gate_states(cur, namespace_id, queue_ids)
     outcomes: list[StartOutcome] = []
     approvals: list[tuple[Any, ...]] = []
     events: list[EventRecord] = []
@@ -514,7 +514,8 @@ async def start(  # noqa: PLR0912, PLR0915 - one pass over the batch; each branc
             queue_id = lk.attempt["queue_id"]
             if windows is None:
                 # Start windows: the queues' rows, then the application's (lock order).
-                windows = await resources.queue_windows(cur, namespace_id, queue_ids)
+                windows = await resources.queue_windows(cur, namespace_id, queue_ids,
+                                                        start_limited)
                 app_window = await resources.application_window(cur, namespace_id)
             blocking = [w for w in (windows[queue_id], app_window)
                         if w.room(now) is not None and w.room(now) == 0]
@@ -559,26 +560,32 @@ async def start(  # noqa: PLR0912, PLR0915 - one pass over the batch; each branc
     return outcomes
 
 
-async def _gate_states(cur: Any, namespace_id: bytes, queue_ids: set[bytes]) -> dict[bytes, str]:
+async def _gate_states(cur: Any, namespace_id: bytes, queue_ids: set[bytes]
+                       ) -> tuple[dict[bytes, str], set[bytes]]:
+    """The queues' gate states (gates read with a shared lock), and which queues have a start
+    limit (one plain read of the queue rows serves both)."""
     if not queue_ids:
-        return {}
+        return {}, set()
     ordered = sorted(queue_ids)
     await cur.execute(
-        f"SELECT id, gate_id FROM pulse_queues WHERE namespace_id = %s"
+        f"SELECT id, gate_id, max_starts_per_second FROM pulse_queues WHERE namespace_id = %s"
         f" AND id IN ({placeholders(len(ordered))})",
         (namespace_id, *ordered),
     )
-    gate_of = {row["id"]: row["gate_id"] for row in await cur.fetchall()}
+    rows = list(await cur.fetchall())
+    gate_of = {row["id"]: row["gate_id"] for row in rows}
+    limited = {row["id"] for row in rows if row["max_starts_per_second"] is not None}
     gate_ids = sorted(set(gate_of.values()))
     if not gate_ids:
-        return {}
+        return {}, limited
     await cur.execute(
         f"SELECT id, state FROM pulse_execution_gates WHERE namespace_id = %s"
         f" AND id IN ({placeholders(len(gate_ids))}) LOCK IN SHARE MODE",
         (namespace_id, *gate_ids),
     )
     state_of = {row["id"]: row["state"] for row in await cur.fetchall()}
-    return {queue_id: state_of.get(gate_id, "PAUSED") for queue_id, gate_id in gate_of.items()}
+    return ({queue_id: state_of.get(gate_id, "PAUSED") for queue_id, gate_id in gate_of.items()},
+            limited)
 
 
 # --- renew -----------------------------------------------------------------------------------

@@ -247,25 +247,18 @@ class Window:
         return max(1, int((self.until - now) / dt.timedelta(milliseconds=1)) + 1)
 
 
-async def queue_windows(cur: Any, namespace_id: bytes,
-                        queue_ids: Iterable[bytes]) -> dict[bytes, Window]:
-    """The queues' start windows; only queues with a start limit are locked (FOR UPDATE, by
-    id). A limit set by a transaction that commits after this read applies from the next
-    start batch on."""
-    ordered = sorted(set(queue_ids))
-    if not ordered:
-        return {}
-    await cur.execute(
-        "SELECT id, max_starts_per_second FROM pulse_queues"
-        f" WHERE namespace_id = %s AND id IN ({placeholders(len(ordered))})",
-        (namespace_id, *ordered))
-    limited = sorted(r["id"] for r in await cur.fetchall() if r["max_starts_per_second"])
-    windows = {q: Window(limit=None, until=None, used=0) for q in ordered}
-    if limited:
+async def queue_windows(cur: Any, namespace_id: bytes, queue_ids: Iterable[bytes],
+                        limited: Iterable[bytes]) -> dict[bytes, Window]:
+    """The queues' start windows. Only the ``limited`` queues (those the caller read with a
+    start limit) are locked (FOR UPDATE, by id); a limit set by a transaction that commits
+    after that read applies from the next start batch on."""
+    windows = {q: Window(limit=None, until=None, used=0) for q in set(queue_ids)}
+    ordered = sorted(set(limited) & set(windows))
+    if ordered:
         await cur.execute(
             "SELECT id, max_starts_per_second, start_window_until, starts_in_window"
-            f" FROM pulse_queues WHERE namespace_id = %s AND id IN ({placeholders(len(limited))})"
-            " ORDER BY id FOR UPDATE", (namespace_id, *limited))
+            f" FROM pulse_queues WHERE namespace_id = %s AND id IN ({placeholders(len(ordered))})"
+            " ORDER BY id FOR UPDATE", (namespace_id, *ordered))
         for row in await cur.fetchall():
             windows[row["id"]] = Window(
                 limit=row["max_starts_per_second"],

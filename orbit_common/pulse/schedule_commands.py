@@ -21,10 +21,10 @@ from orbit_common.db.batch import multi_insert
 from orbit_common.db.clock import as_utc, db_now, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc, names
-from orbit_common.platform import authz, credentials, idempotency, namespaces
+from orbit_common.platform import authz, credentials, namespaced
 from orbit_common.platform.audit import AuditRecord, append_audit
 from orbit_common.platform.events import append_event
-from orbit_common.platform.idempotency import IdempotencyRequest, Replay
+from orbit_common.platform.idempotency import Replay
 from orbit_common.pulse import schedule_rules, schedules, tasks
 from orbit_common.pulse.model import Queue
 
@@ -171,41 +171,6 @@ def occurrence_view(row: dict[str, Any]) -> dict[str, Any]:
 # --- plumbing -----------------------------------------------------------------------------------
 
 
-def _idem(operation: str, key: str | None, scope: bytes, request: dict[str, Any],
-          principal: credentials.Principal) -> IdempotencyRequest | None:
-    if key is None:
-        return None
-    return IdempotencyRequest.build(namespace_id=bytes(16), operation=operation, scope=scope,
-                                    key=key, request=request,
-                                    credential_id=principal.credential_id)
-
-
-async def _run(db: Database, name: str, *, principal: credentials.Principal,
-               action: authz.Action, namespace: str, queue: str | None,
-               idem: IdempotencyRequest | None, act: Any) -> Replay:
-    async def body(cur: Any) -> Replay:
-        ns = await credentials.authorize(cur, principal, action, namespace, queue=queue)
-        claim = None
-        if idem is not None:
-            outcome = await idempotency.begin(cur, attrs.evolve(idem, namespace_id=ns.id),
-                                              ids.new_id())
-            if isinstance(outcome, Replay):
-                return outcome
-            claim = outcome
-        status, view, resource = await act(cur, ns.id)
-        if claim is not None:
-            await idempotency.complete(cur, claim, status=status, body=view,
-                                       resource_id=resource)
-        return Replay(status=status, body=view, resource_id=resource)
-
-    async def recheck(cur: Any) -> Replay | None:
-        assert idem is not None  # noqa: S101 - only passed when idem is set
-        ns = await namespaces.find_namespace(cur, namespace)
-        if ns is None:
-            return None
-        return await idempotency.lookup(cur, attrs.evolve(idem, namespace_id=ns.id))
-
-    return await db.transaction(name, body, recheck=recheck if idem is not None else None)
 
 
 async def _locked(cur: Any, namespace_id: bytes, name: str) -> dict[str, Any]:
@@ -290,8 +255,8 @@ async def create_schedule(db: Database, principal: credentials.Principal, *, nam
     if not names.is_valid_name(name):
         raise errors.ValidationFailed([{"path": "$.name", "message": names.NAME_RULE}])
     schedule_id = ids.new_id()
-    idem = _idem("schedules.create", idempotency_key, name.encode(),
-                 {"name": name, "queue": queue, **spec.canonical()}, principal)
+    idem = namespaced.request("schedules.create", idempotency_key, name.encode(),
+                              {"name": name, "queue": queue, **spec.canonical()}, principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         target = await _queue(cur, namespace_id, queue)
@@ -319,9 +284,9 @@ async def create_schedule(db: Database, principal: credentials.Principal, *, nam
                       None, "ACTIVE", {"name": name, "queue": queue}, request_id)
         return 201, view, schedule_id
 
-    return await _run(db, "schedules.create", principal=principal,
-                      action=authz.Action.SCHEDULES_MANAGE, namespace=namespace, queue=queue,
-                      idem=idem, act=act)
+    return await namespaced.run(
+        db, "schedules.create", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
+        namespace=namespace, queue=queue, idem=idem, act=act)
 
 
 async def _record(cur: Any, principal: credentials.Principal, namespace_id: bytes,  # noqa: PLR0917
@@ -349,8 +314,8 @@ async def publish_version(db: Database, principal: credentials.Principal, *, nam
                           request_id: str | None = None) -> Replay:
     """A new version, effective from now (database time); CAS on ``revision``. Instants
     before now keep the version they were planned under (the backlog is not rewritten)."""
-    idem = _idem("schedules.publish", idempotency_key, name.encode(),
-                 {"revision": revision, **spec.canonical()}, principal)
+    idem = namespaced.request("schedules.publish", idempotency_key, name.encode(),
+                              {"revision": revision, **spec.canonical()}, principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         row = await _locked(cur, namespace_id, name)
@@ -376,9 +341,9 @@ async def publish_version(db: Database, principal: credentials.Principal, *, nam
                       {"version": version}, request_id)
         return 200, await _reload(cur, namespace_id, row["id"], with_versions=True), row["id"]
 
-    return await _run(db, "schedules.publish", principal=principal,
-                      action=authz.Action.SCHEDULES_MANAGE, namespace=namespace, queue=None,
-                      idem=idem, act=act)
+    return await namespaced.run(
+        db, "schedules.publish", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
+        namespace=namespace, queue=None, idem=idem, act=act)
 
 
 async def set_state(db: Database, principal: credentials.Principal, *, namespace: str,
@@ -389,8 +354,8 @@ async def set_state(db: Database, principal: credentials.Principal, *, namespace
     if target not in ("ACTIVE", "PAUSED", "DISABLED"):
         raise errors.ValidationFailed([{"path": "$.state",
                                         "message": "ACTIVE, PAUSED or DISABLED"}])
-    idem = _idem("schedules.state", idempotency_key, name.encode(),
-                 {"state": target, "reason": reason}, principal)
+    idem = namespaced.request("schedules.state", idempotency_key, name.encode(),
+                              {"state": target, "reason": reason}, principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         row = await _locked(cur, namespace_id, name)
@@ -413,9 +378,9 @@ async def set_state(db: Database, principal: credentials.Principal, *, namespace
                       row["state"], target, {"reason": reason}, request_id)
         return 200, await _reload(cur, namespace_id, row["id"]), row["id"]
 
-    return await _run(db, "schedules.state", principal=principal,
-                      action=authz.Action.SCHEDULES_MANAGE, namespace=namespace, queue=None,
-                      idem=idem, act=act)
+    return await namespaced.run(
+        db, "schedules.state", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
+        namespace=namespace, queue=None, idem=idem, act=act)
 
 
 async def _create_runs(cur: Any, namespace_id: bytes, row: dict[str, Any],  # noqa: PLR0917
@@ -448,8 +413,8 @@ async def _create_runs(cur: Any, namespace_id: bytes, row: dict[str, Any],  # no
 
 async def _all_versions(cur: Any, namespace_id: bytes, row: dict[str, Any]
                         ) -> dict[int, schedules.Version]:
-    return await schedules._versions(cur, namespace_id, row["id"], 1,
-                                     row["current_version"])
+    return await schedules.load_versions(cur, namespace_id, row["id"], 1,
+                                         row["current_version"])
 
 
 async def trigger_now(db: Database, principal: credentials.Principal, *, namespace: str,
@@ -457,7 +422,7 @@ async def trigger_now(db: Database, principal: credentials.Principal, *, namespa
                       request_id: str | None = None) -> Replay:
     """One run now with the current version (source TRIGGER; the overlap policy does not
     apply to an explicit trigger). 201 with the occurrence's task."""
-    idem = _idem("schedules.trigger", idempotency_key, name.encode(), {}, principal)
+    idem = namespaced.request("schedules.trigger", idempotency_key, name.encode(), {}, principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         row = await _locked(cur, namespace_id, name)
@@ -473,9 +438,9 @@ async def trigger_now(db: Database, principal: credentials.Principal, *, namespa
                       transition=False)
         return 201, {"schedule": row["name"], **run}, bytes.fromhex(run["task_id"])
 
-    return await _run(db, "schedules.trigger", principal=principal,
-                      action=authz.Action.SCHEDULES_MANAGE, namespace=namespace, queue=None,
-                      idem=idem, act=act)
+    return await namespaced.run(
+        db, "schedules.trigger", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
+        namespace=namespace, queue=None, idem=idem, act=act)
 
 
 async def backfill(db: Database, principal: credentials.Principal, *, namespace: str,
@@ -490,9 +455,9 @@ async def backfill(db: Database, principal: credentials.Principal, *, namespace:
         raise errors.ValidationFailed([{"path": "$.end", "message": "after start"}])
     if not reason or len(reason) > 1024:
         raise errors.ValidationFailed([{"path": "$.reason", "message": "1-1024 characters"}])
-    idem = _idem("schedules.backfill", idempotency_key, name.encode(),
-                 {"start": start.isoformat(), "end": end.isoformat(), "reason": reason},
-                 principal)
+    idem = namespaced.request("schedules.backfill", idempotency_key, name.encode(),
+                              {"start": start.isoformat(), "end": end.isoformat(),
+                               "reason": reason}, principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         row = await _locked(cur, namespace_id, name)
@@ -528,9 +493,9 @@ async def backfill(db: Database, principal: credentials.Principal, *, namespace:
                      "end": end.isoformat(), "searched_until": upper.isoformat(),
                      "created": runs, "already_ran": len(instants) - len(todo)}, row["id"]
 
-    return await _run(db, "schedules.backfill", principal=principal,
-                      action=authz.Action.SCHEDULES_MANAGE, namespace=namespace, queue=None,
-                      idem=idem, act=act)
+    return await namespaced.run(
+        db, "schedules.backfill", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
+        namespace=namespace, queue=None, idem=idem, act=act)
 
 
 async def _ran(cur: Any, namespace_id: bytes, schedule_id: bytes, start: dt.datetime,

@@ -281,8 +281,9 @@ _VERSIONS: dict[tuple[bytes, bytes, int], Version] = {}
 _SPECS: dict[tuple[bytes, bytes, int], tasks.TaskSpec] = {}
 
 
-async def _versions(cur: Any, namespace_id: bytes, schedule_id: bytes,
-                    from_version: int, current: int) -> dict[int, Version]:
+async def load_versions(cur: Any, namespace_id: bytes, schedule_id: bytes,
+                        from_version: int, current: int) -> dict[int, Version]:
+    """Versions ``from_version``..``current`` of a schedule (immutable, so cached)."""
     keys = [(namespace_id, schedule_id, n) for n in range(from_version, current + 1)]
     if any(k not in _VERSIONS for k in keys):
         await cur.execute(VERSIONS, (namespace_id, schedule_id, from_version))
@@ -409,7 +410,7 @@ async def _fire_group(cur: Any, namespace_id: bytes, group: list[dict[str, Any]]
     stats = {"fired": 0, "skipped": 0, "merged": 0}
     lateness: list[int] = []
     for row in group:
-        versions = await _versions(cur, namespace_id, row["id"], row["processing_version"],
+        versions = await load_versions(cur, namespace_id, row["id"], row["processing_version"],
                                    row["current_version"])
         step = plan(row["id"], versions, Progress(
             covered_until=as_utc(row["covered_until"]),

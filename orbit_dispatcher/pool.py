@@ -120,6 +120,12 @@ class ProbeCache:
             return None
         return entry.until
 
+    def expires_at(self, key: ProbeKey) -> float | None:
+        """When the key's current empty streak ends (possibly already past), or None if it
+        has none (never probed, or its last claim granted something)."""
+        entry = self._entries.get(key)
+        return None if entry is None or entry.ttl_ms == 0 else entry.until
+
     def known_empty(self, key: ProbeKey) -> bool:
         return self.empty_until(key) is not None
 
@@ -300,20 +306,32 @@ class FairOrder:
 
     def next_change(self) -> float | None:
         """The earliest clock time at which a turn may become possible without a new event
-        (a probe TTL ends or a long poll's deadline passes), or None."""
+        (a probe TTL ends or a long poll's deadline passes; *now* if a demand could claim at
+        once), or None when every possible turn waits for an event that wakes the pool (a
+        claim in flight ending, new slots, a new demand).
+
+        A probe TTL that ended between :meth:`next_turn` and this call (the clock moves on)
+        counts as *now*, not as nothing to wait for: the pool would otherwise sleep with
+        demand and work left until some unrelated event woke it.
+        """
         now = self.probes.clock()
         soonest: float | None = None
         for demand in self._demands:
             if demand.busy:
-                continue
+                continue  # its claim ending wakes the pool
             if demand.deadline is not None and demand.deadline > now:
                 soonest = demand.deadline if soonest is None else min(soonest, demand.deadline)
             if demand.slots <= 0:
-                continue
+                continue  # new slots wake the pool
             for queue in demand.session.queues:
-                until = self.probes.empty_until(probe_key(demand.session, queue))
-                if until is not None:
-                    soonest = until if soonest is None else min(soonest, until)
+                if not self._wants(demand, queue, now):
+                    continue
+                key = probe_key(demand.session, queue)
+                if self._probing.get(key) and not self.probes.productive(key):
+                    continue  # the probe in flight wakes the pool when it ends
+                until = self.probes.expires_at(key)
+                at = now if until is None or until < now else until
+                soonest = at if soonest is None else min(soonest, at)
         return soonest
 
 

@@ -282,7 +282,7 @@ def test_next_change_is_the_earliest_probe_expiry_or_poll_deadline() -> None:
     order = make_order(clock, first_ms=20)
     app, q = _id(), queue()
     order.add(stream(app, [q]))
-    assert order.next_change() is None  # claimable now: nothing to wait for
+    assert order.next_change() == clock.now  # claimable now
     turn = order.next_turn()
     assert turn is not None
     order.record(turn, 0)
@@ -292,6 +292,46 @@ def test_next_change_is_the_earliest_probe_expiry_or_poll_deadline() -> None:
                     untried={q.id})
     order.add(waiter)
     assert order.next_change() == clock.now + 0.005
+
+
+def test_a_probe_expiring_between_the_turn_and_the_wait_is_not_a_reason_to_sleep() -> None:
+    """The stall seen in the tasks benchmark: next_turn saw the queue known-empty, the TTL ended
+    before next_change looked, and next_change answered "nothing to wait for" -- the pool slept
+    with free slots and 7,640 waiting tasks until an unrelated event. It must answer "now"."""
+    clock = FakeClock()
+    order = make_order(clock, first_ms=20)
+    app, q = _id(), queue()
+    order.add(stream(app, [q]))
+    turn = order.next_turn()
+    assert turn is not None
+    order.record(turn, 0)  # empty until now + 20 ms
+    clock.advance_ms(19.999)
+    assert order.next_turn() is None  # still known empty
+    clock.advance_ms(0.002)  # the TTL ends here, before the pool computes its wait
+    soonest = order.next_change()
+    assert soonest is not None
+    assert soonest <= clock.now
+
+
+def test_next_change_waits_for_events_only_when_no_turn_could_start_without_one() -> None:
+    clock = FakeClock()
+    order = make_order(clock, first_ms=20)
+    app, q = _id(), queue()
+    busy, dry = stream(app, [q]), stream(app, [q], slots=0)
+    order.add(busy)
+    order.add(dry)
+    turn = order.next_turn()
+    assert turn is not None
+    assert turn.demand is busy
+    busy.busy = True  # as the pool marks a demand whose claim is in flight
+    # The other demand has no slots, and the only key has a probe in flight: wait for events.
+    assert order.next_change() is None
+    dry.slots = 5  # (the pool is woken by set_slots) -- the key is still being probed
+    assert order.next_turn() is None
+    assert order.next_change() is None  # the probe in flight wakes the pool when it ends
+    order.record(turn, 0)
+    busy.busy = False
+    assert order.next_change() == clock.now + 0.020
 
 
 # --- long polls ----------------------------------------------------------------------------------

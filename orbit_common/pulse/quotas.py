@@ -10,9 +10,13 @@ Invariants kept here:
   ``UPDATE … WHERE application_id = … AND revision = …`` whose matched-row count is checked; a
   miss is ``409 stale_revision`` and writes nothing. ``revision`` counts configuration versions
   only: a submit, claim or start that moves a counter does not invalidate it.
-* No statement here writes a counter (:data:`RUNTIME_COLUMNS`): a configuration change never
-  resets usage. Lowering a limit below the current usage is allowed; it refuses new work until
-  usage falls, and never deletes tasks or revokes grants. ``null`` means unlimited.
+* The limits update writes no counter (:data:`RUNTIME_COLUMNS`): a configuration change never
+  resets usage. The counters are kept only while a count limit is set (resources.TRACKED);
+  the change that sets the first one recounts them from the queues in the same transaction
+  (``resources.recount_application``: an exact count, not a reset), and without one the view
+  recounts the usage on every read. Lowering a limit below the current usage is allowed; it
+  refuses new work until usage falls, and never deletes tasks or revokes grants. ``null``
+  means unlimited.
 * Every change commits with a state event (``orbit_events``, platform namespace, aggregate
   ``application_resources``) and an audit event carrying the actor, the reason and the
   before/after limits. A patch that changes nothing writes nothing.
@@ -46,6 +50,7 @@ from orbit_common.platform import applications as apps
 from orbit_common.platform import credentials as creds
 from orbit_common.platform.audit import Actor, AuditRecord, append_audit
 from orbit_common.platform.events import append_event
+from orbit_common.pulse import resources
 
 INT_MAX = 2_147_483_647  # the columns are INT
 REASON_MAX = 1024
@@ -80,6 +85,11 @@ class Limits:
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+    def tracks_usage(self) -> bool:
+        """Whether the application's usage counters are kept (resources.TRACKED)."""
+        return (self.max_unfinished_tasks is not None or self.max_active_attempts is not None
+                or self.max_reserved_attempts is not None)
 
 
 class Unset(enum.Enum):
@@ -201,12 +211,19 @@ LOCK IN SHARE MODE
 
 
 async def read_resources(cur: Any, application_id: bytes) -> Resources:
-    """The application's resource row, read without locks."""
+    """The application's resource row, read without locks. Without count limits its counters
+    are not kept, so the usage is recounted from the queues (resources.application_usage)."""
     await cur.execute(SELECT_RESOURCES, (application_id,))
     row = await cur.fetchone()
     if row is None:
         raise errors.ApplicationNotFound()
-    return Resources.from_row(row)
+    found = Resources.from_row(row)
+    if found.limits.tracks_usage():
+        return found
+    usage = await resources.application_usage(cur, application_id)
+    return attrs.evolve(found, unfinished_tasks=usage.unfinished_tasks,
+                        active_attempts=usage.active_attempts,
+                        reserved_attempts=usage.reserved_attempts)
 
 
 async def update_limits(
@@ -222,6 +239,8 @@ async def update_limits(
         raise errors.StaleRevision(
             f"the resources of application {before.application!r} are no longer at revision"
             f" {revision}; read them again")
+    if limits.tracks_usage() and not before.limits.tracks_usage():
+        await resources.recount_application(cur, before.application_id)
     after = await read_resources(cur, before.application_id)
     await append_event(
         cur, namespace_id=PLATFORM_NAMESPACE_ID, aggregate_type=AGGREGATE,

@@ -1,7 +1,7 @@
 """Flow control: queue resources, application shared quotas and keyed concurrency permits.
 
-Counters (all maintained in the same transaction as the task or attempt change they count,
-never reset by a configuration change, never touched by configuration updates):
+Counters (maintained in the same transaction as the task or attempt change they count, never
+reset by a configuration change, never touched by configuration updates):
 
 ===========================================  ====================================================
 ``pulse_queues.unfinished_tasks``             tasks in WAITING, LEASED, RUNNING or NEEDS_REVIEW
@@ -9,6 +9,10 @@ never reset by a configuration change, never touched by configuration updates):
 ``pulse_queues.starts_in_window``             starts approved since ``start_window_until - 1 s``
 ``orbit_application_resources.*``             the same, summed over the application's namespaces,
                                               plus ``reserved_attempts`` (OFFERED, not started)
+                                              -- kept only while the application has a count
+                                              limit (:data:`TRACKED`); the limit change that
+                                              sets the first one recounts them
+                                              (:func:`recount_application`)
 ``pulse_concurrency_limits.held_permits``     valid permits of one concurrency key (0 or 1)
 ===========================================  ====================================================
 
@@ -22,9 +26,10 @@ Lock order (every transaction that takes more than one of these takes them in th
 is why they do not deadlock): tasks / attempts → queue rows (by id) → concurrency-key rows (by
 digest) and their permits → the application's resource row → the result stream (last). The
 shared rows come after the tasks, and new rows (events, receipts) are written before them, so
-the hottest row — the application's, which every transaction of the application updates — is
-held only for the end of each transaction. One exception, only for applications with claim-time
-limits: see :func:`application_room`.
+the hot rows are held only for the end of each transaction. An application without count limits
+is only share-locked (its counters are not kept), so the transactions of all its namespaces do
+not queue behind one row; with them, every transaction of the application updates the row. One
+exception, only for applications with claim-time limits: see :func:`application_room`.
 
 Keyed concurrency: a task may carry a ``concurrency_key`` (exact bytes). Its row in
 ``pulse_concurrency_limits`` (created at submit, never deleted) allows one valid permit. Each
@@ -52,6 +57,9 @@ KEY_DOMAIN = "orbit.concurrency-key.v1"
 KEY_MAX_BYTES = 255
 MAX_TOKEN = 2**63 - 1
 WINDOW = dt.timedelta(seconds=1)
+# An application's usage counters are kept only while one of its count limits is set.
+TRACKED = ("(max_unfinished_tasks IS NOT NULL OR max_active_attempts IS NOT NULL"
+           " OR max_reserved_attempts IS NOT NULL)")
 
 
 def key_digest(key: bytes) -> bytes:
@@ -106,15 +114,16 @@ WHERE namespace_id = %s AND id = %s
   AND unfinished_tasks + %s >= 0 AND active_attempts + %s >= 0
 """
 QUEUE_LIMIT = " AND (max_unfinished_tasks IS NULL OR unfinished_tasks + %s <= max_unfinished_tasks)"
-APP_DELTA = """
+APP_DELTA = f"""
 UPDATE orbit_application_resources
 SET unfinished_tasks = unfinished_tasks + %s, active_attempts = active_attempts + %s,
     reserved_attempts = reserved_attempts + %s
-WHERE application_id = %s
+WHERE application_id = %s AND {TRACKED}
   AND unfinished_tasks + %s >= 0 AND active_attempts + %s >= 0 AND reserved_attempts + %s >= 0
 """
 APP_LIMIT = " AND (max_unfinished_tasks IS NULL OR unfinished_tasks + %s <= max_unfinished_tasks)"
-
+APP_TRACKED_SHARED = (f"SELECT {TRACKED} AS tracked FROM orbit_application_resources"
+                      " WHERE application_id = %s LOCK IN SHARE MODE")
 
 async def apply(cur: Any, namespace_id: bytes, usage: Usage, *, admit: bool = False,
                 between: Callable[[], Awaitable[Any]] | None = None) -> None:
@@ -143,21 +152,99 @@ async def apply(cur: Any, namespace_id: bytes, usage: Usage, *, admit: bool = Fa
     if du == 0 and da == 0 and usage.reserved == 0:
         return
     app = await application_of(cur, namespace_id)
-    sql, params = APP_DELTA, [du, da, usage.reserved, app, du, da, usage.reserved]
-    if admit and du > 0:
+    await _apply_application(cur, app, du, da, usage.reserved, admit=admit and du > 0)
+
+
+# --- the application's counters ---------------------------------------------------------------
+
+# Whether an application's counters were tracked when this process last looked: only a guess
+# that picks the cheaper first statement; the database row decides (see _apply_application).
+_TRACKED_HINT: dict[bytes, bool] = {}
+
+
+async def _apply_application(cur: Any, app: bytes, du: int, da: int, dr: int, *,
+                             admit: bool) -> None:
+    """Add the deltas to the application's counters, if it tracks them.
+
+    An untracked application (no count limit: the default) is left alone, so its row is not a
+    lock every transaction of the application queues behind; only a shared lock is taken, which
+    concurrent transactions share and a limit change waits for (see :func:`recount_application`
+    for why that makes the recount exact). A tracked application's row is updated with an
+    exclusive lock, as any counter row.
+    """
+    if _TRACKED_HINT.get(app, False) and await _update_application(
+            cur, app, du, da, dr, admit=admit):
+        return
+    await cur.execute(APP_TRACKED_SHARED, (app,))
+    row = await cur.fetchone()
+    if row is None:
+        raise CounterDrift(f"application {app.hex()} has no resource row")
+    tracked = _TRACKED_HINT[app] = bool(row["tracked"])
+    if not tracked or await _update_application(cur, app, du, da, dr, admit=admit):
+        return
+    if admit:
+        await cur.execute("SELECT unfinished_tasks, max_unfinished_tasks FROM"
+                          " orbit_application_resources WHERE application_id = %s", (app,))
+        found = await cur.fetchone()
+        if found is not None and found["max_unfinished_tasks"] is not None:
+            raise errors.ApplicationQuotaExceeded(
+                f"the application has {found['unfinished_tasks']} unfinished tasks; its limit"
+                f" is {found['max_unfinished_tasks']} and this request adds {du}",
+                limit=found["max_unfinished_tasks"], unfinished=found["unfinished_tasks"])
+    raise CounterDrift(f"application {app.hex()} counters would go negative")
+
+
+async def _update_application(cur: Any, app: bytes, du: int, da: int, dr: int, *,
+                              admit: bool) -> bool:
+    sql, params = APP_DELTA, [du, da, dr, app, du, da, dr]
+    if admit:
         sql, params = sql + APP_LIMIT, [*params, du]
     await cur.execute(sql, params)
-    if cur.rowcount != 1:
-        if admit and du > 0:
-            await cur.execute("SELECT unfinished_tasks, max_unfinished_tasks FROM"
-                              " orbit_application_resources WHERE application_id = %s", (app,))
-            row = await cur.fetchone()
-            if row is not None and row["max_unfinished_tasks"] is not None:
-                raise errors.ApplicationQuotaExceeded(
-                    f"the application has {row['unfinished_tasks']} unfinished tasks; its limit"
-                    f" is {row['max_unfinished_tasks']} and this request adds {du}",
-                    limit=row["max_unfinished_tasks"], unfinished=row["unfinished_tasks"])
-        raise CounterDrift(f"application {app.hex()} counters would go negative or are missing")
+    return bool(cur.rowcount == 1)
+
+
+@attrs.frozen(kw_only=True)
+class ApplicationUsage:
+    unfinished_tasks: int
+    active_attempts: int
+    reserved_attempts: int
+
+
+async def application_usage(cur: Any, app: bytes) -> ApplicationUsage:
+    """The application's usage recounted from its queues' counters and its LEASED tasks
+    (plain reads: index lookups, no locks)."""
+    await cur.execute(
+        "SELECT COALESCE(SUM(q.unfinished_tasks), 0) AS unfinished,"
+        " COALESCE(SUM(q.active_attempts), 0) AS active"
+        " FROM orbit_namespaces n JOIN pulse_queues q ON q.namespace_id = n.id"
+        " WHERE n.application_id = %s", (app,))
+    sums = await cur.fetchone()
+    await cur.execute(
+        "SELECT COUNT(*) AS reserved FROM orbit_namespaces n"
+        " JOIN pulse_tasks t ON t.namespace_id = n.id AND t.state = 'LEASED'"
+        " WHERE n.application_id = %s", (app,))
+    leased = await cur.fetchone()
+    return ApplicationUsage(unfinished_tasks=int(sums["unfinished"]),
+                            active_attempts=int(sums["active"]),
+                            reserved_attempts=int(leased["reserved"]))
+
+
+async def recount_application(cur: Any, app: bytes) -> ApplicationUsage:
+    """Set the counters of an application that starts tracking them (a count limit set where
+    none was), in the transaction that set it, after its guarded UPDATE locked the row.
+
+    Why the plain reads are exact: every transaction that moves the usage of an untracked
+    application holds a shared lock on this row from before its commit (``_apply_application``),
+    so the exclusive lock the limit change holds was granted only after all of those committed,
+    and those not yet at that point wait for it, then see the row tracked and add their own
+    deltas. Nothing that changes the usage can commit between the lock and this recount.
+    """
+    usage = await application_usage(cur, app)
+    await cur.execute(
+        "UPDATE orbit_application_resources SET unfinished_tasks = %s, active_attempts = %s,"
+        " reserved_attempts = %s WHERE application_id = %s",
+        (usage.unfinished_tasks, usage.active_attempts, usage.reserved_attempts, app))
+    return usage
 
 
 async def _explain_queue_refusal(cur: Any, namespace_id: bytes, queue_id: bytes,
@@ -301,19 +388,13 @@ async def save_windows(cur: Any, namespace_id: bytes, queues: Mapping[bytes, Win
     if started == 0:
         return
     application = await application_of(cur, namespace_id)
-    if app is not None and app.limit is not None:
+    if app is not None and app.limit is not None:  # its row is locked by application_window
         await cur.execute(
             "UPDATE orbit_application_resources SET start_window_until = %s,"
-            " starts_in_window = %s, reserved_attempts = reserved_attempts - %s"
-            " WHERE application_id = %s AND reserved_attempts >= %s",
-            (to_db(app.until) if app.until else None, app.used, started, application, started))
-    else:
-        await cur.execute(
-            "UPDATE orbit_application_resources SET reserved_attempts = reserved_attempts - %s"
-            " WHERE application_id = %s AND reserved_attempts >= %s",
-            (started, application, started))
-    if cur.rowcount != 1:
-        raise CounterDrift(f"application {application.hex()} reserved count would go negative")
+            " starts_in_window = %s WHERE application_id = %s",
+            (to_db(app.until) if app.until else None, app.used, application))
+    # The attempts are started (locked) by now: the order _apply_application relies on.
+    await _apply_application(cur, application, 0, 0, -started, admit=False)
 
 
 # --- keyed permits ------------------------------------------------------------------------------

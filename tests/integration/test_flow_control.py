@@ -569,3 +569,64 @@ async def rows(db: Database, tenant: Tenant, state: str) -> list[bytes]:
         return [r["id"] for r in await cur.fetchall()]
 
     return await db.read("test.rows", body)
+
+
+# --- the application's counters start with its first count limit ---------------------------------
+
+
+async def test_the_first_count_limit_recounts_exactly_while_work_commits(
+    db: Database, tenant: Tenant, sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    """Without a count limit an application keeps no counters (its row is only share-locked);
+    the change that sets the first one recounts them in its transaction. Two namespaces submit,
+    claim, start and finish concurrently while the limit is switched on and off through the
+    operator command: every time it is on and the work has stopped, the counters equal a
+    recount (the invariant checker), and the work never saw a counter error."""
+    from orbit_common.platform.audit import Actor
+    from orbit_common.pulse import quotas
+
+    other = await sibling(db, tenant)
+    tenants = (tenant, other)
+    queues = {t.namespace_id: await make_queue(db, t) for t in tenants}
+    sessions = {t.namespace_id: await open_session(db, t, [queues[t.namespace_id]])
+                for t in tenants}
+    rounds: list[int] = [0, 0]
+    stop = asyncio.Event()
+
+    async def churn(index: int, t: Tenant) -> None:
+        queue, session = queues[t.namespace_id], sessions[t.namespace_id]
+        while not stop.is_set():
+            await add_tasks(db, t, queue, 3)
+            grants = await claim(db, session, queue, 3)
+            outcomes = await start(db, t, grants[:2])
+            for grant, outcome in zip(grants, outcomes, strict=False):
+                if outcome.approved:
+                    await finish(db, t, grant)
+            rounds[index] += 1
+
+    async def until_rounds(n: int) -> None:
+        target = [r + n for r in rounds]
+        while any(r < g for r, g in zip(rounds, target, strict=True)):
+            await asyncio.sleep(0.005)  # poll the churners' own progress, not the clock
+
+    async def set_limit(value: int | None) -> dict[str, Any]:
+        return await quotas.operator_set(
+            db, application=tenant.application, actor=Actor.operator("test"),
+            patch=quotas.LimitsPatch(max_unfinished_tasks=value), revision=None, reason="t")
+
+    scope = [t.namespace_id for t in tenants]
+    for _ in range(4):
+        stop.clear()
+        workers = [asyncio.create_task(churn(i, t)) for i, t in enumerate(tenants)]
+        await until_rounds(2)
+        await set_limit(1_000_000)  # recounted while both namespaces commit
+        await until_rounds(3)  # now counted by the work itself
+        stop.set()
+        await asyncio.gather(*workers)  # a counter error would surface here
+        assert check(sync_conn, scope) == []
+        counters = await application_counters(db, tenant)
+        assert counters["tracked"]
+        per_queue = [await queue_counters(db, t, queues[t.namespace_id].id) for t in tenants]
+        assert counters["unfinished_tasks"] == sum(q["unfinished_tasks"] for q in per_queue) > 0
+        await set_limit(None)  # counters no longer kept: the next round starts from a recount
+        assert not (await application_counters(db, tenant))["tracked"]

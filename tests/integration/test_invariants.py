@@ -34,7 +34,12 @@ from orbit_common.pulse.workers import QueueRef, Session
 from tests.conftest import Tenant, make_tenant
 from tests.support import database
 from tests.support.invariants import check, check_db, codes
-from tests.support.lease_fixtures import add_tasks, make_queue, open_session
+from tests.support.lease_fixtures import (
+    add_tasks,
+    make_queue,
+    open_session,
+    set_application_limits,
+)
 
 # --- helpers ---------------------------------------------------------------------------------
 
@@ -684,6 +689,8 @@ async def build_flow_scenario(db: Database) -> FlowScenario:
     queue = await make_queue(db, tenant)
     await sql_async(db, "UPDATE pulse_queues SET max_starts_per_second = 100"
                         " WHERE namespace_id = %s AND id = %s", tenant.namespace_id, queue.id)
+    # A count limit, so the application keeps the counters the checker recounts.
+    await set_application_limits(db, tenant, max_unfinished_tasks=1_000_000)
     session = await open_session(db, tenant, [queue])
     task: dict[str, bytes] = {}
     grant: dict[str, Grant] = {}
@@ -918,6 +925,7 @@ async def test_application_counters_are_checked_over_all_its_namespaces(
     await add_tasks(scratch_db, other, queue, 3)
     session = await open_session(scratch_db, other, [queue])
     await claim(scratch_db, session, queue, 2)
+    await set_application_limits(scratch_db, sc.tenant, max_unfinished_tasks=1_000_000)
     for scope in ([sc.tenant.namespace_id], [other.namespace_id]):
         assert check(scratch_conn, scope) == []
     sql(scratch_conn, "UPDATE pulse_queues SET unfinished_tasks = unfinished_tasks - 1,"

@@ -36,9 +36,10 @@ Invariants (code: what must hold)
     queue_counter         pulse_queues.active_attempts equals a recount of unfinished attempts
     queue_unfinished      pulse_queues.unfinished_tasks equals a recount of its tasks in WAITING,
                           LEASED, RUNNING or NEEDS_REVIEW
-    application_counter   every application has its orbit_application_resources row, whose
-                          unfinished_tasks, active_attempts (OFFERED/RUNNING) and
-                          reserved_attempts (OFFERED) equal recounts over all its namespaces
+    application_counter   every application has its orbit_application_resources row; when it
+                          has a count limit (its counters are kept), unfinished_tasks,
+                          active_attempts (OFFERED/RUNNING) and reserved_attempts (OFFERED)
+                          equal recounts over all its namespaces
     start_window          a current start window (start_window_until in the future, database
                           time) ends at most 1 s from now and has not approved more starts than
                           max_starts_per_second (queues and applications). Caveat: a limit
@@ -439,9 +440,12 @@ LEFT JOIN (
   WHERE x.state IN {LIVE}{s.apps('n.application_id')}
   GROUP BY n.application_id
 ) x ON x.application_id = a.id
-WHERE (r.application_id IS NULL OR r.unfinished_tasks <> COALESCE(u.n, 0)
-       OR r.active_attempts <> COALESCE(x.active, 0)
-       OR r.reserved_attempts <> COALESCE(x.reserved, 0)){s.apps('a.id')}"""
+WHERE (r.application_id IS NULL
+       OR ((r.max_unfinished_tasks IS NOT NULL OR r.max_active_attempts IS NOT NULL
+            OR r.max_reserved_attempts IS NOT NULL)
+           AND (r.unfinished_tasks <> COALESCE(u.n, 0)
+                OR r.active_attempts <> COALESCE(x.active, 0)
+                OR r.reserved_attempts <> COALESCE(x.reserved, 0)))){s.apps('a.id')}"""
 
 
 def _application_counter_render(row: dict[str, Any], _s: Scope) -> str:

@@ -133,9 +133,19 @@ async def set_application_limits(db: Database, tenant: Tenant, **limits: int | N
     assignments = ", ".join(f"{column} = %s" for column in sorted(limits))
 
     async def body(cur: Any) -> None:
+        await cur.execute(f"SELECT {resources.TRACKED} AS tracked FROM"
+                          " orbit_application_resources WHERE application_id = %s",
+                          (tenant.application_id,))
+        was_tracked = bool((await cur.fetchone())["tracked"])
         await cur.execute(f"UPDATE orbit_application_resources SET {assignments}"
                           " WHERE application_id = %s",
                           (*[limits[c] for c in sorted(limits)], tenant.application_id))
+        # As quotas.update_limits: the first count limit starts the counters from a recount.
+        await cur.execute(f"SELECT {resources.TRACKED} AS tracked FROM"
+                          " orbit_application_resources WHERE application_id = %s",
+                          (tenant.application_id,))
+        if bool((await cur.fetchone())["tracked"]) and not was_tracked:
+            await resources.recount_application(cur, tenant.application_id)
 
     await db.transaction("test.application_limits", body)
 
@@ -153,14 +163,24 @@ async def queue_counters(db: Database, tenant: Tenant, queue_id: bytes) -> dict[
 
 
 async def application_counters(db: Database, tenant: Tenant) -> dict[str, Any]:
+    """The application's limits, start window and usage: its counters when it keeps them
+    (a count limit is set), else the recount the resources view shows."""
     async def body(cur: Any) -> dict[str, Any]:
         await cur.execute(
             "SELECT unfinished_tasks, active_attempts, reserved_attempts, starts_in_window,"
             " start_window_until, max_unfinished_tasks, max_active_attempts,"
             " max_reserved_attempts, max_starts_per_second"
+            f" , {resources.TRACKED} AS tracked"
             " FROM orbit_application_resources WHERE application_id = %s",
             (tenant.application_id,))
-        return dict(await cur.fetchone())
+        found = dict(await cur.fetchone())
+        if not found["tracked"]:
+            # Without a count limit the row's counters are not kept: the usage is a recount.
+            usage = await resources.application_usage(cur, tenant.application_id)
+            found.update(unfinished_tasks=usage.unfinished_tasks,
+                         active_attempts=usage.active_attempts,
+                         reserved_attempts=usage.reserved_attempts)
+        return found
 
     return await db.read("test.application_counters", body)
 

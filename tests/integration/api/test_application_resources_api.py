@@ -154,15 +154,26 @@ async def test_limits_never_touch_the_counters_and_lowering_refuses_only_new_wor
     session = await open_session(db, tenant, [ref], handlers=("h",))
     grants = await db.transaction("test.claim", lambda cur: leases.claim(cur, session, ref, 2))
     assert len(grants) == 2
+    usage = ("unfinished_tasks", "active_attempts", "reserved_attempts")
+    # Without a count limit the row keeps no counters; the view recounts the usage.
+    untracked = resource_row(sync_conn, tenant)
+    assert {k: untracked[k] for k in usage} == dict.fromkeys(usage, 0)
+    assert {k: (await read(api, tenant))["usage"][k] for k in usage} == {
+        "unfinished_tasks": 3, "active_attempts": 2, "reserved_attempts": 2}
+
+    # The first count limit starts the counters from an exact recount, in its transaction.
+    after = await patch(api, tenant, {"revision": 1, "max_unfinished_tasks": 5})
+    assert {k: after["usage"][k] for k in usage} == {
+        "unfinished_tasks": 3, "active_attempts": 2, "reserved_attempts": 2}
     before = resource_row(sync_conn, tenant)
     assert (before["unfinished_tasks"], before["active_attempts"],
             before["reserved_attempts"]) == (3, 2, 2)
 
-    after = await patch(api, tenant, {"revision": 1, "max_unfinished_tasks": 1,
+    # Further limit changes never write a counter.
+    after = await patch(api, tenant, {"revision": 2, "max_unfinished_tasks": 1,
                                       "max_active_attempts": 1, "max_reserved_attempts": 1,
                                       "max_starts_per_second": 1})
-    assert {k: after["usage"][k] for k in ("unfinished_tasks", "active_attempts",
-                                           "reserved_attempts")} == {
+    assert {k: after["usage"][k] for k in usage} == {
         "unfinished_tasks": 3, "active_attempts": 2, "reserved_attempts": 2}
     row = resource_row(sync_conn, tenant)
     assert {k: row[k] for k in COUNTERS} == {k: before[k] for k in COUNTERS}

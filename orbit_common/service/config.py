@@ -47,7 +47,7 @@ class DispatcherConfig:
     claim_batch: int = 32  # tasks per claim transaction
     # The claim pool (docs/fair-dispatch.md): an empty claim marks its queue empty for
     # empty_probe_ms (0: idle_poll_min_ms), doubling while it stays empty up to idle_poll_max_ms.
-    idle_poll_min_ms: int = 20  # first empty-probe TTL unless empty_probe_ms is set
+    idle_poll_min_ms: int = 5  # first empty-probe TTL unless empty_probe_ms is set
     idle_poll_max_ms: int = 500  # empty-probe TTL cap; also the pause after a database error
     empty_probe_ms: int = 0  # first empty-probe TTL; 0 means idle_poll_min_ms
     claim_concurrency: int = 2  # claim transactions in flight per dispatcher process

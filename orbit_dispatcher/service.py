@@ -7,9 +7,12 @@ applications, then queues, then sessions; a bounded number at once; queues recen
 are passed over) and hands each turn's grants to its session: pushed as a ``grants`` frame, or
 as the long poll's answer. Per WebSocket the dispatcher also heartbeats the session row while the
 connection lives and pushes ``cancel`` notices for running attempts whose task has a cancel
-request. Nothing in memory is authoritative: a killed dispatcher loses only connections and the
-pool's order; leases it granted expire and the recovery scan (here too, on every replica, SKIP
-LOCKED) resolves them.
+request. A connection's frames start in the order they arrive, and up to
+:data:`OPS_IN_FLIGHT` of them run at once: a start is not held up behind a slow finish of the
+same worker (each answer carries its request's ``id``; ``ready`` frames take effect in order,
+since they complete without waiting). Nothing in memory is authoritative: a killed dispatcher
+loses only connections and the pool's order; leases it granted expire and the recovery scan
+(here too, on every replica, SKIP LOCKED) resolves them.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ SESSIONS = prometheus_client.Gauge("orbit_dispatch_sessions", "WebSocket session
 HEARTBEAT_S = 10.0
 CANCEL_SCAN_S = 1.0
 MAX_POLL_WAIT_MS = 30_000
+OPS_IN_FLIGHT = 4  # frames of one WebSocket running at once (each one transaction at most)
 
 
 class Connection:
@@ -71,6 +75,8 @@ class Connection:
         self.closing = False
         self.demand = service.pool.open_stream(session, deliver=self.deliver,
                                                fail=self.claim_failed)
+        self.in_flight = asyncio.Semaphore(OPS_IN_FLIGHT)
+        self.frames: set[asyncio.Task[None]] = set()
 
     @property
     def slots(self) -> int:
@@ -136,6 +142,30 @@ class Connection:
                 self.notified.update(fresh)
                 await self.send_json({"type": "cancel",
                                       "attempt_ids": [a.hex() for a in fresh]})
+
+    async def receive(self, text: str) -> None:
+        """Start handling one client frame; waits (so the socket is not read further) while
+        :data:`OPS_IN_FLIGHT` frames are running."""
+        await self.in_flight.acquire()
+        task = asyncio.create_task(self._run_frame(text), name="ws-frame")
+        self.frames.add(task)
+        task.add_done_callback(self.frames.discard)
+
+    async def _run_frame(self, text: str) -> None:
+        try:
+            await self.handle(text)
+        except (ConnectionError, RuntimeError) as exc:
+            log.info("a worker frame's answer was not delivered: %s", exc)
+        except Exception:
+            log.exception("a worker frame failed; closing the connection")
+            await self.ws.close()
+        finally:
+            self.in_flight.release()
+
+    async def settle(self) -> None:
+        """Wait for the frames still running (their transactions are short)."""
+        if self.frames:
+            await asyncio.gather(*self.frames, return_exceptions=True)
 
     async def handle(self, text: str) -> None:
         """One client frame; a malformed one gets an ``error`` frame and changes nothing."""
@@ -404,7 +434,7 @@ class DispatcherService:
         try:
             async for message in ws:
                 if message.type == WSMsgType.TEXT:
-                    await conn.handle(message.data)
+                    await conn.receive(message.data)
                 elif message.type == WSMsgType.ERROR:
                     break
                 if any(t.done() for t in loops):
@@ -412,6 +442,7 @@ class DispatcherService:
         finally:
             conn.closing = True
             self.pool.discard(conn.demand)
+            await conn.settle()
             for task in loops:
                 task.cancel()
             for task in loops:

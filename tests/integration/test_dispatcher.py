@@ -16,6 +16,7 @@ from orbit_common.db.schema import SchemaChecker
 from orbit_common.service.health import ReadinessGate
 from orbit_dispatcher.service import DispatcherService
 from tests.conftest import Tenant, api_config
+from tests.support.database import connect_sync
 from tests.support.lease_fixtures import add_tasks, make_queue, scalar, task_row
 
 
@@ -85,6 +86,46 @@ async def test_websocket_session_runs_a_task_end_to_end(
     row = await task_row(db, tenant, task_id)
     assert row["state"] == "SUCCEEDED"
     assert json.loads(row["result"]) == {"ok": True}
+
+
+async def test_a_slow_request_does_not_hold_up_the_next_one_on_the_same_socket(
+    dispatcher: TestClient[Any, Any], db: Database, db_url: DatabaseUrl, tenant: Tenant
+) -> None:
+    """Frames of one WebSocket run concurrently (answers matched by id): a finish waiting for a
+    row lock does not delay a renew sent after it."""
+    queue = await make_queue(db, tenant)
+    first, second = await add_tasks(db, tenant, queue, 2)
+    session_id = await register(dispatcher, tenant, queue.name)
+    async with dispatcher.ws_connect(f"{base(tenant)}/{session_id}/ws",
+                                     headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "slots": 2})
+        grants: dict[str, dict[str, Any]] = {}
+        while len(grants) < 2:
+            grants.update({g["task_id"]: g for g in (await next_frame(ws, "grants"))["grants"]})
+        refs = {task: {k: g[k] for k in ("attempt_id", "token", "generation")}
+                for task, g in grants.items()}
+        await ws.send_json({"type": "start", "id": "s", "items": list(refs.values())})
+        assert all(i["approved"] for i in (await next_frame(ws, "reply"))["items"])
+        blocker = connect_sync(db_url, autocommit=False)
+        try:
+            with blocker.cursor() as cur:  # hold the first task's row lock
+                cur.execute("SELECT id FROM pulse_tasks WHERE namespace_id = %s AND id = %s"
+                            " FOR UPDATE", (tenant.namespace_id, first))
+            await ws.send_json({"type": "finish", "id": "slow", "items": [
+                {**refs[first.hex()], "report_id": "rep-1", "outcome": "succeeded",
+                 "result": None}]})
+            await ws.send_json({"type": "renew", "id": "quick", "items": [refs[second.hex()]]})
+            reply = await next_frame(ws, "reply")
+            assert reply["id"] == "quick"  # answered while the finish still waits
+            assert reply["items"][0]["renewed"] is True
+            assert (await task_row(db, tenant, first))["state"] == "RUNNING"
+        finally:
+            blocker.rollback()
+            blocker.close()
+        reply = await next_frame(ws, "reply")
+        assert reply["id"] == "slow"
+        assert reply["items"][0]["accepted"] is True
+    assert (await task_row(db, tenant, first))["state"] == "SUCCEEDED"
 
 
 async def test_the_grant_carries_the_input_byte_exact(

@@ -54,8 +54,7 @@ async def run_kernel_cycle(url: DatabaseUrl, api_key: str, namespace: str, queue
             nonlocal done
             ref = session.queues[0]
             while done < tasks:
-                grants = await db.transaction(
-                    "bench.claim", lambda cur: leases.claim(cur, session, ref, BATCH))
+                grants = await leases.run_claim(db, "bench.claim", session, ref, BATCH)
                 if not grants:
                     if done >= tasks:
                         return

@@ -272,7 +272,7 @@ class DispatcherService:
     async def _claim_turn(self, session: Session, queue: workers.QueueRef,
                           limit: int) -> list[leases.Grant]:
         """One claim transaction, run by the claim pool."""
-        grants = await self.db.transaction("dispatch.claim", _claimer(session, queue, limit))
+        grants = await leases.run_claim(self.db, "dispatch.claim", session, queue, limit)
         CLAIMS.labels("yes" if grants else "no").inc()
         GRANTS.inc(len(grants))
         return grants
@@ -493,14 +493,6 @@ class DispatcherService:
         session = await self._load(request, live=False)
         await self.db.transaction("dispatch.close", lambda cur: workers.close(cur, session))
         return web.Response(status=204)
-
-
-def _claimer(session: Session, queue: workers.QueueRef,
-             want: int) -> Callable[[Any], Awaitable[list[leases.Grant]]]:
-    async def body(cur: Any) -> list[leases.Grant]:
-        return await leases.claim(cur, session, queue, want)
-
-    return body
 
 
 async def _read_object(request: web.Request) -> dict[str, Any]:

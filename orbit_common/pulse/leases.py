@@ -56,6 +56,7 @@ import attrs
 from orbit_common import errors
 from orbit_common.db.batch import multi_insert, placeholders, values_table
 from orbit_common.db.clock import as_utc, db_now, to_db
+from orbit_common.db.pool import Database
 from orbit_common.model import digests, ids, jsondoc
 from orbit_common.platform import authz, credentials
 from orbit_common.platform.events import EventRecord, append_events
@@ -210,10 +211,11 @@ FOR UPDATE SKIP LOCKED
 """
 
 
-QUEUE_FOR_UPDATE = """
+QUEUE_READ = """
 SELECT active_attempts, max_concurrent_attempts FROM pulse_queues
-WHERE namespace_id = %s AND id = %s FOR UPDATE
+WHERE namespace_id = %s AND id = %s
 """
+QUEUE_FOR_UPDATE = QUEUE_READ.rstrip() + " FOR UPDATE\n"
 ADD_ACTIVE = """
 UPDATE pulse_queues SET active_attempts = active_attempts + %s
 WHERE namespace_id = %s AND id = %s AND active_attempts + %s >= 0
@@ -232,12 +234,24 @@ async def _session_may_work(cur: Any, session: Session, queue: QueueRef) -> None
 
 
 async def _grantable(cur: Any, session: Session, queue: QueueRef, rows: list[dict[str, Any]]
-                     ) -> tuple[list[dict[str, Any]], dict[bytes, resources.KeyGrant]]:
+                     ) -> tuple[list[dict[str, Any]], dict[bytes, resources.KeyGrant], bool]:
     """Cut the candidates to the room the queue and the application have, one per concurrency
-    key, and take the keys' permits. Locks, after the task rows (resources.py: lock order): the
-    queue row, the application's row, the keys' rows by digest."""
-    await cur.execute(QUEUE_FOR_UPDATE, (session.namespace_id, queue.id))
+    key, and take the keys' permits. Returns the chosen rows, the key grants, and whether the
+    queue row is locked here already.
+
+    The queue row is read without a lock and updated only at the end of the claim (the
+    counter update, ``resources.apply``), so claims and finishes do not queue behind a claim's
+    whole transaction -- unless the queue has ``max_concurrent_attempts`` (the room must be
+    counted under the lock) or a candidate has a concurrency key (the key rows come after the
+    queue row in the lock order). Locks, after the task rows (resources.py: lock order): that
+    queue row, the application's row (claim-time limits only), the keys' rows by digest."""
+    await cur.execute(QUEUE_READ, (session.namespace_id, queue.id))
     counters = await cur.fetchone()
+    keyed_candidates = any(r["concurrency_key_digest"] is not None for r in rows)
+    locked = counters["max_concurrent_attempts"] is not None or keyed_candidates
+    if locked:
+        await cur.execute(QUEUE_FOR_UPDATE, (session.namespace_id, queue.id))
+        counters = await cur.fetchone()
     room = len(rows)
     if counters["max_concurrent_attempts"] is not None:
         room = min(room, counters["max_concurrent_attempts"] - counters["active_attempts"])
@@ -245,7 +259,7 @@ async def _grantable(cur: Any, session: Session, queue: QueueRef, rows: list[dic
     if app_room is not None:
         room = min(room, app_room)
     if room <= 0:
-        return [], {}
+        return [], {}, locked
     chosen, seen = [], set()
     for row in rows:
         digest = row["concurrency_key_digest"]
@@ -260,16 +274,20 @@ async def _grantable(cur: Any, session: Session, queue: QueueRef, rows: list[dic
                                     [r["concurrency_key_digest"] for r in chosen
                                      if r["concurrency_key_digest"] is not None])
     return [r for r in chosen
-            if r["concurrency_key_digest"] is None or r["concurrency_key_digest"] in keyed], keyed
+            if r["concurrency_key_digest"] is None or r["concurrency_key_digest"] in keyed], \
+        keyed, locked
 
 
 async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list[Grant]:
     """Grant up to ``limit`` due tasks of ``queue`` to ``session`` (step 1 of 2).
 
     Locks: the session row (shared), the queue's gate (shared), due WAITING tasks (SKIP LOCKED,
-    in claim order), then the queue row, the application's resource row and the concurrency
-    keys' rows (:func:`_grantable`). Returns nothing when the gate is paused. A keyed grant
-    carries the key's new fencing token, recorded on the attempt and its permit row.
+    in claim order), then (:func:`_grantable`) the queue row only if the queue has a concurrency
+    limit or a candidate has a concurrency key, the application's resource row only if it has
+    claim-time limits, the concurrency keys' rows; the counters at the end. Returns nothing when
+    the gate is paused. A keyed grant carries the key's new fencing token, recorded on the
+    attempt and its permit row. Run it with :func:`run_claim`, which re-runs the rare claim
+    that raced a new concurrency limit.
     """
     limit = max(0, min(limit, MAX_BATCH))
     if limit == 0:
@@ -289,7 +307,7 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     rows = list(await cur.fetchall())
     if not rows:
         return []
-    rows, keyed = await _grantable(cur, session, queue, rows)
+    rows, keyed, locked = await _grantable(cur, session, queue, rows)
     if not rows:
         return []
 
@@ -337,11 +355,26 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     expect_rows(cur, len(task_updates), "claim")
     await resources.record_permits(cur, session.namespace_id, permits)
     await append_events(cur, events)
-    # The counters last (the queue row is locked since _grantable; the application's row is
-    # updated here, at the end, unless the application has claim-time limits).
+    # The counters last. Unless _grantable locked the queue row, the update checks that no
+    # max_concurrent_attempts appeared since the plain read (resources.ConcurrencyLimitRaced:
+    # the caller re-runs the claim, see run_claim).
     await resources.apply(cur, session.namespace_id,
-                          Usage(active=Counter({queue.id: len(grants)}), reserved=len(grants)))
+                          Usage(active=Counter({queue.id: len(grants)}), reserved=len(grants)),
+                          cap_active=not locked)
     return grants
+
+
+async def run_claim(db: Database, name: str, session: Session, queue: QueueRef,
+                    limit: int) -> list[Grant]:
+    """:func:`claim` in its own transaction, re-run (up to 3 times) when a concurrency limit
+    was set on the queue while it ran: the rolled-back attempt then reads the limit and counts
+    the room under the queue row's lock."""
+    for _ in range(2):
+        try:
+            return await db.transaction(name, lambda cur: claim(cur, session, queue, limit))
+        except resources.ConcurrencyLimitRaced:
+            continue
+    return await db.transaction(name, lambda cur: claim(cur, session, queue, limit))
 
 
 # --- shared helpers --------------------------------------------------------------------------

@@ -125,14 +125,28 @@ APP_LIMIT = " AND (max_unfinished_tasks IS NULL OR unfinished_tasks + %s <= max_
 APP_TRACKED_SHARED = (f"SELECT {TRACKED} AS tracked FROM orbit_application_resources"
                       " WHERE application_id = %s LOCK IN SHARE MODE")
 
+class ConcurrencyLimitRaced(errors.OrbitError):
+    """A claim that read its queue without a concurrency limit would pass one set since: its
+    transaction must roll back and run again (``leases.run_claim``)."""
+
+    code = "concurrency_limit_raced"
+
+
+QUEUE_ACTIVE_CAP = (" AND (max_concurrent_attempts IS NULL"
+                    " OR active_attempts + %s <= max_concurrent_attempts)")
+
+
 async def apply(cur: Any, namespace_id: bytes, usage: Usage, *, admit: bool = False,
-                between: Callable[[], Awaitable[Any]] | None = None) -> None:
+                between: Callable[[], Awaitable[Any]] | None = None,
+                cap_active: bool = False) -> None:
     """Apply ``usage`` to the queue rows (by id), run ``between`` (the concurrency-key work of
     the same transaction), then update the application row: the lock order of this module.
 
     With ``admit`` (submissions), an increase of unfinished tasks past a limit raises
     :class:`errors.QueueFull` or :class:`errors.ApplicationQuotaExceeded`; the caller's
-    transaction then rolls back, so nothing is written.
+    transaction then rolls back, so nothing is written. With ``cap_active`` (a claim that did
+    not lock its queue row early), an increase of active attempts past a
+    ``max_concurrent_attempts`` raises :class:`ConcurrencyLimitRaced`.
     """
     for queue_id in sorted(set(usage.unfinished) | set(usage.active)):
         du, da = usage.unfinished[queue_id], usage.active[queue_id]
@@ -141,10 +155,14 @@ async def apply(cur: Any, namespace_id: bytes, usage: Usage, *, admit: bool = Fa
         sql, params = QUEUE_DELTA, [du, da, namespace_id, queue_id, du, da]
         if admit and du > 0:
             sql, params = sql + QUEUE_LIMIT, [*params, du]
+        if cap_active and da > 0:
+            sql, params = sql + QUEUE_ACTIVE_CAP, [*params, da]
         await cur.execute(sql, params)
         if cur.rowcount != 1:
             if admit and du > 0:
                 await _explain_queue_refusal(cur, namespace_id, queue_id, du)
+            if cap_active and da > 0:
+                await _explain_active_cap(cur, namespace_id, queue_id)
             raise CounterDrift(f"queue {queue_id.hex()} counters would go negative")
     if between is not None:
         await between()
@@ -245,6 +263,15 @@ async def recount_application(cur: Any, app: bytes) -> ApplicationUsage:
         " reserved_attempts = %s WHERE application_id = %s",
         (usage.unfinished_tasks, usage.active_attempts, usage.reserved_attempts, app))
     return usage
+
+
+async def _explain_active_cap(cur: Any, namespace_id: bytes, queue_id: bytes) -> None:
+    await cur.execute("SELECT max_concurrent_attempts FROM pulse_queues"
+                      " WHERE namespace_id = %s AND id = %s", (namespace_id, queue_id))
+    row = await cur.fetchone()
+    if row is not None and row["max_concurrent_attempts"] is not None:
+        raise ConcurrencyLimitRaced(
+            "the queue got a concurrency limit while this claim ran; run it again")
 
 
 async def _explain_queue_refusal(cur: Any, namespace_id: bytes, queue_id: bytes,

@@ -25,7 +25,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from orbit_common import errors
-from orbit_common.db.pool import Database
+from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.platform import commands, credentials
 from orbit_common.pulse import interventions, leases
 from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant, StartOutcome
@@ -630,3 +630,45 @@ async def test_the_first_count_limit_recounts_exactly_while_work_commits(
         assert counters["unfinished_tasks"] == sum(q["unfinished_tasks"] for q in per_queue) > 0
         await set_limit(None)  # counters no longer kept: the next round starts from a recount
         assert not (await application_counters(db, tenant))["tracked"]
+
+
+async def test_a_concurrency_limit_set_while_a_claim_runs_still_holds(
+    db: Database, db_url: DatabaseUrl, tenant: Tenant,
+    sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    """A claim on a queue without ``max_concurrent_attempts`` reads the queue row without a
+    lock and updates its counter at the end. A limit committed in between is caught by the
+    guarded counter update: the claim rolls back and runs again under the limit
+    (leases.run_claim), instead of granting past it."""
+    from tests.support.database import connect_sync
+
+    queue = await make_queue(db, tenant)
+    await add_tasks(db, tenant, queue, 5)
+    session = await open_session(db, tenant, [queue])
+    blocker = connect_sync(db_url, autocommit=False)
+    try:
+        with blocker.cursor() as cur:  # the limit change, not yet committed, holds the row
+            cur.execute("UPDATE pulse_queues SET max_concurrent_attempts = 2"
+                        " WHERE namespace_id = %s AND id = %s", (tenant.namespace_id, queue.id))
+        claiming = asyncio.create_task(leases.run_claim(db, "test.claim", session, queue, 5))
+        # Wait (on the server's process list, not the clock) until the claim's counter update
+        # is waiting for the limit change's row lock.
+        async with asyncio.timeout(10):
+            while True:
+                with sync_conn.cursor() as cur:
+                    cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST"
+                                " WHERE info LIKE 'UPDATE pulse_queues%%active_attempts + 5%%'")
+                    if cur.fetchone()[0] >= 1:
+                        break
+                assert not claiming.done(), claiming
+                await asyncio.sleep(0.01)
+        # The claim's only lock wait is its counter update: it has read the queue row (no
+        # limit then) and written its five attempts.
+        blocker.commit()
+        grants = await claiming
+    finally:
+        blocker.close()
+    assert len(grants) == 2  # re-run under the limit, not five
+    counters = await queue_counters(db, tenant, queue.id)
+    assert (counters["active_attempts"], counters["max_concurrent_attempts"]) == (2, 2)
+    green(sync_conn, tenant)

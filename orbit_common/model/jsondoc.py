@@ -136,7 +136,31 @@ def canonical(value: Any) -> bytes:
     return _encode(value, sort_keys=True).encode("utf-8")
 
 
+_PLAIN_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(value: Any) -> bool:
+    """Whether the C encoder of :mod:`json` writes ``value`` exactly as :func:`_encode` would:
+    only exact ``str``/``int``/``float``/``bool``/``None`` scalars (a :class:`JsonNumber` is a
+    ``str`` *subclass* and must stay a bare number), lists, and dicts with exact ``str`` keys."""
+    kind = type(value)
+    if kind in _PLAIN_SCALARS:
+        return True
+    if kind is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if kind is list:
+        return all(_plain(v) for v in value)
+    return False
+
+
 def _encode(value: Any, *, sort_keys: bool) -> str:
+    if _plain(value):  # the common case: one call into the C encoder
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                          sort_keys=sort_keys, allow_nan=False)
+    return _encode_exact(value, sort_keys=sort_keys)
+
+
+def _encode_exact(value: Any, *, sort_keys: bool) -> str:
     if value is None:
         return "null"
     if value is True:
@@ -158,10 +182,10 @@ def _encode(value: Any, *, sort_keys: bool) -> str:
     if isinstance(value, dict):
         items = sorted(value.items()) if sort_keys else value.items()
         inner = ",".join(
-            json.dumps(str(k), ensure_ascii=False) + ":" + _encode(v, sort_keys=sort_keys)
+            json.dumps(str(k), ensure_ascii=False) + ":" + _encode_exact(v, sort_keys=sort_keys)
             for k, v in items
         )
         return "{" + inner + "}"
     if isinstance(value, list | tuple):
-        return "[" + ",".join(_encode(v, sort_keys=sort_keys) for v in value) + "]"
+        return "[" + ",".join(_encode_exact(v, sort_keys=sort_keys) for v in value) + "]"
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orbit_common import errors
@@ -232,3 +232,28 @@ def test_canonical_does_not_depend_on_key_order(value: Any, data: st.DataObject)
     shuffled = _reorder(value, data)
     assert shuffled == value
     assert jsondoc.canonical(shuffled) == jsondoc.canonical(value)
+
+
+_SCALARS = (st.none() | st.booleans() | st.integers()
+            | st.floats(allow_nan=False, allow_infinity=False) | st.text())
+_DOCS = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=5)
+                     | st.dictionaries(st.text(max_size=5), inner, max_size=5), max_leaves=30)
+
+
+@settings(max_examples=500)
+@given(_DOCS)
+def test_the_c_encoder_fast_path_writes_exactly_what_the_exact_encoder_writes(doc: Any) -> None:
+    """dumps/canonical hand plain documents to the C encoder; its output must be the exact
+    encoder's, byte for byte, sorted or not."""
+    assert jsondoc._plain(doc)
+    for sort_keys in (False, True):
+        assert jsondoc._encode(doc, sort_keys=sort_keys) == \
+            jsondoc._encode_exact(doc, sort_keys=sort_keys)
+
+
+def test_documents_with_exact_numbers_take_the_exact_encoder() -> None:
+    doc = jsondoc.loads_strict('{"b": 12345678901234567890.123456789, "a": [1E+5, -0]}')
+    assert not jsondoc._plain(doc)
+    assert jsondoc.canonical(doc) == jsondoc._encode_exact(doc, sort_keys=True).encode()
+    assert b'"b":12345678901234567890.123456789' in jsondoc.canonical(doc)
+    assert jsondoc.dumps({"x": decimal.Decimal("1.50")}) == '{"x":1.50}'

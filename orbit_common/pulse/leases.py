@@ -784,13 +784,16 @@ def _retry_at(task: dict[str, Any], now: dt.datetime) -> dt.datetime | None:
     return at
 
 
-RECEIPTS_BY_REPORT = """
-SELECT attempt_id, report_id, request_digest, response FROM pulse_attempt_receipts
-WHERE namespace_id = %s AND (attempt_id, report_id) IN ({})
-"""
-RECEIPTS_BY_DIGEST = """
-SELECT attempt_id, request_digest, response FROM pulse_attempt_receipts
-WHERE namespace_id = %s AND operation = 'finish' AND (attempt_id, request_digest) IN ({})
+# Earlier receipts of a finish batch in one round trip: by report id (uq_receipts_report), and
+# accepted ones by identical content under any report id (ix_receipts_operation).
+EARLIER_RECEIPTS = """
+SELECT 'report' AS found_by, attempt_id, report_id, request_digest, response
+FROM pulse_attempt_receipts
+WHERE namespace_id = %s AND (attempt_id, report_id) IN ({pairs})
+UNION ALL
+SELECT 'content', attempt_id, report_id, request_digest, response
+FROM pulse_attempt_receipts
+WHERE namespace_id = %s AND operation = 'finish' AND (attempt_id, request_digest) IN ({pairs})
   AND JSON_EXTRACT(response, '$.accepted') = true
 """
 INSERT_RECEIPTS = (
@@ -822,12 +825,17 @@ async def _replays(cur: Any, namespace_id: bytes,
     """Earlier receipts: by report id (a conflicting re-use raises), then by identical content
     under another report id (an already applied report returns its original receipt)."""
     found: dict[int, FinishOutcome] = {}
-    pairs = [(r.ref.attempt_id, r.report_id) for r in reports]
-    await cur.execute(
-        RECEIPTS_BY_REPORT.format(", ".join(["(%s, %s)"] * len(pairs))),
-        (namespace_id, *[v for pair in pairs for v in pair]),
-    )
-    by_report = {(row["attempt_id"], row["report_id"]): row for row in await cur.fetchall()}
+    marks = ", ".join(["(%s, %s)"] * len(reports))
+    await cur.execute(EARLIER_RECEIPTS.format(pairs=marks), (
+        namespace_id, *[v for r in reports for v in (r.ref.attempt_id, r.report_id)],
+        namespace_id, *[v for r in reports for v in (r.ref.attempt_id, r.digest())]))
+    by_report: dict[tuple[bytes, bytes], dict[str, Any]] = {}
+    by_digest: dict[tuple[bytes, bytes], dict[str, Any]] = {}
+    for row in await cur.fetchall():
+        if row["found_by"] == "report":
+            by_report[(row["attempt_id"], row["report_id"])] = row
+        else:
+            by_digest[(row["attempt_id"], row["request_digest"])] = row
     for index, report in enumerate(reports):
         row = by_report.get((report.ref.attempt_id, report.report_id))
         if row is None:
@@ -836,18 +844,12 @@ async def _replays(cur: Any, namespace_id: bytes,
             raise ReportConflict(f"report {report.report_id!r} of attempt "
                                  f"{report.ref.attempt_id.hex()} was used for another report")
         found[index] = _replayed(report, row["response"])
-    rest = [(i, r) for i, r in enumerate(reports) if i not in found]
-    if rest:
-        await cur.execute(
-            RECEIPTS_BY_DIGEST.format(", ".join(["(%s, %s)"] * len(rest))),
-            (namespace_id, *[v for _, r in rest for v in (r.ref.attempt_id, r.digest())]),
-        )
-        by_digest = {(row["attempt_id"], row["request_digest"]): row
-                     for row in await cur.fetchall()}
-        for index, report in rest:
-            row = by_digest.get((report.ref.attempt_id, report.digest()))
-            if row is not None:
-                found[index] = _replayed(report, row["response"])
+    for index, report in enumerate(reports):
+        if index in found:
+            continue
+        row = by_digest.get((report.ref.attempt_id, report.digest()))
+        if row is not None:
+            found[index] = _replayed(report, row["response"])
     return found
 
 

@@ -295,6 +295,12 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
         # start latency; the rest is the push, the worker's start request and its commit.
         "offer_p50_ms": round(_percentile(offers, 0.5), 1),
         "offer_p99_ms": round(_percentile(offers, 0.99), 1),
+        # lease offered -> start approved: the claim's commit, the push, the worker's start
+        # request and the start transaction up to its clock read
+        "offer_to_start_p50_ms": round(_percentile(
+            [s - o for s, o in zip(latencies, offers, strict=True)], 0.5), 1),
+        "offer_to_start_p99_ms": round(_percentile(
+            [s - o for s, o in zip(latencies, offers, strict=True)], 0.99), 1),
         "commits_per_task": round(commits / tasks, 3),
     }
 

@@ -142,7 +142,7 @@ class Worker:
         drain_timeout: float = 30.0,
         finish_timeout: float = 10.0,
         request_timeout: float = 30.0,
-        batch_delay: float = 0.002,
+        batch_delay: float = 0.0,
         reconnect_initial: float = 0.1,
         reconnect_max: float = 5.0,
         poll_wait_ms: int = 20_000,
@@ -449,7 +449,9 @@ class Worker:
             if not self._to_start:
                 continue
             channel = await self._channel_up()
-            await asyncio.sleep(self.batch_delay)  # coalesce the grants of the next few ms
+            # Coalesce the grants already received (0: one turn of the event loop; more waits for
+            # later ones, at the price of every start's latency).
+            await asyncio.sleep(self.batch_delay)
             batch, self._to_start = self._to_start[:MAX_BATCH], self._to_start[MAX_BATCH:]
             if self._to_start:
                 event.set()

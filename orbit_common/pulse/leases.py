@@ -879,7 +879,8 @@ async def finish(  # noqa: PLR0912, PLR0915 - one pass over the batch; each bran
 
     Commits together: attempt results, task states, queue counter releases, state events, late
     evidence for stale reports, receipts, and result events for outcomes (result stream last).
-    Locks: receipts (read), tasks, attempts, queue rows, the namespace's result stream.
+    Locks: tasks, attempts (then the receipts are read), queue rows, the namespace's result
+    stream.
     """
     _check_batch(reports)
     for report in reports:
@@ -888,9 +889,12 @@ async def finish(  # noqa: PLR0912, PLR0915 - one pass over the batch; each bran
                                             "message": f"one of {', '.join(OUTCOMES)}"}])
     if not reports:
         return []
+    # Receipts are read under the attempts' locks: a concurrent finish of the same report (a
+    # re-send on a new connection, or two frames of one socket) has committed its receipt by
+    # the time this transaction holds the attempt, so it is answered from that receipt.
+    locked = await _lock(cur, namespace_id, [r.ref.attempt_id for r in reports])
     replays = await _replays(cur, namespace_id, reports)
     pending, copies = _dedupe_batch([(i, r) for i, r in enumerate(reports) if i not in replays])
-    locked = await _lock(cur, namespace_id, [r.ref.attempt_id for _, r in pending])
     now = await db_now(cur)
     outcomes: dict[int, FinishOutcome] = dict(replays)
     attempt_updates: list[tuple[Any, ...]] = []

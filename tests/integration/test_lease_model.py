@@ -758,6 +758,45 @@ async def test_one_report_id_with_two_contents_in_one_batch_is_a_report_conflict
         await db.transaction("t", lambda cur: leases.finish(cur, tenant.namespace_id, reports))
 
 
+async def test_the_same_report_racing_itself_gets_one_receipt_and_two_answers(
+    db: Database, db_url: DatabaseUrl, tenant: Tenant,
+    sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    """A worker re-sends a finish on a new connection while the first is still running (or two
+    frames of one socket run at once): both transactions find no receipt yet and queue on the
+    attempt's task row. The second must answer from the first's receipt, not fail on it."""
+    grant = await _running_grant(db, tenant)
+    report = make_report(grant, "succeeded", b"r1")
+    blocker = connect_sync(db_url, autocommit=False)
+    try:
+        with blocker.cursor() as cur:  # hold the task row so both finishes get past the lookup
+            cur.execute("SELECT id FROM pulse_tasks WHERE namespace_id = %s AND id = %s"
+                        " FOR UPDATE", (tenant.namespace_id, grant.task_id))
+        runs = [asyncio.create_task(db.transaction(
+            "t", lambda cur: leases.finish(cur, tenant.namespace_id, [report])))
+            for _ in range(2)]
+        async with asyncio.timeout(10):  # until both wait for the task row (server's own list)
+            while True:
+                with sync_conn.cursor() as cur:
+                    cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST"
+                                " WHERE info LIKE 'SELECT%%FROM pulse_tasks%%FOR UPDATE%%'")
+                    if cur.fetchone()[0] >= 2:
+                        break
+                assert not any(r.done() for r in runs), runs
+                await asyncio.sleep(0.01)
+        blocker.commit()
+        first, second = [(await r)[0] for r in runs]
+    finally:
+        blocker.close()
+    assert first.accepted
+    assert second.accepted
+    assert first.task_state == second.task_state == "SUCCEEDED"
+    assert sorted([first.replayed, second.replayed]) == [False, True]
+    assert await _count(db, "pulse_attempt_receipts", grant.attempt_id) == 1
+    assert await _count(db, "pulse_attempt_evidence", grant.attempt_id) == 0
+    assert check(sync_conn, [tenant.namespace_id]) == []
+
+
 # --- a repeated start after the execution lease lapsed -----------------------------------------
 
 

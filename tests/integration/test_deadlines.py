@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import time
 
 from orbit_common.db.clock import as_utc
 from orbit_common.db.pool import Database
@@ -18,17 +17,14 @@ from orbit_common.pulse import leases
 from tests.conftest import Tenant
 from tests.integration.test_leases import claim, finish, recover, ref, report, start
 from tests.support import invariants
-from tests.support.lease_fixtures import add_tasks, make_queue, open_session, scalar, task_row
-
-
-async def wait_db_past(db: Database, moment: dt.datetime, timeout: float = 10.0) -> None:
-    """Poll the database clock (not ours) until it has passed ``moment``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await scalar(db, "SELECT UTC_TIMESTAMP(6) > %s", moment.replace(tzinfo=None)):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"the database clock did not pass {moment} within {timeout} s")
+from tests.support.lease_fixtures import (
+    add_tasks,
+    make_queue,
+    open_session,
+    scalar,
+    task_row,
+    wait_db_time_past,
+)
 
 
 async def expire_waiting(db: Database) -> int:
@@ -47,7 +43,7 @@ async def test_a_waiting_task_past_its_deadline_fails_once_with_a_clear_reason(
     doomed = await add_tasks(db, tenant, queue, 5, deadline_s=0.2)
     (kept,) = await add_tasks(db, tenant, queue, deadline_s=3600)
     row = await task_row(db, tenant, doomed[0])
-    await wait_db_past(db, as_utc(row["deadline_at"]))
+    await wait_db_time_past(db, as_utc(row["deadline_at"]))
     # Past its deadline, a task is no longer claimable, even before the scan runs.
     session = await open_session(db, tenant, [queue])
     grants = await claim(db, session, queue)
@@ -88,7 +84,7 @@ async def test_schedule_to_start_limit_applies_only_before_the_first_start(
         " WHERE namespace_id = %s AND id IN (%s, %s)",
         (started, tenant.namespace_id, never, started)))
     row = await task_row(db, tenant, never)
-    await wait_db_past(db, as_utc(row["start_deadline_at"]))
+    await wait_db_time_past(db, as_utc(row["start_deadline_at"]))
     assert await expire_waiting(db) >= 1
     row = await task_row(db, tenant, never)
     assert (row["state"], row["outcome_reason"]) == ("FAILED", "start_deadline_exceeded")
@@ -105,7 +101,7 @@ async def test_a_deadline_over_an_uncertain_effect_needs_review(
         "UPDATE pulse_tasks SET effect_uncertain = 1 WHERE namespace_id = %s AND id = %s",
         (tenant.namespace_id, task_id)))
     row = await task_row(db, tenant, task_id)
-    await wait_db_past(db, as_utc(row["deadline_at"]))
+    await wait_db_time_past(db, as_utc(row["deadline_at"]))
     assert await expire_waiting(db) >= 1
     row = await task_row(db, tenant, task_id)
     assert row["state"] == "NEEDS_REVIEW"
@@ -137,7 +133,7 @@ async def _timed_out_attempt(db: Database, tenant: Tenant, *, rerun_safe: bool) 
         cur, tenant.namespace_id, [ref(grant)]))
     if renewed.renewed:
         assert renewed.lease_expires_at <= timeout_at
-    await wait_db_past(db, timeout_at)
+    await wait_db_time_past(db, timeout_at)
     assert await recover(db) >= 1  # the scan is global; this task's state is checked below
     # A report after the timeout is refused and kept as evidence.
     (late,) = await finish(db, tenant, [report(grant, "succeeded", result="{}")])

@@ -45,6 +45,7 @@ from tests.support.lease_fixtures import (
     task_row,
     wait_db_time_past,
 )
+from tests.support.waiting import statements_waiting, until
 
 # --- helpers ---------------------------------------------------------------------------------
 
@@ -606,8 +607,8 @@ async def test_the_first_count_limit_recounts_exactly_while_work_commits(
 
     async def until_rounds(n: int) -> None:
         target = [r + n for r in rounds]
-        while any(r < g for r, g in zip(rounds, target, strict=True)):
-            await asyncio.sleep(0.005)  # poll the churners' own progress, not the clock
+        await until(lambda: all(r >= g for r, g in zip(rounds, target, strict=True)),
+                    timeout=30, message=f"{n} more rounds of each churner")
 
     async def set_limit(value: int | None) -> dict[str, Any]:
         return await quotas.operator_set(
@@ -653,15 +654,10 @@ async def test_a_concurrency_limit_set_while_a_claim_runs_still_holds(
         claiming = asyncio.create_task(leases.run_claim(db, "test.claim", session, queue, 5))
         # Wait (on the server's process list, not the clock) until the claim's counter update
         # is waiting for the limit change's row lock.
-        async with asyncio.timeout(10):
-            while True:
-                with sync_conn.cursor() as cur:
-                    cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST"
-                                " WHERE info LIKE 'UPDATE pulse_queues%%active_attempts + 5%%'")
-                    if cur.fetchone()[0] >= 1:
-                        break
-                assert not claiming.done(), claiming
-                await asyncio.sleep(0.01)
+        await until(lambda: not claiming.done() and statements_waiting(
+            sync_conn, "UPDATE pulse_queues%active_attempts + 5%"),
+            message="the claim's counter update to wait for the queue row")
+        assert not claiming.done()
         # The claim's only lock wait is its counter update: it has read the queue row (no
         # limit then) and written its five attempts.
         blocker.commit()

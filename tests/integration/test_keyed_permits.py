@@ -33,6 +33,7 @@ from tests.support.lease_fixtures import (
     task_row,
     wait_db_time_past,
 )
+from tests.support.waiting import statements_waiting, until
 
 MAX = resources.MAX_TOKEN  # 2**63 - 1
 
@@ -453,16 +454,6 @@ async def wait_for_lock_wait(conn: pymysql.connections.Connection[Any],
     """Poll until the claim's locking read of a queue row (leases.QUEUE_FOR_UPDATE) is in
     progress in this test's database: it would finish at once unless it waits for the lock.
     (PROCESSLIST, not INNODB_TRX: that one needs the PROCESS privilege.)"""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-
-    def waiting() -> int:
-        with conn.cursor() as cur:
-            cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST"
-                        " WHERE DB = DATABASE() AND COMMAND = 'Query'"
-                        " AND INFO LIKE '%max_concurrent_attempts FROM pulse_queues%FOR UPDATE%'")
-            return int(cur.fetchone()[0])
-
-    while not await asyncio.to_thread(waiting):
-        assert loop.time() < deadline, "the claim never waited for the queue row"
-        await asyncio.sleep(0.01)  # a poll interval
+    await until(lambda: statements_waiting(
+        conn, "%max_concurrent_attempts FROM pulse_queues%FOR UPDATE%"), timeout=timeout,
+        message="the claim to wait for the queue row")

@@ -50,6 +50,7 @@ from orbit_common.pulse.workers import QueueRef, Session, SessionLost
 from tests.conftest import Tenant, make_tenant
 from tests.support.invariants import check
 from tests.support.lease_fixtures import add_tasks, make_queue, open_session
+from tests.support.waiting import statements_waiting, until
 
 T = TypeVar("T")
 
@@ -775,15 +776,11 @@ async def test_the_same_report_racing_itself_gets_one_receipt_and_two_answers(
         runs = [asyncio.create_task(db.transaction(
             "t", lambda cur: leases.finish(cur, tenant.namespace_id, [report])))
             for _ in range(2)]
-        async with asyncio.timeout(10):  # until both wait for the task row (server's own list)
-            while True:
-                with sync_conn.cursor() as cur:
-                    cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST"
-                                " WHERE info LIKE 'SELECT%%FROM pulse_tasks%%FOR UPDATE%%'")
-                    if cur.fetchone()[0] >= 2:
-                        break
-                assert not any(r.done() for r in runs), runs
-                await asyncio.sleep(0.01)
+        # Until both wait for the task row (the server's own process list, not the clock).
+        await until(lambda: not any(r.done() for r in runs) and statements_waiting(
+            sync_conn, "SELECT%FROM pulse_tasks%FOR UPDATE%") >= 2,
+            message="both finishes to wait for the task row")
+        assert not any(r.done() for r in runs)
         blocker.commit()
         first, second = [(await r)[0] for r in runs]
     finally:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import secrets
-import time
 from collections import Counter
 from typing import Any
 
@@ -15,6 +13,7 @@ from orbit_common.platform import credentials
 from orbit_common.pulse import resources, workers
 from orbit_common.pulse.workers import QueueRef, Session
 from tests.conftest import Tenant
+from tests.support.waiting import until
 
 
 async def make_queue(db: Database, tenant: Tenant, *, name: str | None = None,
@@ -203,10 +202,12 @@ async def db_time(db: Database) -> dt.datetime:
 
 
 async def wait_db_time_past(db: Database, moment: dt.datetime, *, timeout: float = 10) -> None:
-    """Poll the database clock until it is past ``moment`` (naive UTC): database time decides
-    leases and windows, so tests wait on it, never on the local clock."""
-    deadline = time.monotonic() + timeout
-    while await db_time(db) <= moment:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the database clock did not pass {moment} in {timeout} s")
-        await asyncio.sleep(0.01)  # a poll interval, not a synchronisation
+    """Poll the database clock until it is past ``moment`` (naive UTC, or aware): database time
+    decides leases and windows, so tests wait on it, never on the local clock."""
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.UTC).replace(tzinfo=None)
+
+    async def passed() -> bool:
+        return await db_time(db) > moment
+
+    await until(passed, timeout=timeout, message=f"the database clock to pass {moment}")

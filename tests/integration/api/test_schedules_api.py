@@ -8,7 +8,6 @@ scheduler itself (tests/integration/test_schedules*.py).
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 from typing import Any
@@ -23,6 +22,7 @@ from orbit_common.pulse import schedules
 from tests.conftest import Tenant, make_key
 from tests.integration.api.conftest import WriteWatch, assert_problem
 from tests.support import pulse
+from tests.support.lease_fixtures import db_time, wait_db_time_past
 
 SCHEDULE_TABLES = (
     "pulse_schedules",
@@ -339,13 +339,8 @@ async def test_trigger_takes_no_fields(api: TestClient[Any, Any], tenant: Tenant
 
 async def _passed(db: Database, seconds: float) -> None:
     """Wait until database time is ``seconds`` later (the scheduler reads database time)."""
-    async def now(cur: Any) -> dt.datetime:
-        from orbit_common.db.clock import db_now
-        return await db_now(cur)
-
-    until = await db.read("test.now", now) + dt.timedelta(seconds=seconds)
-    while await db.read("test.now", now) < until:
-        await asyncio.sleep(0.1)
+    moment = await db_time(db) + dt.timedelta(seconds=seconds)
+    await wait_db_time_past(db, moment, timeout=seconds + 10)
 
 
 async def test_backfill_runs_the_skipped_instants_once(

@@ -19,9 +19,8 @@ from orbit_common.model import ids, jsondoc
 from orbit_common.platform import credentials
 from orbit_common.pulse import interventions, schedules
 from tests.conftest import Tenant
-from tests.integration.test_deadlines import wait_db_past
 from tests.support import invariants
-from tests.support.lease_fixtures import make_queue, scalar
+from tests.support.lease_fixtures import make_queue, scalar, wait_db_time_past
 
 
 def _iso(at: dt.datetime) -> str:
@@ -200,7 +199,7 @@ async def test_overlap_skip_and_buffer_one(db: Database, tenant: Tenant) -> None
     check_at = as_utc(await scalar(db, "SELECT check_at FROM pulse_schedules"
                                    " WHERE namespace_id = %s AND id = %s",
                                    tenant.namespace_id, buffer))
-    await wait_db_past(db, check_at)
+    await wait_db_time_past(db, check_at)
     await fire_until_idle(db)
     after = await ledger(db, tenant, buffer)
     fired = [r for r in after if r["outcome"] == "FIRED"]

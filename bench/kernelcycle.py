@@ -23,14 +23,14 @@ from orbit_common.pulse import leases, workers
 BATCH = 32
 
 
-async def _start(cur: Any, *, namespace_id: bytes,
+async def _start(cur: Any, *, session: workers.Session,
                  refs: list[leases.AttemptRef]) -> list[leases.StartOutcome]:
-    return await leases.start(cur, namespace_id, refs)
+    return await leases.start(cur, session, refs)
 
 
-async def _finish(cur: Any, *, namespace_id: bytes,
+async def _finish(cur: Any, *, session: workers.Session,
                   reports: list[leases.FinishReport]) -> list[leases.FinishOutcome]:
-    return await leases.finish(cur, namespace_id, reports)
+    return await leases.finish(cur, session, reports)
 
 
 async def run_kernel_cycle(url: DatabaseUrl, api_key: str, namespace: str, queue: str,
@@ -63,11 +63,11 @@ async def run_kernel_cycle(url: DatabaseUrl, api_key: str, namespace: str, queue
                 refs = [leases.AttemptRef(attempt_id=g.attempt_id, token=g.token,
                                           generation=g.generation) for g in grants]
                 await db.transaction("bench.start", functools.partial(
-                    _start, namespace_id=session.namespace_id, refs=refs))
+                    _start, session=session, refs=refs))
                 reports = [leases.FinishReport(ref=r, report_id=ids.new_id(),
                                                outcome="succeeded", result="{}") for r in refs]
                 outcomes = await db.transaction("bench.finish", functools.partial(
-                    _finish, namespace_id=session.namespace_id, reports=reports))
+                    _finish, session=session, reports=reports))
                 if not all(o.accepted for o in outcomes):
                     raise RuntimeError(f"kernel cycle: a finish was refused: {outcomes[0]}")
                 done += len(grants)

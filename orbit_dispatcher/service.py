@@ -193,7 +193,7 @@ class Connection:
             if op is None:
                 raise errors.ValidationFailed([{"path": "$.type",
                                                 "message": "ready, start, renew or finish"}])
-            items = await op(self.session.namespace_id, doc)
+            items = await op(self.session, doc)
             await self.send_json({"type": "reply", "id": request_id, "op": kind,
                                   "items": items})
         except errors.OrbitError as exc:
@@ -293,29 +293,32 @@ class DispatcherService:
             (session.namespace_id, session.id))
         return [row["id"] for row in await cur.fetchall()]
 
-    def operations(self) -> dict[str, Callable[[bytes, Any], Awaitable[list[dict[str, Any]]]]]:
+    def operations(self) -> dict[str, Callable[[Session, Any], Awaitable[list[dict[str, Any]]]]]:
         return {"start": self.op_start, "renew": self.op_renew, "finish": self.op_finish}
 
-    async def op_start(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
+    async def op_start(self, session: Session, doc: Any) -> list[dict[str, Any]]:
         refs = protocol.parse_refs(doc)
         out = await self.db.transaction("dispatch.start",
-                                        lambda cur: leases.start(cur, namespace_id, refs))
+                                        lambda cur: leases.start(cur, session, refs))
         limited = sum(1 for o in out if o.reason == "start_rate_limited")
         if limited:
             usage.BACKPRESSURE_REFUSALS.labels("start_rate_limited").inc(limited)
         return [protocol.start_json(o) for o in out]
 
-    async def op_renew(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
+    async def op_renew(self, session: Session, doc: Any) -> list[dict[str, Any]]:
         refs = protocol.parse_refs(doc)
         out = await self.db.transaction("dispatch.renew",
-                                        lambda cur: leases.renew(cur, namespace_id, refs))
+                                        lambda cur: leases.renew(cur, session, refs))
         return [protocol.renew_json(o) for o in out]
 
-    async def op_finish(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
+    async def op_finish(self, session: Session, doc: Any) -> list[dict[str, Any]]:
         reports = protocol.parse_finish(doc)
         out = await self.db.transaction("dispatch.finish",
-                                        lambda cur: leases.finish(cur, namespace_id, reports))
+                                        lambda cur: leases.finish(cur, session, reports))
         return [protocol.finish_json(o) for o in out]
+
+    async def _recover_leases(self, cur: Any) -> int:
+        return await leases.recover_expired(cur, 128, self.config.dispatcher.max_offer_lapses)
 
     async def _recovery_loop(self) -> None:
         interval = self.config.dispatcher.recovery_interval_s
@@ -336,8 +339,7 @@ class DispatcherService:
                     log.warning("usage gauges not refreshed: %s", exc, extra={"code": exc.code})
             try:
                 while True:
-                    n = await self.db.transaction("recovery.leases",
-                                                  lambda cur: leases.recover_expired(cur, 128))
+                    n = await self.db.transaction("recovery.leases", self._recover_leases)
                     RECOVERED.labels("lease").inc(n)
                     if n < 128:
                         break
@@ -478,7 +480,7 @@ class DispatcherService:
         async def handler(request: web.Request) -> web.Response:
             session = await self._load(request, live=False)
             doc = await _read_object(request)
-            items = await self.operations()[kind](session.namespace_id, doc)
+            items = await self.operations()[kind](session, doc)
             return web.json_response({"items": items})
 
         return handler

@@ -205,6 +205,8 @@ _RECEIPT_PROPS: dict[str, Any] = {
 }
 _SUMMARY_PROPS: dict[str, Any] = {
     **_RECEIPT_PROPS, "attempts_used": {"type": "integer", "minimum": 0},
+    "starts_used": {"type": "integer", "minimum": 0},
+    "offer_lapses": {"type": "integer", "minimum": 0},
     "effect_uncertain": {"type": "boolean"}, "outcome_reason": {"type": ["string", "null"]},
     "cancel_requested_at": _nullable(TIME), "updated_at": TIME, "completed_at": _nullable(TIME),
 }

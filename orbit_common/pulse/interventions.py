@@ -32,13 +32,13 @@ from orbit_common import errors
 from orbit_common.db import errors as dberrors
 from orbit_common.db.clock import as_utc, db_now, to_db
 from orbit_common.db.pool import Database
-from orbit_common.model import ids, jsondoc
+from orbit_common.model import ids
 from orbit_common.platform import authz, credentials, namespaced
 from orbit_common.platform.audit import AuditRecord, append_audit
 from orbit_common.platform.events import append_events
 from orbit_common.platform.idempotency import Replay
-from orbit_common.platform.results import ResultEvent, append_results
 from orbit_common.pulse import leases, resources
+from orbit_common.pulse.leases import common, decisions, endings
 from orbit_common.pulse.model import Task, TaskState
 
 REASON_MAX = 1024
@@ -168,51 +168,17 @@ async def cancel_task(db: Database, principal: credentials.Principal, *, namespa
 
 async def _cancel_now(cur: Any, namespace_id: bytes, task: Task, reason: str | None,
                       now: dt.datetime) -> None:
-    """WAITING or LEASED: end it now (NEEDS_REVIEW if it carries an uncertain effect)."""
-    target = TaskState.NEEDS_REVIEW if task.effect_uncertain else TaskState.CANCELLED
-    why = "cancelled_with_uncertain_effect" if task.effect_uncertain else "cancelled"
-    usage = resources.Usage()
-    endings: dict[bytes, str] = {}
-    if target is TaskState.CANCELLED:
-        usage.unfinished[task.queue_id] -= 1
-    if task.state is TaskState.LEASED and task.current_attempt_id is not None:
-        await cur.execute(
-            "SELECT queue_id, concurrency_token FROM pulse_attempts"
-            " WHERE namespace_id = %s AND id = %s FOR UPDATE",
-            (namespace_id, task.current_attempt_id))
-        attempt = await cur.fetchone()
-        usage.active[attempt["queue_id"]] -= 1
-        usage.reserved -= 1
-        if attempt["concurrency_token"] is not None:
-            endings[task.current_attempt_id] = "WITHDRAWN"
-        await cur.execute(
-            "UPDATE pulse_attempts SET state = 'WITHDRAWN', finished_at = %s, error = %s"
-            " WHERE namespace_id = %s AND id = %s AND state = 'OFFERED'",
-            (to_db(now), jsondoc.dumps({"type": "cancelled", "message": "cancelled before start"}),
-             namespace_id, task.current_attempt_id))
-        leases.expect_rows(cur, 1, "withdraw offer")
-    await cur.execute(
-        "UPDATE pulse_tasks SET state = %s, revision = revision + 1, cancel_requested_at = %s,"
-        " cancel_reason = %s, outcome_reason = %s, current_attempt_id = NULL,"
-        " lease_expires_at = NULL, completed_at = %s, updated_at = UTC_TIMESTAMP(6)"
-        " WHERE namespace_id = %s AND id = %s AND revision = %s AND state = %s",
-        (target.value, to_db(now), reason, why,
-         None if target is TaskState.NEEDS_REVIEW else to_db(now),
-         namespace_id, task.id, task.revision, task.state.value))
-    leases.expect_rows(cur, 1, "cancel")
-    await resources.apply(cur, namespace_id, usage, between=lambda: resources.release(
-        cur, namespace_id, endings, now))
-    event = leases.task_event(namespace_id, task.id, task.revision + 1, "task." + why,
-                          task.state, target, {"reason": reason})
-    await append_events(cur, [event])
-    await append_results(cur, namespace_id, [ResultEvent(
-        event_id=event.id, task_id=task.id, queue_id=task.queue_id,
-        task_revision=task.revision + 1, state=target.value,
-        snapshot={"task_id": task.id.hex(), "handler": task.handler, "state": target.value,
-                  "revision": task.revision + 1, "outcome_reason": why,
-                  "attempts_used": task.attempts_used,
-                  "effect_uncertain": task.effect_uncertain, "result": None,
-                  "error": {"type": "cancelled", "message": reason or ""}})])
+    """WAITING or LEASED: end it now through the ending writer (a live offer is WITHDRAWN;
+    NEEDS_REVIEW if the task carries an uncertain effect)."""
+    (row,) = await common.lock_tasks(cur, namespace_id, [task.id])
+    attempt = None
+    if row["current_attempt_id"] is not None:
+        attempt = (await common.lock_attempts(cur, namespace_id,
+                                              [row["current_attempt_id"]]))[row["current_attempt_id"]]
+    await endings.write(cur, namespace_id, [endings.Ending(
+        task=row, attempt=attempt, decision=decisions.decide_cancel_now(row),
+        payload={"reason": reason}, cancel=True, cancel_reason=reason,
+        error={"type": "cancelled", "message": reason or ""})], now)
 
 
 async def _reload(cur: Any, namespace_id: bytes, task_id: bytes) -> Task:
@@ -251,21 +217,11 @@ async def review_task(db: Database, principal: credentials.Principal, *, namespa
         if task.state is not TaskState.NEEDS_REVIEW:
             raise TaskNotReviewable(f"the task is {task.state.value}")
         now = await db_now(cur)
-        target = TaskState.SUCCEEDED if decision == "succeeded" else TaskState.FAILED
-        why = f"reviewed_{decision}"
-        await cur.execute(
-            "UPDATE pulse_tasks SET state = %s, revision = revision + 1, effect_uncertain = 0,"
-            " outcome_reason = %s, result = COALESCE(%s, result), completed_at = %s,"
-            " updated_at = UTC_TIMESTAMP(6)"
-            " WHERE namespace_id = %s AND id = %s AND revision = %s AND state = 'NEEDS_REVIEW'",
-            (target.value, why, result, to_db(now), namespace_id, task.id, task.revision))
-        leases.expect_rows(cur, 1, "review")
-        await resources.apply(cur, namespace_id,
-                              resources.Usage(unfinished=Counter({task.queue_id: -1})))
-        event = leases.task_event(namespace_id, task.id, task.revision + 1,
-                              "task." + why, TaskState.NEEDS_REVIEW, target,
-                              {"reason": reason, "evidence_ref": evidence_ref})
-        await append_events(cur, [event])
+        (row,) = await common.lock_tasks(cur, namespace_id, [task.id])
+        await endings.write(cur, namespace_id, [endings.Ending(
+            task=row, attempt=None, decision=decisions.decide_review(decision),
+            payload={"reason": reason, "evidence_ref": evidence_ref}, result=result,
+            snapshot_extra={"review": {"reason": reason, "evidence_ref": evidence_ref}})], now)
         after = await _reload(cur, namespace_id, task.id)
         await append_audit(cur, AuditRecord(
             actor=principal.actor, action="task.review", resource_type="task",
@@ -274,15 +230,6 @@ async def review_task(db: Database, principal: credentials.Principal, *, namespa
             before={"state": task.state.value, "effect_uncertain": task.effect_uncertain},
             after={"state": after.state.value, "decision": decision}, request_id=request_id,
         ))
-        await append_results(cur, namespace_id, [ResultEvent(
-            event_id=event.id, task_id=task.id, queue_id=task.queue_id,
-            task_revision=after.revision, state=target.value,
-            snapshot={"task_id": task.id.hex(), "handler": task.handler, "state": target.value,
-                      "revision": after.revision, "outcome_reason": why,
-                      "attempts_used": task.attempts_used, "effect_uncertain": False,
-                      "result": jsondoc.loads_strict(after.result) if after.result else None,
-                      "error": None, "review": {"reason": reason,
-                                                "evidence_ref": evidence_ref}})])
         return 200, task_view(after, queue), task.id
 
     return await namespaced.run(

@@ -174,6 +174,8 @@ class Task:
     execution_lease_ms: int
     rerun_safe: bool
     attempts_used: int
+    starts_used: int
+    offer_lapses: int
     current_attempt_id: bytes | None
     lease_expires_at: dt.datetime | None
     cancel_requested_at: dt.datetime | None
@@ -194,7 +196,8 @@ class Task:
         " t.start_deadline_at,"
         " t.attempt_timeout_ms, t.max_attempts, t.retry_initial_ms, t.retry_max_ms,"
         " t.retry_multiplier, t.retry_jitter, t.offer_lease_ms, t.execution_lease_ms,"
-        " t.rerun_safe, t.attempts_used, t.current_attempt_id, t.lease_expires_at,"
+        " t.rerun_safe, t.attempts_used, t.starts_used, t.offer_lapses, t.current_attempt_id,"
+        " t.lease_expires_at,"
         " t.cancel_requested_at, t.cancel_reason, t.effect_uncertain, t.outcome_reason,"
         " t.result, t.error, t.retry_of, t.created_at, t.updated_at, t.first_started_at,"
         " t.completed_at"
@@ -216,6 +219,7 @@ class Task:
                               multiplier=row["retry_multiplier"], jitter=row["retry_jitter"]),
             offer_lease_ms=row["offer_lease_ms"], execution_lease_ms=row["execution_lease_ms"],
             rerun_safe=bool(row["rerun_safe"]), attempts_used=row["attempts_used"],
+            starts_used=row["starts_used"], offer_lapses=row["offer_lapses"],
             current_attempt_id=row["current_attempt_id"],
             lease_expires_at=_opt_time(row["lease_expires_at"]),
             cancel_requested_at=_opt_time(row["cancel_requested_at"]),

@@ -8,10 +8,11 @@ import pytest
 
 from orbit_common.db.pool import Database
 from orbit_common.platform import credentials
-from orbit_common.pulse import interventions, leases
+from orbit_common.pulse import interventions
 from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant
 from tests.conftest import Tenant
 from tests.integration.test_leases import claim, expire_now, finish, recover, report, start
+from tests.support import held
 from tests.support.lease_fixtures import add_tasks, make_queue, open_session, scalar, task_row
 
 
@@ -72,7 +73,7 @@ async def test_cancel_running_is_an_intent_confirmed_by_the_worker(
     outcome = await cancel(db, tenant, task_id)
     assert outcome.body["state"] == "RUNNING"
     assert outcome.body["cancel_requested"] is True
-    renewed = await db.transaction("t", lambda cur: leases.renew(
+    renewed = await db.transaction("t", lambda cur: held.renew(
         cur, tenant.namespace_id,
         [AttemptRef(attempt_id=grant.attempt_id, token=grant.token,
                     generation=grant.generation)]))

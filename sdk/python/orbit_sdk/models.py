@@ -247,6 +247,8 @@ class Task:
     updated_at: dt.datetime | None = None
     completed_at: dt.datetime | None = None
     attempts_used: int | None = None
+    starts_used: int | None = None
+    offer_lapses: int | None = None
     effect_uncertain: bool = False
     outcome_reason: str | None = None
     cancel_requested_at: dt.datetime | None = None
@@ -275,6 +277,7 @@ class Task:
             updated_at=parse_time(raw.get("updated_at")),
             completed_at=parse_time(raw.get("completed_at")),
             attempts_used=_int(raw, "attempts_used"),
+            starts_used=_int(raw, "starts_used"), offer_lapses=_int(raw, "offer_lapses"),
             effect_uncertain=_bool(raw, "effect_uncertain"),
             outcome_reason=_str(raw, "outcome_reason"),
             cancel_requested_at=parse_time(raw.get("cancel_requested_at")),

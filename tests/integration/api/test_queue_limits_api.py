@@ -29,7 +29,7 @@ from tests.integration.api.test_queues_support import (
     rows,
     url,
 )
-from tests.support import pulse
+from tests.support import held, pulse
 from tests.support.lease_fixtures import open_session
 
 __all__ = ["qwrites"]
@@ -76,7 +76,7 @@ async def _start(db: Database, tenant: Tenant, grants: list[Grant]) -> list[Any]
     refs = [AttemptRef(attempt_id=g.attempt_id, token=g.token, generation=g.generation)
             for g in grants]
     return await db.transaction("test.start",
-                                lambda cur: leases.start(cur, tenant.namespace_id, refs))
+                                lambda cur: held.start(cur, tenant.namespace_id, refs))
 
 
 # --- configuration ---------------------------------------------------------------------------

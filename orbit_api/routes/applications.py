@@ -8,10 +8,11 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.body import query_params, read_json
-from orbit_api.context import DB, principal_of, request_id_of
 from orbit_api.openapi import COMMON_ERRORS, NAME, TIME, _json, _problem
+from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import quotas
+from orbit_common.service.http.body import query_params, read_json
+from orbit_common.service.http.context import DB, request_id_of
 
 
 @attrs.frozen(kw_only=True)

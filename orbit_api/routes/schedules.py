@@ -12,15 +12,16 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.body import int_param, query_params, read_document, read_json
-from orbit_api.context import DB, principal_of, request_id_of
 from orbit_api.openapi import ID, NAME, TIME, TOO_MANY_REQUESTS, _json, _problem
 from orbit_api.routes.platform import idempotency_key
 from orbit_api.routes.tasks import OPENAPI_SCHEMAS as TASK_SCHEMAS
 from orbit_api.routes.tasks import json_response
 from orbit_common import errors
 from orbit_common.model import cursors, jsondoc, names
+from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import schedule_commands, schedule_rules, schedules, tasks
+from orbit_common.service.http.body import int_param, query_params, read_document, read_json
+from orbit_common.service.http.context import DB, request_id_of
 
 COLLECTION = "/v1/namespaces/{namespace}/schedules"
 ITEM = COLLECTION + "/{schedule}"

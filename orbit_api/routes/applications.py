@@ -104,7 +104,7 @@ OPENAPI_PATHS: dict[str, Any] = {
                 **COMMON_ERRORS, "403": _FORBIDDEN, "404": _NOT_FOUND,
                 "409": _problem("stale_revision: the resources are no longer at this revision"),
                 "413": _problem("payload_too_large"),
-                "415": _problem("unsupported_media_type"),
+                "415": _problem("unsupported_media_type, unsupported_content_encoding"),
             },
         },
     },

@@ -260,7 +260,8 @@ _NOT_FOUND = _problem(
     "namespace_not_found, or queue_not_found: no such queue, or one the credential may not see"
 )
 _FORBIDDEN = _problem("forbidden: the credential sees the queue but may not do this")
-_BODY_ERRORS = {"413": _problem("payload_too_large"), "415": _problem("unsupported_media_type")}
+_BODY_ERRORS = {"413": _problem("payload_too_large"),
+                "415": _problem("unsupported_media_type, unsupported_content_encoding")}
 
 _INT = {"type": "integer"}
 _DECIMAL = {"type": "string", "pattern": r"^[0-9]{1,3}(\.[0-9]{1,3})?$"}

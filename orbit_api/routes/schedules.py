@@ -314,7 +314,8 @@ _ERRORS = {
     "503": _problem("Database unavailable or commit outcome unknown; retry"),
 }
 _NOT_FOUND = _problem("namespace_not_found, or schedule_not_found")
-_BODY_ERRORS = {"413": _problem("payload_too_large"), "415": _problem("unsupported_media_type")}
+_BODY_ERRORS = {"413": _problem("payload_too_large"),
+                "415": _problem("unsupported_media_type, unsupported_content_encoding")}
 _MS = {"type": "integer", "minimum": 0}
 _POLICY_PROPS: dict[str, Any] = {
     "rule": {**_ref("ScheduleRule")},

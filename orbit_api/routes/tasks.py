@@ -192,7 +192,7 @@ _SUBMIT_ERRORS = {
     "404": _problem("namespace_not_found, queue_not_found"),
     "409": _problem("idempotency_conflict"),
     "413": _problem("payload_too_large"),
-    "415": _problem("unsupported_media_type"),
+    "415": _problem("unsupported_media_type, unsupported_content_encoding"),
     "429": TOO_MANY_REQUESTS,
 }
 _STATES = [s.value for s in TaskState]

@@ -14,7 +14,6 @@ import logging
 
 from aiohttp import web
 from aiohttp.http_exceptions import (
-    BadHttpMessage,
     ContentEncodingError,
     DecompressSizeError,
     HttpProcessingError,
@@ -82,7 +81,7 @@ class ProblemRequestHandler(RequestHandler):
     def handle_error(self, request: BaseRequest, status: int = 500,
                      exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        if not (status < 500 and isinstance(exc, HttpProcessingError | BadHttpMessage)):
+        if not (status < 500 and isinstance(exc, HttpProcessingError)):
             return super().handle_error(request, status, exc, message)
         error = parser_error(exc)
         log.warning("request refused by the HTTP parser: %s (%s)", error.code,

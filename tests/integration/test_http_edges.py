@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import prometheus_client
 import pytest
 from aiohttp.test_utils import TestClient
 
@@ -24,6 +25,12 @@ from orbit_dispatcher.service import DispatcherService
 from tests.conftest import Tenant, api_config
 from tests.support.servers import ServiceTestServer
 from tests.support.waiting import until
+
+
+def authentications() -> float:
+    """Authentications done in this process (the runner's transaction histogram)."""
+    return prometheus_client.REGISTRY.get_sample_value(
+        "orbit_db_transaction_seconds_count", {"transaction": "auth.authenticate"}) or 0.0
 
 
 @pytest.fixture(params=["api", "dispatcher"])
@@ -120,10 +127,12 @@ async def test_a_client_gone_mid_body_is_one_line_not_an_unhandled_error(
         b"Authorization: Bearer " + tenant.api_key.encode(),
         b"Content-Type: application/json", b"Content-Length: 1000",
     ]) + b"\r\n\r\n"
+    authenticated = authentications()
     _, writer = await asyncio.open_connection(server.host, server.port)
     writer.write(head + b'{"name": "half')
     await writer.drain()
-    await asyncio.sleep(0)  # the body is still 980 bytes short when the client goes away
+    # Authenticated means the handler is waiting for the rest of the body (980 bytes short).
+    await until(lambda: authentications() > authenticated, message="the request authenticated")
     writer.close()
     await writer.wait_closed()
 

@@ -99,7 +99,7 @@ DOCUMENT: dict[str, Any] = {
                     "403": _problem("The credential may not create this namespace (forbidden)"),
                     "409": _problem("already_exists, or idempotency_conflict"),
                     "413": _problem("payload_too_large"),
-                    "415": _problem("unsupported_media_type"),
+                    "415": _problem("unsupported_media_type, unsupported_content_encoding"),
                 },
             },
         },

@@ -7,12 +7,13 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.body import query_params, read_json
-from orbit_api.context import DB, principal_of, request_id_of
 from orbit_api.openapi import TOO_MANY_REQUESTS
 from orbit_api.routes.platform import idempotency_key
 from orbit_common.model import jsondoc
+from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import interventions, queries
+from orbit_common.service.http.body import query_params, read_json
+from orbit_common.service.http.context import DB, request_id_of
 
 PATH = "/v1/namespaces/{namespace}/tasks/{task_id}"
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import attrs
 from aiohttp import web
 
-from orbit_api.body import int_param, query_params, read_json
-from orbit_api.context import DB, principal_of, request_id_of
 from orbit_common import errors
 from orbit_common.model import cursors
 from orbit_common.platform import commands
+from orbit_common.platform.principals import principal_of
+from orbit_common.service.http.body import int_param, query_params, read_json
+from orbit_common.service.http.context import DB, request_id_of
 
 
 @attrs.frozen(kw_only=True)

@@ -7,14 +7,15 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.body import int_param, query_params, read_json
-from orbit_api.context import DB, principal_of, request_id_of
 from orbit_api.openapi import ID, NAME, TIME, _json, _problem
 from orbit_api.routes.platform import idempotency_key
 from orbit_common import errors
 from orbit_common.model import cursors
+from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import queues
 from orbit_common.pulse.model import GateState, RetryPolicy
+from orbit_common.service.http.body import int_param, query_params, read_json
+from orbit_common.service.http.context import DB, request_id_of
 
 DEFAULT_RETRY = queues.DEFAULT_RETRY
 
@@ -259,7 +260,8 @@ _NOT_FOUND = _problem(
     "namespace_not_found, or queue_not_found: no such queue, or one the credential may not see"
 )
 _FORBIDDEN = _problem("forbidden: the credential sees the queue but may not do this")
-_BODY_ERRORS = {"413": _problem("payload_too_large"), "415": _problem("unsupported_media_type")}
+_BODY_ERRORS = {"413": _problem("payload_too_large"),
+                "415": _problem("unsupported_media_type, unsupported_content_encoding")}
 
 _INT = {"type": "integer"}
 _DECIMAL = {"type": "string", "pattern": r"^[0-9]{1,3}(\.[0-9]{1,3})?$"}

@@ -12,15 +12,16 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.body import int_param, query_params, read_document, read_json
-from orbit_api.context import DB, principal_of, request_id_of
 from orbit_api.openapi import ID, NAME, TIME, TOO_MANY_REQUESTS, _json, _problem
 from orbit_api.routes.platform import idempotency_key
 from orbit_api.routes.tasks import OPENAPI_SCHEMAS as TASK_SCHEMAS
 from orbit_api.routes.tasks import json_response
 from orbit_common import errors
 from orbit_common.model import cursors, jsondoc, names
+from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import schedule_commands, schedule_rules, schedules, tasks
+from orbit_common.service.http.body import int_param, query_params, read_document, read_json
+from orbit_common.service.http.context import DB, request_id_of
 
 COLLECTION = "/v1/namespaces/{namespace}/schedules"
 ITEM = COLLECTION + "/{schedule}"
@@ -313,7 +314,8 @@ _ERRORS = {
     "503": _problem("Database unavailable or commit outcome unknown; retry"),
 }
 _NOT_FOUND = _problem("namespace_not_found, or schedule_not_found")
-_BODY_ERRORS = {"413": _problem("payload_too_large"), "415": _problem("unsupported_media_type")}
+_BODY_ERRORS = {"413": _problem("payload_too_large"),
+                "415": _problem("unsupported_media_type, unsupported_content_encoding")}
 _MS = {"type": "integer", "minimum": 0}
 _POLICY_PROPS: dict[str, Any] = {
     "rule": {**_ref("ScheduleRule")},

@@ -14,7 +14,7 @@ import pymysql
 
 from orbit_common.db.pool import Database
 from orbit_common.model import ids
-from orbit_common.pulse import leases
+from orbit_common.pulse import dispatch, leases
 from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant, SessionRef
 from orbit_common.pulse.workers import QueueRef, Session
 from tests.conftest import Tenant
@@ -245,8 +245,7 @@ async def test_a_reconnected_worker_adopts_its_attempts_and_gets_their_cancel_no
                         grant.attempt_id) == second.id
     await sql(db, "UPDATE pulse_tasks SET cancel_requested_at = UTC_TIMESTAMP(6) WHERE id = %s",
               task_id)
-    from orbit_dispatcher.service import DispatcherService  # the notice scan the gateway runs
-    notices = await db.read("t", lambda cur: DispatcherService.cancel_requested(cur, second))
+    notices = await dispatch.cancel_requested(db, second)  # the gateway's notice scan
     assert notices == [grant.attempt_id]
 
     late = FinishReport(ref=ref(grant), report_id=b"late", outcome="succeeded", result="{}")

@@ -245,7 +245,7 @@ async def test_media_type_and_size_are_checked_on_every_body_route(
             headers={**tenant.auth, "Content-Type": "application/json",
                      "Content-Encoding": "compress"},
         )
-        await assert_problem(response, 415, "unsupported_media_type")
+        await assert_problem(response, 415, "unsupported_content_encoding")
         big = json.dumps({**body, "description": "d" * (2 * 1024 * 1024)})
         response = await api.request(method, target, data=io.BytesIO(big.encode()),
                                      headers={**tenant.auth, "Content-Type": "application/json"})

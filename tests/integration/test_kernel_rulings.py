@@ -363,3 +363,34 @@ async def test_a_pause_racing_a_start_never_approves(
                                      "%FROM pulse_execution_gates%ORDER BY id LOCK IN SHARE MODE%",
                                      lambda: start(db, tenant, grants))
     assert (outcome.approved, outcome.reason) == (False, "workflow_paused")
+
+
+# --- finish receipts answer only the token holder (issue 11 §8) ---------------------------------
+
+
+async def test_a_wrong_token_learns_nothing_from_earlier_receipts(
+        db: Database, tenant: Tenant) -> None:
+    queue = await make_queue(db, tenant)
+    await add_tasks(db, tenant, queue)
+    session = await open_session(db, tenant, [queue])
+    (grant,) = await claim(db, session, queue)
+    await start(db, tenant, [grant])
+    report = FinishReport(ref=ref(grant), report_id=b"r1", outcome="succeeded", result="{}")
+    (done,) = await db.transaction("t", lambda cur: leases.finish(cur, session, [report]))
+    assert done.accepted
+    # The same report id and content under a guessed token: not a replay of the receipt.
+    forged_ref = AttemptRef(attempt_id=grant.attempt_id, token="guessed",
+                            generation=grant.generation)
+    for report_id in (b"r1", b"r2"):
+        forged = FinishReport(ref=forged_ref, report_id=report_id, outcome="succeeded",
+                              result="{}")
+        (answer,) = await db.transaction("t", lambda cur, f=forged: leases.finish(
+            cur, session, [f]))
+        assert (answer.accepted, answer.reason, answer.replayed) == (
+            False, "invalid_attempt", False)
+    # Nor a copy of an authentic report in the same batch.
+    forged = FinishReport(ref=forged_ref, report_id=b"r1", outcome="succeeded", result="{}")
+    answers = await db.transaction("t", lambda cur: leases.finish(cur, session,
+                                                                  [report, forged]))
+    assert [(a.accepted, a.reason) for a in answers] == [(True, None),
+                                                          (False, "invalid_attempt")]

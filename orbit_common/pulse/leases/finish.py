@@ -197,10 +197,20 @@ async def finish(cur: Any, session: SessionIdentity,
     namespace_id = session.namespace_id
     live = await session_live(cur, session)
     locked = await lock_by_attempts(cur, namespace_id, [r.ref.attempt_id for r in reports])
-    replays = await _replays(cur, namespace_id, reports)
-    pending, copies = _dedupe_batch([(i, r) for i, r in enumerate(reports) if i not in replays])
+    # The token is verified before any receipt is looked up: a report with a wrong token or
+    # generation learns nothing from earlier receipts (not even that its content matched one).
+    forged = {i for i, r in enumerate(reports)
+              if (lk := locked.get(r.ref.attempt_id)) is None or not lk.matches(r.ref)}
+    authentic = [(i, r) for i, r in enumerate(reports) if i not in forged]
+    found = await _replays(cur, namespace_id, [r for _, r in authentic]) if authentic else {}
+    replays = {authentic[j][0]: outcome for j, outcome in found.items()}
+    pending, copies = _dedupe_batch([(i, r) for i, r in authentic if i not in replays])
     now = await db_now(cur)
     outcomes: dict[int, FinishOutcome] = dict(replays)
+    for index in forged:
+        outcomes[index] = FinishOutcome(attempt_id=reports[index].ref.attempt_id,
+                                        accepted=False, reason="invalid_attempt",
+                                        task_state=None)
     ends: list[endings.Ending] = []
     evidence: list[tuple[Any, ...]] = []
     receipts: list[tuple[Any, ...]] = []

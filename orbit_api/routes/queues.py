@@ -201,7 +201,7 @@ async def update_queue(request: web.Request) -> web.Response:
 async def _gate(request: web.Request, to: GateState) -> web.Response:
     query_params(request, ())
     reason = None
-    if request.body_exists:  # the body is optional; when sent, it must be a valid one
+    if request.body_exists:  # without a body, the domain reports the missing reason
         dto, _raw = await read_json(request, GateRequest)
         reason = dto.reason
     view = await queues.set_paused(
@@ -353,7 +353,7 @@ OPENAPI_PATHS: dict[str, Any] = {
         "post": {
             "summary": "Pause: no new lease is granted and no new start approved; idempotent",
             "operationId": "pauseQueue",
-            "requestBody": _body("QueueGateRequest", required=False),
+            "requestBody": _body("QueueGateRequest"),
             "responses": {"200": _json("Queue", "The paused queue"), **_ERRORS,
                           "403": _FORBIDDEN, "404": _NOT_FOUND, **_BODY_ERRORS},
         },
@@ -363,7 +363,7 @@ OPENAPI_PATHS: dict[str, Any] = {
         "post": {
             "summary": "Resume a paused queue; idempotent",
             "operationId": "resumeQueue",
-            "requestBody": _body("QueueGateRequest", required=False),
+            "requestBody": _body("QueueGateRequest"),
             "responses": {"200": _json("Queue", "The open queue"), **_ERRORS,
                           "403": _FORBIDDEN, "404": _NOT_FOUND, **_BODY_ERRORS},
         },
@@ -457,7 +457,9 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         },
     },
     "QueueGateRequest": {
-        "type": "object", "additionalProperties": False,
-        "properties": {"reason": {"type": ["string", "null"], "maxLength": queues.REASON_MAX}},
+        "type": "object", "additionalProperties": False, "required": ["reason"],
+        "description": "An operator's intervention: the reason is required and audited",
+        "properties": {"reason": {"type": "string", "minLength": 1,
+                                  "maxLength": queues.REASON_MAX}},
     },
 }

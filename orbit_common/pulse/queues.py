@@ -829,7 +829,8 @@ async def set_paused(
     """``POST …/queues/{queue}/pause`` and ``…/resume``; idempotent.
 
     Locks: the queue's gate row. Pausing a paused queue (resuming an open one) returns it
-    unchanged: no new control revision, no event, no audit.
+    unchanged: no new control revision, no event, no audit. A pause or resume is an operator's
+    intervention, so it needs a reason (specification 000 §1 invariant 8).
     """
     _check_namespace_name(namespace)
     if reason is not None and len(reason) > REASON_MAX:
@@ -841,8 +842,10 @@ async def set_paused(
     async def body(cur: Any) -> dict[str, Any]:
         ns = await _authorize(cur, principal, authz.Action.QUEUES_MANAGE, namespace, name,
                               hide=True)
-        before, after = await set_gate_state(cur, await _require(cur, ns, name), to=to,
-                                             reason=reason)
+        record = await _require(cur, ns, name)
+        if not reason:  # checked after the lookup: an unknown queue is a 404 first
+            raise errors.ValidationFailed([{"path": "$.reason", "message": "required"}])
+        before, after = await set_gate_state(cur, record, to=to, reason=reason)
         if after is None:
             return before.view()
         gate = after.gate

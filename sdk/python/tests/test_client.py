@@ -215,6 +215,18 @@ async def test_gets_are_retried_after_503(api: tuple[FakeApi, Client]) -> None:
     assert len(fake.seen) == 2
 
 
+async def test_queue_pause_and_resume_send_their_reasons(api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    view = {"id": "ef" * 16, "name": "emails", "revision": 2, "paused": True,
+            "gate": {"state": "PAUSED", "control_revision": 2, "reason": "maintenance"}}
+    fake.on("POST", f"{NS}/queues/emails/pause", ok(view))
+    fake.on("POST", f"{NS}/queues/emails/resume", ok({**view, "paused": False}))
+    assert (await client.pause_queue("emails", "maintenance")).paused is True
+    assert (await client.resume_queue("emails", "maintenance done")).paused is False
+    assert [json.loads(s.body) for s in fake.seen] == [
+        {"reason": "maintenance"}, {"reason": "maintenance done"}]
+
+
 async def test_batch_items_carry_keys_kept_across_retries(api: tuple[FakeApi, Client]) -> None:
     fake, client = api
     fake.on("POST", f"{NS}/tasks/batch", drop(),
@@ -270,14 +282,15 @@ async def test_interventions_send_their_fields_and_keys(api: tuple[FakeApi, Clie
     fake.on("POST", f"{NS}/tasks/{task}/retry", ok({**RECEIPT, "retry_of": task}, 201))
     assert (await client.cancel_task(task, "not needed")).state == "CANCELLED"
     reviewed = await client.review_task(task, "succeeded", "checked the ledger",
-                                        evidence_ref="TICKET-7", result={"paid": True})
+                                        evidence_ref="TICKET-7", execution_ended=True,
+                                        revision=4, result={"paid": True})
     assert reviewed.state == "SUCCEEDED"
     assert (await client.retry_task(task, "fixed the bug")).retry_of == task
     bodies = [json.loads(s.body) for s in fake.seen]
     assert bodies == [
         {"reason": "not needed"},
         {"decision": "succeeded", "reason": "checked the ledger", "evidence_ref": "TICKET-7",
-         "result": {"paid": True}},
+         "execution_ended": True, "revision": 4, "result": {"paid": True}},
         {"reason": "fixed the bug", "rerun_confirmed": True},
     ]
     assert all(s.headers.get("Idempotency-Key") for s in fake.seen)

@@ -236,7 +236,8 @@ async def test_the_replay_is_the_original_snapshot(
     key, name = unique("key"), unique("snap")
     body = json.dumps({"name": name}).encode()
     first = await _post(api, tenant, body, key)
-    pause = await api.post(url(tenant.namespace, name, "pause"), headers=tenant.auth)
+    pause = await api.post(url(tenant.namespace, name, "pause"), json={"reason": "test"},
+                           headers=tenant.auth)
     assert pause.status == 200
     assert await _post(api, tenant, body, key) == first
     assert json.loads(first[1])["paused"] is False
@@ -463,18 +464,20 @@ async def test_pause_and_resume_move_the_gate_and_are_audited(
     assert paused["updated_at"] == created["updated_at"]
     assert await get(api, tenant, name) == paused
 
-    response = await api.post(url(tenant.namespace, name, "resume"), headers=tenant.auth)
+    response = await api.post(url(tenant.namespace, name, "resume"),
+                              json={"reason": "incident 42 over"}, headers=tenant.auth)
     assert response.status == 200
     resumed = await response.json()
     assert resumed["paused"] is False
-    assert resumed["gate"] == {"state": "OPEN", "control_revision": 3, "reason": None}
+    assert resumed["gate"] == {"state": "OPEN", "control_revision": 3,
+                               "reason": "incident 42 over"}
 
     queue_id = bytes.fromhex(created["id"])
     audits = rows(sync_conn, "SELECT * FROM orbit_audit_events WHERE resource_id = %s"
                              " AND action IN ('queue.pause', 'queue.resume')"
                              " ORDER BY occurred_at, action", queue_id)
     assert [(a["action"], a["reason"]) for a in audits] == [
-        ("queue.pause", "incident 42"), ("queue.resume", None)]
+        ("queue.pause", "incident 42"), ("queue.resume", "incident 42 over")]
     credential = rows(sync_conn, "SELECT id FROM orbit_credentials WHERE application_id = %s",
                       tenant.application_id)[0]["id"]
     for audit in audits:
@@ -504,15 +507,21 @@ async def test_pausing_a_paused_queue_changes_nothing(
                               headers=tenant.auth)
     paused = await response.json()
     qwrites.reset()
-    for body in ({"reason": "second"}, {}, None):
+    response = await api.post(url(tenant.namespace, name, "pause"), json={"reason": "second"},
+                              headers=tenant.auth)
+    assert response.status == 200
+    assert await response.json() == paused  # the first reason stays
+    for body in ({}, None, {"reason": ""}):  # a repeat needs its reason too
         response = await api.post(url(tenant.namespace, name, "pause"), json=body,
                                   headers=tenant.auth)
-        assert response.status == 200
-        assert await response.json() == paused  # the first reason stays
+        assert response.status == 400
+        assert (await response.json())["errors"][0]["path"] == "$.reason"
     qwrites.assert_unchanged()
-    await api.post(url(tenant.namespace, name, "resume"), headers=tenant.auth)
+    await api.post(url(tenant.namespace, name, "resume"), json={"reason": "done"},
+                   headers=tenant.auth)
     qwrites.reset()
-    response = await api.post(url(tenant.namespace, name, "resume"), headers=tenant.auth)
+    response = await api.post(url(tenant.namespace, name, "resume"), json={"reason": "done"},
+                              headers=tenant.auth)
     assert (await response.json())["gate"]["control_revision"] == 3
     qwrites.assert_unchanged()
 
@@ -522,7 +531,8 @@ async def test_a_pause_survives_a_patch_and_a_patch_survives_a_pause(
 ) -> None:
     name = unique("both")
     await create(api, tenant, name)
-    await api.post(url(tenant.namespace, name, "pause"), headers=tenant.auth)
+    await api.post(url(tenant.namespace, name, "pause"), json={"reason": "test"},
+                   headers=tenant.auth)
     # Pausing does not move the configuration revision, so revision 1 is still current.
     response = await _patch(api, tenant, name, {"revision": 1, "offer_lease_ms": 5000})
     assert response.status == 200

@@ -206,6 +206,10 @@ GATE_CASES: list[tuple[str, Any, str, list[str] | None]] = [
     ("reason-int", {"reason": 42}, "validation_failed", ["$.reason"]),
     ("reason-too-long", {"reason": "r" * 1025}, "validation_failed", ["$.reason"]),
     ("unknown-field", {"reason": "x", "until": "tomorrow"}, "validation_failed", ["$"]),
+    ("no-reason", {}, "validation_failed", ["$.reason"]),
+    ("empty-reason", {"reason": ""}, "validation_failed", ["$.reason"]),
+    ("null-reason", {"reason": None}, "validation_failed", ["$.reason"]),
+    ("no-body", b"", "validation_failed", ["$.reason"]),
 ]
 
 
@@ -218,7 +222,7 @@ async def test_bad_pause_and_resume_bodies(
 ) -> None:
     name = existing["name"]
     if action == "resume":  # so that a resume would change something
-        assert (await api.post(url(tenant.namespace, name, "pause"),
+        assert (await api.post(url(tenant.namespace, name, "pause"), json={"reason": "x"},
                                headers=tenant.auth)).status == 200
     before = await get(api, tenant, name)
     qwrites.reset()

@@ -385,6 +385,34 @@ def namespace_list(ctx: click.Context, application: str) -> None:
         click.echo(f"{ns.id.hex()}  {ns.state.value:8}  {ns.name}")
 
 
+def _set_namespace_state(ctx: click.Context, name: str, to: nss.NamespaceState,
+                         reason: str) -> None:
+    ns = _with_db(ctx, lambda db: db.transaction(
+        "namespaces.disable" if to is nss.NamespaceState.DISABLED else "namespaces.enable",
+        lambda cur: nss.set_namespace_state(cur, name=name, to=to, actor=_actor(ctx),
+                                            reason=reason)))
+    _echo_json(commands.namespace_view(ns))
+
+
+@admin_namespace.command("disable")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def namespace_disable(ctx: click.Context, name: str, reason: str) -> None:
+    """Disable a namespace: its API answers namespace_not_found, workers can neither register
+    nor claim, its schedules do not fire. Its data are kept; idempotent."""
+    _set_namespace_state(ctx, name, nss.NamespaceState.DISABLED, reason)
+
+
+@admin_namespace.command("enable")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def namespace_enable(ctx: click.Context, name: str, reason: str) -> None:
+    """Enable a disabled namespace again; idempotent."""
+    _set_namespace_state(ctx, name, nss.NamespaceState.ACTIVE, reason)
+
+
 @admin.group("credential")
 def admin_credential() -> None:
     """API credentials."""

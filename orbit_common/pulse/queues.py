@@ -126,19 +126,24 @@ def _check_decimal(
         })
 
 
-def parse_decimal(text: str, path: str, problems: Problems) -> decimal.Decimal | None:
-    """A decimal string from a request (``"2"``, ``"1.5"``, ``"0.25"``), or None plus a problem.
-
-    Decimals travel as strings so that no client float turns ``0.1`` into ``0.1000000000000000055``.
-    """
-    if not _DECIMAL_TEXT.match(text):
+def parse_decimal(value: Any, path: str, problems: Problems) -> decimal.Decimal | None:
+    """A decimal from a request, or None plus a problem: a JSON number (``2``, ``1.5``; the body
+    parser keeps fractions as exact Decimals), or, accepted for compatibility, a decimal string
+    (``"2"``, ``"0.25"``). Range and places are checked with the settings."""
+    if isinstance(value, int | decimal.Decimal) and not isinstance(value, bool):
+        number = decimal.Decimal(value)
+        if not number.is_finite():
+            problems.append({"path": path, "message": "a finite number"})
+            return None
+        return number.normalize()  # 2.0000 has no more places than 2
+    if not isinstance(value, str) or not _DECIMAL_TEXT.match(value):
         problems.append({
             "path": path,
-            "message": f"a decimal string such as \"2\" or \"0.25\" (at most {DECIMAL_PLACES} "
-            "digits after the point)",
+            "message": f"a number such as 2 or 0.25 (at most {DECIMAL_PLACES} digits after the "
+            "point)",
         })
         return None
-    return decimal.Decimal(text)
+    return decimal.Decimal(value)
 
 
 def check_queue_name(name: str) -> Problems:
@@ -375,7 +380,7 @@ class QueueRecord:
             "revision": q.revision,
             "offer_lease_ms": q.offer_lease_ms,
             "execution_lease_ms": q.execution_lease_ms,
-            "retry": _retry_json(q.retry),
+            "retry": q.retry.view(),
             "max_concurrent_attempts": q.max_concurrent_attempts,
             "max_unfinished_tasks": self.flow.max_unfinished_tasks,
             "max_starts_per_second": self.flow.max_starts_per_second,

@@ -11,6 +11,7 @@ from typing import Any
 import pymysql
 from aiohttp.test_utils import TestClient
 
+from orbit_api.routes.queues import COLLECTION
 from tests.conftest import Tenant, make_tenant, unique
 from tests.integration.api.conftest import assert_problem
 from tests.integration.api.test_queues_support import (
@@ -24,6 +25,7 @@ from tests.integration.api.test_queues_support import (
     set_active_attempts,
     url,
 )
+from tests.support.contract import assert_documented
 
 __all__ = ["qwrites"]  # the fixture, imported for the tests below
 
@@ -32,8 +34,8 @@ ALL_SET = {
     "description": "payments, EU",
     "offer_lease_ms": 1500,
     "execution_lease_ms": 120000,
-    "retry": {"max_attempts": 7, "initial_ms": 250, "max_ms": 900000, "multiplier": "1.5",
-              "jitter": "0"},
+    "retry": {"max_attempts": 7, "initial_ms": 250, "max_ms": 900000, "multiplier": 1.5,
+              "jitter": 0},
     "max_concurrent_attempts": 4,
 }
 
@@ -91,13 +93,31 @@ async def test_create_with_every_field_set(api: TestClient[Any, Any], tenant: Te
     assert await get(api, tenant, name) == created
 
 
-async def test_decimals_come_back_in_their_shortest_spelling(
+async def test_decimals_come_back_as_numbers_in_their_shortest_spelling(
     api: TestClient[Any, Any], tenant: Tenant
 ) -> None:
-    created = await create(api, tenant, unique("dec"),
-                           retry={"multiplier": "2.500", "jitter": "1.0"})
-    assert created["retry"]["multiplier"] == "2.5"
-    assert created["retry"]["jitter"] == "1"
+    """docs/api/README.md "数值": decimals are JSON numbers, written in their shortest form;
+    a request may send numbers in any spelling (or, for compatibility, decimal strings)."""
+    for retry in ('{"multiplier": 2.500, "jitter": 1.0}',
+                  '{"multiplier": "2.500", "jitter": "1.0"}',
+                  '{"multiplier": 25e-1, "jitter": 1}'):
+        name = unique("dec")
+        body = f'{{"name": "{name}", "retry": {retry}}}'
+        response = await api.post(url(tenant.namespace), data=body.encode(),
+                                  headers={**tenant.auth, "Content-Type": "application/json"})
+        assert response.status == 201, await response.text()
+        text = await response.text()
+        assert '"multiplier":2.5,"jitter":1}' in text, text
+        assert_documented(COLLECTION, "post", 201, json.loads(text))
+        got = await api.get(url(tenant.namespace, name), headers=tenant.auth)
+        assert '"multiplier":2.5,"jitter":1}' in await got.text()
+        assert_documented(COLLECTION + "/{queue}", "get", 200, await got.json())
+        listed = await api.get(url(tenant.namespace), headers=tenant.auth)
+        assert '"multiplier":2.5,"jitter":1}' in await listed.text()
+    response = await api.post(url(tenant.namespace), json={"name": unique("dec"), "retry": {
+        "multiplier": 1.0005}}, headers=tenant.auth)
+    assert response.status == 400
+    assert (await response.json())["errors"][0]["path"] == "$.retry.multiplier"
 
 
 async def test_a_name_is_unique_per_namespace(
@@ -341,8 +361,10 @@ async def test_patch_bumps_the_revision_and_never_touches_active_attempts(
                                " AND event_type = 'queue.updated'", queue_id)
     assert event["aggregate_revision"] == 2
     payload = json.loads(event["payload"])
-    assert payload["before"]["retry"] == DEFAULTS["retry"]
-    assert payload["after"]["retry"] == ALL_SET["retry"]
+    # The event keeps the internal form of the settings (decimals as strings, as in the
+    # request digest); the API's representation writes them as numbers.
+    assert payload["before"]["retry"] == {**DEFAULTS["retry"], "multiplier": "2", "jitter": "0.2"}
+    assert payload["after"]["retry"] == {**ALL_SET["retry"], "multiplier": "1.5", "jitter": "0"}
     (audit,) = rows(sync_conn, "SELECT * FROM orbit_audit_events WHERE resource_id = %s"
                                " AND action = 'queue.update'", queue_id)
     assert audit["resource_revision"] == 2

@@ -22,6 +22,7 @@ from orbit_common.model import jsondoc
 from orbit_common.platform import admin as admin_tx
 from orbit_common.platform import authz, commands
 from orbit_common.platform.audit import Actor
+from orbit_common.platform.namespaces import NamespaceState
 from orbit_common.pulse import quotas
 from orbit_common.service.config import ConfigError, OrbitConfig, load_config
 
@@ -339,6 +340,32 @@ def namespace_create(ctx: click.Context, name: str, application: str, descriptio
 def namespace_list(ctx: click.Context, application: str) -> None:
     for ns in _with_db(ctx, lambda db: admin_tx.list_namespaces(db, application=application)):
         click.echo(f"{ns.id.hex()}  {ns.state.value:8}  {ns.name}")
+
+
+def _set_namespace_state(ctx: click.Context, name: str, to: NamespaceState,
+                         reason: str) -> None:
+    ns = _with_db(ctx, lambda db: admin_tx.set_namespace_state(
+        db, name=name, to=to, actor=_actor(ctx), reason=reason))
+    _echo_json(commands.namespace_view(ns))
+
+
+@admin_namespace.command("disable")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def namespace_disable(ctx: click.Context, name: str, reason: str) -> None:
+    """Disable a namespace: its API answers namespace_not_found, workers can neither register
+    nor claim, its schedules do not fire. Its data are kept; idempotent."""
+    _set_namespace_state(ctx, name, NamespaceState.DISABLED, reason)
+
+
+@admin_namespace.command("enable")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def namespace_enable(ctx: click.Context, name: str, reason: str) -> None:
+    """Enable a disabled namespace again; idempotent."""
+    _set_namespace_state(ctx, name, NamespaceState.ACTIVE, reason)
 
 
 @admin.group("credential")

@@ -105,7 +105,8 @@ def _time(text: str, path: str, problems: Problems) -> dt.datetime | None:
 
 
 async def _reason(request: web.Request) -> str | None:
-    """The optional ``{"reason": …}`` body of pause, resume and disable."""
+    """The ``{"reason": …}`` body of pause, resume and disable (the domain requires the
+    reason: a missing body is reported as a missing ``$.reason``)."""
     if not request.body_exists:
         return None
     dto, _ = await read_json(request, ReasonRequest)
@@ -380,7 +381,7 @@ OPENAPI_PATHS: dict[str, Any] = {
         "delete": {
             **_post("Disable the schedule (final; versions and ledger are kept); idempotent",
                     "deleteSchedule", "ScheduleReasonRequest", "200", "Schedule",
-                    conflicts="idempotency_conflict", required=False),
+                    conflicts="idempotency_conflict"),
         },
     },
     ITEM + "/versions": {
@@ -393,14 +394,13 @@ OPENAPI_PATHS: dict[str, Any] = {
     ITEM + "/pause": {
         "parameters": [_NAMESPACE_PARAM, _SCHEDULE_PARAM],
         "post": _post("Pause firing; idempotent", "pauseSchedule", "ScheduleReasonRequest",
-                      "200", "Schedule", conflicts="schedule_disabled, or idempotency_conflict",
-                      required=False),
+                      "200", "Schedule", conflicts="schedule_disabled, or idempotency_conflict"),
     },
     ITEM + "/resume": {
         "parameters": [_NAMESPACE_PARAM, _SCHEDULE_PARAM],
         "post": _post("Resume firing; the paused time meets the misfire policy; idempotent",
                       "resumeSchedule", "ScheduleReasonRequest", "200", "Schedule",
-                      conflicts="schedule_disabled, or idempotency_conflict", required=False),
+                      conflicts="schedule_disabled, or idempotency_conflict"),
     },
     ITEM + "/trigger": {
         "parameters": [_NAMESPACE_PARAM, _SCHEDULE_PARAM],
@@ -483,9 +483,9 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                        **_POLICY_PROPS},
     },
     "ScheduleReasonRequest": {
-        "type": "object", "additionalProperties": False,
-        "properties": {"reason": {"type": ["string", "null"], "minLength": 1,
-                                  "maxLength": REASON_MAX}},
+        "type": "object", "additionalProperties": False, "required": ["reason"],
+        "description": "An operator's intervention: the reason is required and audited",
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": REASON_MAX}},
     },
     "ScheduleTriggerRequest": {"type": "object", "additionalProperties": False},
     "ScheduleBackfillRequest": {

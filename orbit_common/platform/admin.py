@@ -61,6 +61,14 @@ async def create_namespace(db: Database, *, name: str, application: str, descrip
     return await db.transaction("namespaces.create", body)
 
 
+async def set_namespace_state(db: Database, *, name: str, to: nss.NamespaceState, actor: Actor,
+                              reason: str) -> nss.Namespace:
+    """Disable or enable a namespace (audited, idempotent)."""
+    return await db.transaction(
+        "namespaces.disable" if to is nss.NamespaceState.DISABLED else "namespaces.enable",
+        lambda cur: nss.set_namespace_state(cur, name=name, to=to, actor=actor, reason=reason))
+
+
 async def list_namespaces(db: Database, *, application: str) -> list[nss.Namespace]:
     async def body(cur: Any) -> list[nss.Namespace]:
         app = await apps.find_application(cur, application)

@@ -11,13 +11,19 @@ Cancel (specification 000 §2 and 000007)
     the worker confirms it stopped, and a success that commits first wins.
     A task carrying an uncertain effect goes to NEEDS_REVIEW instead of CANCELLED.
     A finished task is returned unchanged (a confirmed success is never overwritten).
-Review (000015)
-    Only NEEDS_REVIEW → SUCCEEDED (optional result) or FAILED, with reason, evidence reference
-    and actor; the uncertainty flag is resolved by the human decision.
+Review (000 §2, 000015)
+    Only NEEDS_REVIEW → SUCCEEDED (optional result) or FAILED. The reviewer must name the
+    evidence (``evidence_ref``), declare that the execution has ended (``execution_ended``) and
+    give the revision of the task they judged (a task that changed since is a stale revision);
+    reason, evidence and actor are audited. The uncertainty flag is resolved by the decision.
 Manual retry (000015)
     A FAILED or CANCELLED task gets one new task with ``retry_of`` pointing at it (a unique
     index makes it at most one direct successor); the old task, its attempts and evidence are
     untouched. The caller must confirm that re-running is safe.
+Reasons (000 §1 invariant 8)
+    Review and retry always need a reason. A cancel needs one when it comes from an operator
+    credential: one that may also manage the task's queue (``queues.manage``, see
+    :func:`is_operator`); a client credential may cancel without one.
 
 Lock order: idempotency → task → attempt → queue counter → result stream.
 """
@@ -69,7 +75,7 @@ class CancelNeedsReview(errors.Conflict):
 
 class ConfirmationRequired(errors.BadRequest):
     code = "confirmation_required"
-    title = "A manual retry must confirm that re-running the task is safe"
+    title = "The intervention needs an explicit confirmation"
 
 
 SELECT_TASK = f"SELECT {Task.COLUMNS} FROM pulse_tasks t WHERE t.namespace_id = %s AND t.id = %s"
@@ -115,6 +121,13 @@ def _check_reason(reason: str | None, *, required: bool) -> None:
                                         "message": f"at most {REASON_MAX} characters"}])
 
 
+async def is_operator(cur: Any, principal: credentials.Principal, namespace: str,
+                      queue: str) -> bool:
+    """Whether the caller acts as an operator on this queue: its credential may also manage the
+    queue (``queues.manage``). Operators must give a reason for every intervention."""
+    grants = await credentials.recheck_principal(cur, principal)
+    return authz.allowed(grants, authz.Action.QUEUES_MANAGE.value, namespace, queue)
+
 
 
 # --- cancel ----------------------------------------------------------------------------------
@@ -131,6 +144,10 @@ async def cancel_task(db: Database, principal: credentials.Principal, *, namespa
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         task, queue, _ = await _locked_task(cur, principal, authz.Action.TASKS_CANCEL,
                                             namespace, task_id)
+        operator = await is_operator(cur, principal, namespace, queue)
+        if operator and not reason:
+            raise errors.ValidationFailed(
+                [{"path": "$.reason", "message": "required for an operator's cancel"}])
         if task.state.terminal:
             return 200, task_view(task, queue), task.id
         if task.state is TaskState.NEEDS_REVIEW:
@@ -156,7 +173,8 @@ async def cancel_task(db: Database, principal: credentials.Principal, *, namespa
             application_id=principal.application_id, reason=reason,
             before={"state": task.state.value, "revision": task.revision},
             after={"state": after.state.value, "revision": after.revision,
-                   "cancel_requested": after.cancel_requested_at is not None},
+                   "cancel_requested": after.cancel_requested_at is not None,
+                   "by": "operator" if operator else "client"},
             request_id=request_id,
         ))
         return 200, task_view(after, queue), task.id
@@ -192,30 +210,47 @@ DECISIONS = ("succeeded", "failed")
 
 
 async def review_task(db: Database, principal: credentials.Principal, *, namespace: str,
-                      task_id: bytes, decision: str, reason: str, evidence_ref: str | None,
-                      result: str | None = None, idempotency_key: str | None = None,
+                      task_id: bytes, decision: str, reason: str, evidence_ref: str,
+                      execution_ended: bool, revision: int, result: str | None = None,
+                      idempotency_key: str | None = None,
                       request_id: str | None = None) -> Replay:
-    """Resolve NEEDS_REVIEW to SUCCEEDED or FAILED, audited with reason and evidence."""
+    """Resolve NEEDS_REVIEW to SUCCEEDED or FAILED, audited with reason and evidence.
+
+    The reviewer names the evidence, declares that the execution has ended and gives the task
+    revision they judged (specification 000 §2); a task that changed since is a 409.
+    """
     problems = []
     if decision not in DECISIONS:
         problems.append({"path": "$.decision", "message": "succeeded or failed"})
     if result is not None and decision != "succeeded":
         problems.append({"path": "$.result", "message": "only with decision succeeded"})
-    if evidence_ref is not None and len(evidence_ref) > REASON_MAX:
+    if not evidence_ref:
+        problems.append({"path": "$.evidence_ref", "message": "required"})
+    elif len(evidence_ref) > REASON_MAX:
         problems.append({"path": "$.evidence_ref",
                          "message": f"at most {REASON_MAX} characters"})
+    if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
+        problems.append({"path": "$.revision", "message": "the task revision, at least 1"})
     if problems:
         raise errors.ValidationFailed(problems)
     _check_reason(reason, required=True)
+    if execution_ended is not True:
+        raise ConfirmationRequired("set execution_ended to true to declare that the task's "
+                                   "execution has ended")
     idem = namespaced.request("tasks.review", idempotency_key, task_id,
                               {"decision": decision, "reason": reason,
-                               "evidence_ref": evidence_ref, "result": result}, principal)
+                               "evidence_ref": evidence_ref, "result": result,
+                               "execution_ended": True, "revision": revision}, principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         task, queue, _ = await _locked_task(cur, principal, authz.Action.TASKS_REVIEW,
                                             namespace, task_id)
         if task.state is not TaskState.NEEDS_REVIEW:
             raise TaskNotReviewable(f"the task is {task.state.value}")
+        if task.revision != revision:
+            raise errors.StaleRevision(
+                f"the task is at revision {task.revision}, not {revision}; read it again",
+                current_revision=task.revision)
         now = await db_now(cur)
         (row,) = await common.lock_tasks(cur, namespace_id, [task.id])
         await endings.write(cur, namespace_id, [endings.Ending(
@@ -227,8 +262,10 @@ async def review_task(db: Database, principal: credentials.Principal, *, namespa
             actor=principal.actor, action="task.review", resource_type="task",
             resource_id=task.id, resource_revision=after.revision, namespace_id=namespace_id,
             application_id=principal.application_id, reason=reason, evidence_ref=evidence_ref,
-            before={"state": task.state.value, "effect_uncertain": task.effect_uncertain},
-            after={"state": after.state.value, "decision": decision}, request_id=request_id,
+            before={"state": task.state.value, "revision": task.revision,
+                    "effect_uncertain": task.effect_uncertain},
+            after={"state": after.state.value, "decision": decision, "execution_ended": True},
+            request_id=request_id,
         ))
         return 200, task_view(after, queue), task.id
 

@@ -84,6 +84,16 @@ class GateState(enum.StrEnum):
     PAUSED = "PAUSED"
 
 
+def decimal_number(value: decimal.Decimal) -> int | float:
+    """The canonical JSON number of a policy decimal (docs/api/README.md, "数值"): an ``int``
+    when whole, otherwise the ``float`` whose shortest spelling is the decimal's shortest plain
+    spelling (``Decimal('2.000')`` → ``2``, ``Decimal('0.200')`` → ``0.2``). Exact for the
+    DECIMAL(6,3) and DECIMAL(4,3) columns: far fewer than 15 significant digits."""
+    if value == value.to_integral_value():
+        return int(value)
+    return float(value)
+
+
 @attrs.frozen(kw_only=True)
 class RetryPolicy:
     """Attempts and exponential backoff with a cap and jitter (frozen into each task)."""
@@ -104,9 +114,16 @@ class RetryPolicy:
         return max(0, min(self.max_ms, round(float(base) + draw)))
 
     def to_json(self) -> dict[str, Any]:
+        """The internal form (request digests, event payloads): decimals as strings."""
         return {"max_attempts": self.max_attempts, "initial_ms": self.initial_ms,
                 "max_ms": self.max_ms, "multiplier": str(self.multiplier),
                 "jitter": str(self.jitter)}
+
+    def view(self) -> dict[str, Any]:
+        """The public representation: decimals as canonical JSON numbers."""
+        return {"max_attempts": self.max_attempts, "initial_ms": self.initial_ms,
+                "max_ms": self.max_ms, "multiplier": decimal_number(self.multiplier),
+                "jitter": decimal_number(self.jitter)}
 
 
 @attrs.frozen(kw_only=True)

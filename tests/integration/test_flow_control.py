@@ -539,7 +539,9 @@ async def test_interventions_and_deadlines_keep_the_unfinished_counters(
     assert await finish(db, tenant, grant, "unknown") == "NEEDS_REVIEW"
     assert await counts() == (1, 0, 0, 0, 0)  # awaiting review is unfinished
     await interventions.review_task(db, principal, namespace=tenant.namespace, task_id=unknown,
-                                    decision="failed", reason="checked", evidence_ref="T-1")
+                                    decision="failed", reason="checked", evidence_ref="T-1",
+                                    execution_ended=True,
+                                    revision=(await task_row(db, tenant, unknown))["revision"])
     assert await counts() == (0, 0, 0, 0, 0)
     await interventions.retry_task(db, principal, namespace=tenant.namespace, task_id=unknown,
                                    reason="again", rerun_confirmed=True)

@@ -39,6 +39,7 @@ from tests.support.lease_fixtures import (
     make_queue,
     open_session,
     set_application_limits,
+    task_row,
 )
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -233,7 +234,8 @@ class Traffic:
             await interventions.review_task(
                 db, self.who, namespace=tenant.namespace, task_id=task_id,
                 decision="succeeded" if i % 2 else "failed", reason="checked",
-                evidence_ref=f"TICKET-{number}-{i}")
+                evidence_ref=f"TICKET-{number}-{i}", execution_ended=True,
+                revision=(await task_row(db, tenant, task_id))["revision"])
         for state in ("FAILED", "CANCELLED"):
             for task_id in (await tasks_in(db, tenant, state))[:2]:
                 with contextlib.suppress(interventions.AlreadyRetried):

@@ -50,7 +50,7 @@ from orbit_common.pulse.workers import QueueRef, Session, SessionLost
 from tests.conftest import Tenant, make_tenant
 from tests.support import held
 from tests.support.invariants import check
-from tests.support.lease_fixtures import add_tasks, make_queue, open_session
+from tests.support.lease_fixtures import add_tasks, make_queue, open_session, task_row
 from tests.support.waiting import statements_waiting, until
 
 T = TypeVar("T")
@@ -585,9 +585,11 @@ class LeaseProtocol(RuleBasedStateMachine):
         decision = data.draw(st.sampled_from(["succeeded", "failed"]), label="decision")
         task = self.pick(data, [t for t in self.tasks.values() if t.state == "NEEDS_REVIEW"],
                          "task")
+        revision = self.run(task_row(self.db, self.tenant, task.id))["revision"]
         self.run(interventions.review_task(
             self.db, self.who, namespace=self.tenant.namespace, task_id=task.id,
-            decision=decision, reason="model", evidence_ref="MODEL-1"))
+            decision=decision, reason="model", evidence_ref="MODEL-1", execution_ended=True,
+            revision=revision))
         self.end_attempt(task, decision.upper(), uncertain=False)
 
     def manual_retry(self, data: st.DataObject) -> None:
@@ -618,7 +620,8 @@ class LeaseProtocol(RuleBasedStateMachine):
             with pytest.raises(interventions.TaskNotReviewable):
                 self.run(interventions.review_task(
                     self.db, self.who, namespace=self.tenant.namespace, task_id=task.id,
-                    decision="failed", reason="model", evidence_ref=None))
+                    decision="failed", reason="model", evidence_ref="MODEL-0",
+                    execution_ended=True, revision=1))
         if task.state not in ("FAILED", "CANCELLED"):
             with pytest.raises(interventions.TaskNotRetryable):
                 self.run(interventions.retry_task(

@@ -156,7 +156,8 @@ async def _session_room(cur: Any, session: Session) -> int:
 
 
 async def _session_may_work(cur: Any, session: Session, queue: QueueRef) -> None:
-    grants = await credentials.active_grants(cur, session.credential_id)
+    grants = await credentials.active_grants(cur, session.credential_id,
+                                             namespace_id=session.namespace_id)
     if not authz.allowed(grants, authz.Action.WORKERS_WORK.value, session.namespace, queue.name):
         raise errors.Forbidden("the session's credential may no longer work this queue")
 

@@ -283,5 +283,6 @@ async def test_list_and_changes_answer_the_view_without_usage(
     response = await api.get(url(tenant.namespace), headers=tenant.auth)
     (item,) = [q for q in (await response.json())["items"] if q["name"] == name]
     assert item == created
-    response = await api.post(url(tenant.namespace, name, "pause"), headers=tenant.auth)
+    response = await api.post(url(tenant.namespace, name, "pause"), json={"reason": "test"},
+                              headers=tenant.auth)
     assert "usage" not in await response.json()

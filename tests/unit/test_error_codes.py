@@ -3,7 +3,7 @@
 Codes come from two places: the ``code`` of every :class:`orbit_common.errors.OrbitError`
 subclass (all modules of the server packages are imported, so every subclass is seen), and code
 literals written where a problem document or a worker ``error`` frame is built by hand
-(``code="…"``, ``"code": "…"``, the HTTP fallback table of ``orbit_api/problems.py``).
+(``code="…"``, ``"code": "…"``, the HTTP fallback table of ``orbit_common/service/http/problems.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pkgutil
 import re
 from pathlib import Path
 
-from orbit_api import problems
+from orbit_common.service.http import problems
 from orbit_common import errors
 
 ROOT = Path(__file__).resolve().parents[2]

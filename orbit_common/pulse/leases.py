@@ -61,7 +61,7 @@ from orbit_common.model import digests, ids, jsondoc
 from orbit_common.platform import authz, credentials
 from orbit_common.platform.events import EventRecord, append_events
 from orbit_common.platform.results import ResultEvent, append_results
-from orbit_common.pulse import resources
+from orbit_common.pulse import control, resources
 from orbit_common.pulse.model import AttemptState, RetryPolicy, TaskState
 from orbit_common.pulse.resources import Usage
 from orbit_common.pulse.workers import QueueRef, Session, check_active
@@ -296,7 +296,7 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     await _session_may_work(cur, session, queue)
     await cur.execute(GATE_SHARED, (session.namespace_id, queue.gate_id))
     gate = await cur.fetchone()
-    if gate is None or gate["state"] != "OPEN":
+    if gate is None or gate["state"] != "OPEN" or await control.dispatch_frozen(cur):
         return []
     now = await db_now(cur)
     when = to_db(now)
@@ -506,6 +506,7 @@ async def start(  # noqa: PLR0912, PLR0915 - one pass over the batch; each branc
     now = await db_now(cur)
     queue_ids = {lk.attempt["queue_id"] for lk in locked.values()}
     gates, start_limited = await _gate_states(cur, namespace_id, queue_ids)
+    frozen = bool(locked) and await control.dispatch_frozen(cur)
     outcomes: list[StartOutcome] = []
     approvals: list[tuple[Any, ...]] = []
     events: list[EventRecord] = []
@@ -539,6 +540,8 @@ async def start(  # noqa: PLR0912, PLR0915 - one pass over the batch; each branc
             reason = "cancel_requested"
         elif gates.get(lk.attempt["queue_id"]) != "OPEN":
             reason = "queue_paused"
+        elif frozen:
+            reason = control.FROZEN_REASON
         if reason is not None:
             outcomes.append(StartOutcome(attempt_id=ref.attempt_id, approved=False,
                                          reason=reason))

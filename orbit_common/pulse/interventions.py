@@ -19,7 +19,8 @@ Manual retry (000015)
     index makes it at most one direct successor); the old task, its attempts and evidence are
     untouched. The caller must confirm that re-running is safe.
 
-Lock order: idempotency → task → attempt → queue counter → result stream.
+Lock order: the one order of docs/architecture.md (here: idempotency record → task → attempt →
+queue counter → key rows and permits → application row → result stream).
 """
 
 from __future__ import annotations

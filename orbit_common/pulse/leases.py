@@ -211,15 +211,6 @@ FOR UPDATE SKIP LOCKED
 """
 
 
-QUEUE_READ = """
-SELECT active_attempts, max_concurrent_attempts FROM pulse_queues
-WHERE namespace_id = %s AND id = %s
-"""
-QUEUE_FOR_UPDATE = QUEUE_READ.rstrip() + " FOR UPDATE\n"
-ADD_ACTIVE = """
-UPDATE pulse_queues SET active_attempts = active_attempts + %s
-WHERE namespace_id = %s AND id = %s AND active_attempts + %s >= 0
-"""
 INSERT_ATTEMPTS = (
     "INSERT INTO pulse_attempts (namespace_id, id, task_id, queue_id, generation, token_digest,"
     " concurrency_token, worker_instance_id, worker_session_id, state, offered_at,"
@@ -233,58 +224,13 @@ async def _session_may_work(cur: Any, session: Session, queue: QueueRef) -> None
         raise errors.Forbidden("the session's credential may no longer work this queue")
 
 
-async def _grantable(cur: Any, session: Session, queue: QueueRef, rows: list[dict[str, Any]]
-                     ) -> tuple[list[dict[str, Any]], dict[bytes, resources.KeyGrant], bool]:
-    """Cut the candidates to the room the queue and the application have, one per concurrency
-    key, and take the keys' permits. Returns the chosen rows, the key grants, and whether the
-    queue row is locked here already.
-
-    The queue row is read without a lock and updated only at the end of the claim (the
-    counter update, ``resources.apply``), so claims and finishes do not queue behind a claim's
-    whole transaction -- unless the queue has ``max_concurrent_attempts`` (the room must be
-    counted under the lock) or a candidate has a concurrency key (the key rows come after the
-    queue row in the lock order). Locks, after the task rows (resources.py: lock order): that
-    queue row, the application's row (claim-time limits only), the keys' rows by digest."""
-    await cur.execute(QUEUE_READ, (session.namespace_id, queue.id))
-    counters = await cur.fetchone()
-    keyed_candidates = any(r["concurrency_key_digest"] is not None for r in rows)
-    locked = counters["max_concurrent_attempts"] is not None or keyed_candidates
-    if locked:
-        await cur.execute(QUEUE_FOR_UPDATE, (session.namespace_id, queue.id))
-        counters = await cur.fetchone()
-    room = len(rows)
-    if counters["max_concurrent_attempts"] is not None:
-        room = min(room, counters["max_concurrent_attempts"] - counters["active_attempts"])
-    app_room = (await resources.application_room(cur, session.namespace_id)).allows()
-    if app_room is not None:
-        room = min(room, app_room)
-    if room <= 0:
-        return [], {}, locked
-    chosen, seen = [], set()
-    for row in rows:
-        digest = row["concurrency_key_digest"]
-        if digest is not None:
-            if digest in seen:
-                continue
-            seen.add(digest)
-        chosen.append(row)
-        if len(chosen) >= room:
-            break
-    keyed = await resources.acquire(cur, session.namespace_id,
-                                    [r["concurrency_key_digest"] for r in chosen
-                                     if r["concurrency_key_digest"] is not None])
-    return [r for r in chosen
-            if r["concurrency_key_digest"] is None or r["concurrency_key_digest"] in keyed], \
-        keyed, locked
-
-
 async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list[Grant]:
     """Grant up to ``limit`` due tasks of ``queue`` to ``session`` (step 1 of 2).
 
     Locks: the session row (shared), the queue's gate (shared), due WAITING tasks (SKIP LOCKED,
-    in claim order), then (:func:`_grantable`) the queue row only if the queue has a concurrency
-    limit or a candidate has a concurrency key, the application's resource row only if it has
-    claim-time limits, the concurrency keys' rows; the counters at the end. Returns nothing when
+    in claim order), then (:func:`resources.grantable`, in the one lock order) the queue row,
+    the concurrency keys' rows and the application's resource row when they must be counted
+    under a lock; the counters at the end. Returns nothing when
     the gate is paused. A keyed grant carries the key's new fencing token, recorded on the
     attempt and its permit row. Run it with :func:`run_claim`, which re-runs the rare claim
     that raced a new concurrency limit.
@@ -307,7 +253,7 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     rows = list(await cur.fetchall())
     if not rows:
         return []
-    rows, keyed, locked = await _grantable(cur, session, queue, rows)
+    rows, keyed, locked = await resources.grantable(cur, session.namespace_id, queue.id, rows)
     if not rows:
         return []
 
@@ -355,8 +301,8 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     expect_rows(cur, len(task_updates), "claim")
     await resources.record_permits(cur, session.namespace_id, permits)
     await append_events(cur, events)
-    # The counters last. Unless _grantable locked the queue row, the update checks that no
-    # max_concurrent_attempts appeared since the plain read (resources.ConcurrencyLimitRaced:
+    # The counters last. Unless resources.grantable locked the queue row, the update checks
+    # that no max_concurrent_attempts appeared since the plain read (ConcurrencyLimitRaced:
     # the caller re-runs the claim, see run_claim).
     await resources.apply(cur, session.namespace_id,
                           Usage(active=Counter({queue.id: len(grants)}), reserved=len(grants)),

@@ -30,8 +30,9 @@ Invariants kept here:
   may neither read nor manage is reported as ``404 queue_not_found``, exactly like one that does
   not exist.
 
-Lock order (DESIGN §5: idempotency → queue → …): create takes the idempotency identity, then the
-new gate row, then the new queue row; update takes the queue row; pause/resume take the gate row.
+Lock order: the one order of docs/architecture.md. Create takes the idempotency identity, then
+the new gate row, then the new queue row; update takes the queue row; pause/resume take the gate
+row only (a control row: read shared by claims and starts).
 """
 
 from __future__ import annotations

@@ -573,8 +573,8 @@ async def _claim_identities(cur: Any, rows: list[_Row],
 async def _insert_rows(cur: Any, namespace_id: bytes, rows: Sequence[_Row],
                        now: dt.datetime) -> None:
     await cur.executemany(INSERT_TASKS, [r.task for r in rows])
-    # Counters after the task rows (lock order); a limit refusal rolls everything back.
-    # Counters after the task rows (lock order: queues, the new keys' rows, the application);
+    # Counters after the task rows (the one lock order: queues, the new keys' rows, the
+    # application);
     # a limit refusal rolls everything back.
     keys = [r.item.spec.concurrency_key for r in rows if r.item.spec.concurrency_key is not None]
     await resources.apply(cur, namespace_id, resources.Usage(

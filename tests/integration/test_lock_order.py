@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import random
 import secrets
 import time
@@ -69,7 +70,7 @@ class Load:
         self.refused: Counter[str] = Counter()
         self.failures: list[str] = []
         self.stop_at = time.monotonic() + DURATION_S
-        self.rng = random.Random(20261201)  # noqa: S311 - load shape, not security
+        self.rng = random.Random(20261201)
 
     def running(self) -> bool:
         return time.monotonic() < self.stop_at and len(self.failures) < 20
@@ -83,7 +84,7 @@ class Load:
             else:
                 self.refused[f"{kind}:{exc.code}"] += 1
             return None
-        except Exception as exc:  # a raw driver error reached the caller  # noqa: BLE001
+        except Exception as exc:  # a raw driver error reached the caller
             self.failures.append(f"{kind}: {type(exc).__name__}: {exc}")
             return None
         self.done[kind] += 1
@@ -144,13 +145,16 @@ async def worker(load: Load, tenant: Tenant, session: Session, queue: QueueRef) 
         to_start = [g for g in grants if rng.random() < 0.9]
         if not to_start:
             continue
-        starts = await load.call("start", lambda: db.transaction(
-            "test.start", lambda cur: leases.start(cur, tenant.namespace_id,
-                                                   [ref(g) for g in to_start]))) or []
+        start_refs = [ref(g) for g in to_start]
+        starts = await load.call("start", functools.partial(
+            db.transaction, "test.start", functools.partial(
+                leases.start, namespace_id=tenant.namespace_id, refs=start_refs))) or []
         running = [g for g, s in zip(to_start, starts, strict=True) if s.approved]
         if running:
-            await load.call("renew", lambda: db.transaction("test.renew", lambda cur: leases.renew(
-                cur, tenant.namespace_id, [ref(g) for g in running])))
+            await load.call("renew", functools.partial(
+                db.transaction, "test.renew", functools.partial(
+                    leases.renew, namespace_id=tenant.namespace_id,
+                    refs=[ref(g) for g in running])))
         # Some holders go silent (their leases lapse); the rest report an outcome.
         reports = []
         for g in running:
@@ -163,8 +167,9 @@ async def worker(load: Load, tenant: Tenant, session: Session, queue: QueueRef) 
                 error=None if outcome == "succeeded" else {"type": "boom"},
                 retryable=outcome == "failed" and rng.random() < 0.5))
         if reports:
-            await load.call("finish", lambda: db.transaction("test.finish", lambda cur: (
-                leases.finish(cur, tenant.namespace_id, reports))))
+            await load.call("finish", functools.partial(
+                db.transaction, "test.finish", functools.partial(
+                    leases.finish, namespace_id=tenant.namespace_id, reports=reports)))
 
 
 async def pick(db: Database, tenant: Tenant, states: tuple[str, ...],

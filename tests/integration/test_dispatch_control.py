@@ -13,12 +13,13 @@ from typing import Any
 import pymysql
 import pytest
 
-from orbit_common.db.pool import Database
+from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.platform.audit import Actor
 from orbit_common.pulse import control, leases
 from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant
 from orbit_common.pulse.workers import SessionLost
 from tests.conftest import Tenant
+from tests.integration.test_admin_cli import orbit_admin
 from tests.support.invariants import check_db
 from tests.support.lease_fixtures import add_tasks, make_queue, open_session, scalar, task_row
 from tests.support.waiting import statements_waiting, until
@@ -198,3 +199,26 @@ async def test_a_freeze_waits_for_the_claim_in_flight(
     assert (await freezing)[1]
     assert await db.transaction("test.claim", lambda cur: leases.claim(
         cur, session, queue, 1)) == []
+
+
+async def test_admin_commands(db: Database, db_url: DatabaseUrl, thawed: None) -> None:
+    """``orbit admin dispatch …`` and ``sessions fence-all``: the real CLI as a subprocess."""
+    refused = await orbit_admin(db_url, "sessions", "fence-all", "--reason", "not frozen yet")
+    assert refused.code == 1
+    assert "dispatch_not_frozen" in refused.err
+    assert (await orbit_admin(db_url, "dispatch", "freeze")).code == 2  # --reason is required
+
+    frozen = await orbit_admin(db_url, "dispatch", "freeze", "--reason", "cli drill")
+    assert frozen.code == 0, frozen.err
+    assert frozen.json()["dispatch"] == "FROZEN"
+    assert frozen.json()["changed"] is True
+    fenced = await orbit_admin(db_url, "sessions", "fence-all", "--reason", "cli drill")
+    assert fenced.code == 0, fenced.err
+    assert set(fenced.json()) == {"fenced_at", "sessions_fenced", "leases_expired"}
+    status = (await orbit_admin(db_url, "dispatch", "status")).json()
+    assert status["dispatch"] == "FROZEN"
+    assert status["sessions_fenced_at"] == fenced.json()["fenced_at"]
+    thawed_ = await orbit_admin(db_url, "dispatch", "thaw", "--reason", "cli drill over")
+    assert thawed_.json()["dispatch"] == "OPEN"
+    actions = [(r["actor_id"], r["reason"]) for r in await audit_rows(db, "dispatch.thaw")]
+    assert actions[-1] == ("ops@pytest", "cli drill over")

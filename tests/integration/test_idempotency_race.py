@@ -66,9 +66,9 @@ async def race(db: Database, sync_conn: pymysql.connections.Connection[Any],
     await until(recorded.is_set, message="the first use to record its identity")
     loser = asyncio.create_task(second())
     try:
+        await until(lambda: statements_waiting(sync_conn, INSERTING),
+                    message="the second use to wait at its insert")
         if commit_first:
-            await until(lambda: statements_waiting(sync_conn, INSERTING),
-                        message="the second use to wait at its insert")
             release.set()
             return await winner, await loser
         try:

@@ -10,6 +10,9 @@ schedule firing, lease recovery and deadline expiry. Refusals a caller is meant 
 exhausted answer or a raw driver error is not. The transaction runner re-runs deadlocks and lock
 waits internally: those retries are counted and printed, not asserted (they are the runner's
 job), and the invariant checker must be green afterwards.
+
+A second test pins the exception the one order removed (a claim locking the application row
+before the keys' rows), with the statement-waiting helper instead of load.
 """
 
 from __future__ import annotations
@@ -25,22 +28,25 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import prometheus_client
+import pymysql
 from aiohttp.test_utils import TestClient
 
 from orbit_common import errors
 from orbit_common.db.pool import Database
-from orbit_common.pulse import leases, schedules
+from orbit_common.pulse import leases, resources, schedules
 from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant
 from orbit_common.pulse.workers import QueueRef, Session
 from tests.conftest import Tenant, make_tenant
 from tests.integration.test_schedule_firing import make_schedule
 from tests.support.invariants import check_db
 from tests.support.lease_fixtures import (
+    add_tasks,
     make_queue,
     open_session,
     set_application_limits,
     set_queue_limits,
 )
+from tests.support.waiting import statements_waiting, until
 
 DURATION_S = 12.0
 KINDS = ("submit", "submit_batch", "claim", "start", "renew", "finish", "cancel", "review",
@@ -286,3 +292,40 @@ async def test_every_transaction_kind_at_once_surfaces_no_deadlock(
     assert {k for k in KINDS if load.done[k] == 0} == set(), dict(load.done)
     violations = await check_db(db, [limited.namespace_id, plain.namespace_id])
     assert violations == []
+
+
+async def test_a_claim_counting_application_room_waits_for_a_key_release_without_deadlock(
+    db: Database, tenant: Tenant, sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    """The former ``application_room`` exception: a claim of an application with claim-time
+    limits locked the application row before the keys' rows, so a transaction releasing a key
+    (keys, then the application row -- the one order) deadlocked with it. In the one order the
+    claim waits on the key row without holding the application row."""
+    await set_application_limits(db, tenant, max_active_attempts=10)
+    queue = await make_queue(db, tenant)
+    await add_tasks(db, tenant, queue, 1, concurrency_key=b"shared")
+    session = await open_session(db, tenant, [queue])
+    key = resources.key_digest(b"shared")
+    holding, go = asyncio.Event(), asyncio.Event()
+
+    async def release_like(cur: Any) -> None:
+        await cur.execute("SELECT id FROM pulse_concurrency_limits WHERE namespace_id = %s"
+                          " AND key_digest = %s FOR UPDATE", (tenant.namespace_id, key))
+        holding.set()
+        await go.wait()
+        await cur.execute("UPDATE orbit_application_resources SET updated_at = updated_at"
+                          " WHERE application_id = %s", (tenant.application_id,))
+
+    before = retries()
+    releasing = asyncio.create_task(db.transaction("test.release", release_like))
+    await until(holding.is_set, message="the release to hold the key row")
+    claiming = asyncio.create_task(leases.run_claim(db, "test.claim", session, queue, 1))
+    await until(lambda: statements_waiting(
+        sync_conn, "%FROM pulse_concurrency_limits%FOR UPDATE%"),
+        message="the claim to wait for the key row")
+    go.set()
+    await releasing
+    assert len(await claiming) == 1
+    deadlocks = {k: v for k, v in (retries() - before).items()
+                 if k.startswith(("test.release:", "test.claim:"))}
+    assert deadlocks == {}

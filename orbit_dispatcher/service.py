@@ -13,6 +13,14 @@ same worker (each answer carries its request's ``id``; ``ready`` frames take eff
 since they complete without waiting). Nothing in memory is authoritative: a killed dispatcher
 loses only connections and the pool's order; leases it granted expire and the recovery scan
 (here too, on every replica, SKIP LOCKED) resolves them.
+
+Liveness (docs/runbooks/liveness.md): renewals and session heartbeats run on their own small
+connection pool (the *renewal lane*), so they never wait for a connection behind claims and
+finishes held up by a lock; renewals touch only attempt and task rows, never a counter row. The
+heartbeat (``orbit_dispatcher/heartbeat.py``) detects database outages and extends live leases by
+their length; start, renew, finish and the recovery scan run only after a fresh heartbeat. A
+database error in a connection's heartbeat or cancel loop is logged and retried: the WebSocket
+stays open through an outage, so the worker keeps its handlers running and retries its calls.
 """
 
 from __future__ import annotations
@@ -39,13 +47,14 @@ from orbit_api.middleware import (
     request_id_middleware,
 )
 from orbit_common import errors
-from orbit_common.db.pool import Database
+from orbit_common.db.pool import Database, open_database
 from orbit_common.model import ids, jsondoc
-from orbit_common.pulse import leases, usage, workers
+from orbit_common.pulse import leases, outages, usage, workers
 from orbit_common.pulse.workers import Session
 from orbit_common.service.config import OrbitConfig
 from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
 from orbit_dispatcher import protocol
+from orbit_dispatcher.heartbeat import Heartbeat
 from orbit_dispatcher.pool import ClaimPool, ProbeCache
 
 log = logging.getLogger(__name__)
@@ -125,18 +134,26 @@ class Connection:
         while not self.closing:
             await asyncio.sleep(HEARTBEAT_S)
             try:
-                await self.service.db.transaction(
+                await self.service.lane.transaction(
                     "dispatch.heartbeat", lambda cur: workers.heartbeat(cur, self.session))
             except workers.SessionLost:
                 await self.lost()
                 return
+            except errors.OrbitError as exc:
+                # The database is away: keep the socket (the worker's handlers keep running and
+                # its calls are answered with transient errors); an outage extends the session.
+                log.warning("session heartbeat not written: %s", exc, extra={"code": exc.code})
 
     async def cancel_notices(self) -> None:
         while not self.closing:
             await asyncio.sleep(CANCEL_SCAN_S)
-            found = await self.service.db.read(
-                "dispatch.cancel_scan",
-                lambda cur: self.service.cancel_requested(cur, self.session))
+            try:
+                found = await self.service.db.read(
+                    "dispatch.cancel_scan",
+                    lambda cur: self.service.cancel_requested(cur, self.session))
+            except errors.OrbitError as exc:
+                log.warning("cancel scan failed: %s", exc, extra={"code": exc.code})
+                continue
             fresh = [a for a in found if a not in self.notified]
             if fresh:
                 self.notified.update(fresh)
@@ -224,6 +241,11 @@ class DispatcherService:
             ready=lambda: gate.is_ready, error_pause_ms=dispatcher.idle_poll_max_ms)
         self.runner: web.AppRunner | None = None
         self.recovery: asyncio.Task[None] | None = None
+        self.beating: asyncio.Task[None] | None = None
+        # The renewal lane: its own small pool, opened with the application (_lane_ctx).
+        self.lane: Database = db
+        self.beats = Heartbeat(self.lane, self.node, interval_s=dispatcher.heartbeat_interval_s,
+                               threshold_s=dispatcher.outage_threshold_s)
         self.app = self._make_app()
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -234,6 +256,7 @@ class DispatcherService:
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.config.dispatcher.host, self.config.dispatcher.port)
         await site.start()
+        self.beating = asyncio.create_task(self.beats.run(), name="dispatch-heartbeat")
         self.recovery = asyncio.create_task(self._recovery_loop(), name="dispatch-recovery")
         log.info("dispatcher listening", extra={"host": self.config.dispatcher.host,
                                                 "port": self.config.dispatcher.port,
@@ -255,11 +278,12 @@ class DispatcherService:
             conn.closing = True
             await conn.ws.close(code=1001, message=b"dispatcher draining")
         await self.pool.close()
-        if self.recovery is not None:
-            self.recovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.recovery
-            self.recovery = None
+        for loop_task in (self.recovery, self.beating):
+            if loop_task is not None:
+                loop_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop_task
+        self.recovery = self.beating = None
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
@@ -283,6 +307,18 @@ class DispatcherService:
         yield
         await self.pool.close()
 
+    async def _lane_ctx(self, _app: web.Application) -> AsyncIterator[None]:
+        """The renewal lane's pool lives as long as the application."""
+        lane = await open_database(self.db.url, minsize=1,
+                                   maxsize=max(1, self.config.dispatcher.renew_pool_size),
+                                   session=self.config.database.session())
+        self.lane = self.beats.db = lane
+        try:
+            yield
+        finally:
+            self.lane = self.beats.db = self.db
+            await lane.close()
+
     @staticmethod
     async def cancel_requested(cur: Any, session: Session) -> list[bytes]:
         await cur.execute(
@@ -298,6 +334,7 @@ class DispatcherService:
 
     async def op_start(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
         refs = protocol.parse_refs(doc)
+        await self.beats.fresh()
         out = await self.db.transaction("dispatch.start",
                                         lambda cur: leases.start(cur, namespace_id, refs))
         limited = sum(1 for o in out if o.reason == "start_rate_limited")
@@ -307,12 +344,14 @@ class DispatcherService:
 
     async def op_renew(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
         refs = protocol.parse_refs(doc)
-        out = await self.db.transaction("dispatch.renew",
+        await self.beats.fresh()
+        out = await self.lane.transaction("dispatch.renew",
                                         lambda cur: leases.renew(cur, namespace_id, refs))
         return [protocol.renew_json(o) for o in out]
 
     async def op_finish(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
         reports = protocol.parse_finish(doc)
+        await self.beats.fresh()
         out = await self.db.transaction("dispatch.finish",
                                         lambda cur: leases.finish(cur, namespace_id, reports))
         return [protocol.finish_json(o) for o in out]
@@ -336,8 +375,7 @@ class DispatcherService:
                     log.warning("usage gauges not refreshed: %s", exc, extra={"code": exc.code})
             try:
                 while True:
-                    n = await self.db.transaction("recovery.leases",
-                                                  lambda cur: leases.recover_expired(cur, 128))
+                    n = await self._recover_leases()
                     RECOVERED.labels("lease").inc(n)
                     if n < 128:
                         break
@@ -349,6 +387,16 @@ class DispatcherService:
             except errors.OrbitError as exc:
                 log.warning("recovery pass failed: %s", exc, extra={"code": exc.code})
 
+    async def _recover_leases(self) -> int:
+        """One lease-recovery transaction, behind a heartbeat in the same transaction: an
+        outage that just ended is compensated before any lapsed lease is decided."""
+        began = asyncio.get_running_loop().time()
+        beat, handled = await self.db.transaction(
+            "recovery.leases",
+            lambda cur: outages.recover_expired(cur, self.node, self.beats.threshold, 128))
+        self.beats.note(beat, began)
+        return handled
+
     # --- HTTP -------------------------------------------------------------------------------
 
     def _make_app(self) -> web.Application:
@@ -359,6 +407,7 @@ class DispatcherService:
         app[CONFIG] = self.config
         app[GATE_KEY] = self.gate
         app[LIMIT_KEY] = self.config.api.max_body_bytes
+        app.cleanup_ctx.append(self._lane_ctx)
         app.cleanup_ctx.append(self._pool_ctx)
         add_health_routes(app)
         base = "/v1/namespaces/{namespace}/worker/sessions"
@@ -465,8 +514,8 @@ class DispatcherService:
                 or not isinstance(wait_ms, int) or not 0 <= wait_ms <= MAX_POLL_WAIT_MS:
             raise errors.ValidationFailed([{"path": "$", "message": "max 1-256, wait_ms "
                                             f"0-{MAX_POLL_WAIT_MS}, no other fields"}])
-        await self.db.transaction("dispatch.heartbeat",
-                                  lambda cur: workers.heartbeat(cur, session))
+        await self.lane.transaction("dispatch.heartbeat",
+                                    lambda cur: workers.heartbeat(cur, session))
         grants = await self.pool.poll(session, max_, wait_ms / 1000)
         cancels = await self.db.read("dispatch.cancel_scan",
                                      lambda cur: self.cancel_requested(cur, session))
@@ -485,8 +534,8 @@ class DispatcherService:
 
     async def http_heartbeat(self, request: web.Request) -> web.Response:
         session = await self._load(request, live=False)
-        await self.db.transaction("dispatch.heartbeat",
-                                  lambda cur: workers.heartbeat(cur, session))
+        await self.lane.transaction("dispatch.heartbeat",
+                                    lambda cur: workers.heartbeat(cur, session))
         return web.json_response({"session_id": session.id.hex(), "alive": True})
 
     async def http_close(self, request: web.Request) -> web.Response:

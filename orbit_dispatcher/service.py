@@ -85,6 +85,7 @@ class Connection:
         self.demand = service.pool.open_stream(session, deliver=self.deliver,
                                                fail=self.claim_failed)
         self.in_flight = asyncio.Semaphore(OPS_IN_FLIGHT)
+        self.renewals_in_flight = asyncio.Semaphore(OPS_IN_FLIGHT)
         self.frames: set[asyncio.Task[None]] = set()
 
     @property
@@ -162,33 +163,42 @@ class Connection:
 
     async def receive(self, text: str) -> None:
         """Start handling one client frame; waits (so the socket is not read further) while
-        :data:`OPS_IN_FLIGHT` frames are running."""
-        await self.in_flight.acquire()
-        task = asyncio.create_task(self._run_frame(text), name="ws-frame")
+        :data:`OPS_IN_FLIGHT` frames of its kind are running. Renewals have a budget of their
+        own: a renewal never waits behind finishes stuck on a lock."""
+        try:
+            doc: Any = jsondoc.loads_strict(text)
+        except errors.OrbitError as exc:
+            doc = exc
+        renewal = isinstance(doc, dict) and doc.get("type") == "renew"
+        budget = self.renewals_in_flight if renewal else self.in_flight
+        await budget.acquire()
+        task = asyncio.create_task(self._run_frame(doc, budget), name="ws-frame")
         self.frames.add(task)
         task.add_done_callback(self.frames.discard)
 
-    async def _run_frame(self, text: str) -> None:
+    async def _run_frame(self, doc: Any, budget: asyncio.Semaphore) -> None:
         try:
-            await self.handle(text)
+            await self.handle(doc)
         except (ConnectionError, RuntimeError) as exc:
             log.info("a worker frame's answer was not delivered: %s", exc)
         except Exception:
             log.exception("a worker frame failed; closing the connection")
             await self.ws.close()
         finally:
-            self.in_flight.release()
+            budget.release()
 
     async def settle(self) -> None:
         """Wait for the frames still running (their transactions are short)."""
         if self.frames:
             await asyncio.gather(*self.frames, return_exceptions=True)
 
-    async def handle(self, text: str) -> None:
-        """One client frame; a malformed one gets an ``error`` frame and changes nothing."""
+    async def handle(self, doc: Any) -> None:
+        """One parsed client frame (or the error that parsing it raised); a malformed one gets
+        an ``error`` frame and changes nothing."""
         request_id = None
         try:
-            doc = jsondoc.loads_strict(text)
+            if isinstance(doc, errors.OrbitError):
+                raise doc
             if not isinstance(doc, dict) or not isinstance(doc.get("type"), str):
                 raise errors.ValidationFailed([{"path": "$.type", "message": "required"}])
             request_id = doc.get("id")

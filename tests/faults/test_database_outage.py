@@ -94,7 +94,7 @@ def test_outage_longer_than_the_lease_loses_no_lease(private_server: Path,
             violations = check(conn, quiescent=True)
         runs = collections.Counter(line.split()[0] for line in effects.read_text().splitlines())
         rerun = {task: n for task, n in runs.items() if n > 1}
-        print(f"outage {outage_s:.1f} s; tasks {states}; attempts {attempts}; "
+        print(f"FIGURES outage {outage_s:.1f} s; tasks {states}; attempts {attempts}; "
               f"outages compensated {outages}; tasks run twice {len(rerun)}")
 
         assert violations == []

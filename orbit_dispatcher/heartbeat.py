@@ -52,7 +52,7 @@ class Heartbeat:
         return self.threshold.total_seconds()
 
     def note(self, beat: outages.Beat, began: float) -> None:
-        """Record a committed beat (also the ones the recovery scan writes)."""
+        """Record a committed beat."""
         if self._last_ok is None or began > self._last_ok:
             self._last_ok = began
         outage = beat.compensated

@@ -398,14 +398,14 @@ class DispatcherService:
                 log.warning("recovery pass failed: %s", exc, extra={"code": exc.code})
 
     async def _recover_leases(self) -> int:
-        """One lease-recovery transaction, behind a heartbeat in the same transaction: an
-        outage that just ended is compensated before any lapsed lease is decided."""
-        began = asyncio.get_running_loop().time()
-        beat, handled = await self.db.transaction(
+        """One lease-recovery transaction, after a fresh heartbeat of this node (which
+        compensates an outage that just ended); it decides nothing while the fleet's heartbeat
+        shows a gap no beat has compensated yet (outages.recover_expired)."""
+        await self.beats.fresh()
+        handled = await self.db.transaction(
             "recovery.leases",
-            lambda cur: outages.recover_expired(cur, self.node, self.beats.threshold, 128))
-        self.beats.note(beat, began)
-        return handled
+            lambda cur: outages.recover_expired(cur, self.beats.threshold, 128))
+        return 0 if handled is None else handled
 
     # --- HTTP -------------------------------------------------------------------------------
 

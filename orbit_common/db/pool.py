@@ -7,10 +7,12 @@ Every connection, async or sync, is opened with the same session settings:
 * ``innodb_lock_wait_timeout``: short, because a queue-like transaction that waits long is a bug
   and the runner re-runs it anyway (jittered backoff, bounded attempts). The daemons' pools use
   :class:`SessionSettings` from ``[database]`` (2 s by default); tools and tests keep 10 s.
-* on MariaDB only, ``idle_write_transaction_timeout`` (daemon pools, ``[database]
-  idle_transaction_timeout_s``): the server rolls back a write transaction whose client went
-  silent (a frozen, paused or stopped process) and closes its connection, so a frozen holder
-  cannot keep a shared counter row locked for the whole pause. The setting is sent inside a
+* on MariaDB only, ``idle_transaction_timeout`` (daemon pools, ``[database]
+  idle_transaction_timeout_s``): the server rolls back a transaction whose client went silent
+  (a frozen, paused or stopped process) and closes its connection, so a frozen holder cannot
+  keep a shared counter row locked for the whole pause. Any transaction, not only writing ones
+  (``idle_write_transaction_timeout``): a claim holds a limited queue's row through a locking
+  read before it writes anything. The setting is sent inside a
   MariaDB executable comment (``/*M!100300 … */``): MariaDB 10.3+ runs it, MySQL skips it as a
   comment, so the same init command detects the server flavour on each connection (also after
   a failover to the other flavour) and never fails on MySQL 8.4, which has no such variable
@@ -49,25 +51,26 @@ CLIENT_FLAGS = CLIENT.FOUND_ROWS
 class SessionSettings:
     """Per-connection lock and idle limits (whole seconds: both servers take integers).
 
-    ``idle_write_timeout_s`` 0 leaves the server's default (never roll back an idle writer).
+    ``idle_transaction_timeout_s`` 0 leaves the server's default (never roll back an idle
+    transaction).
     """
 
     lock_wait_timeout_s: int = LOCK_WAIT_TIMEOUT_S
-    idle_write_timeout_s: int = 0
+    idle_transaction_timeout_s: int = 0
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.lock_wait_timeout_s <= 3600:
             raise ValueError("lock_wait_timeout_s must be 1-3600 seconds")
-        if not 0 <= self.idle_write_timeout_s <= 3600:
-            raise ValueError("idle_write_timeout_s must be 0-3600 seconds")
+        if not 0 <= self.idle_transaction_timeout_s <= 3600:
+            raise ValueError("idle_transaction_timeout_s must be 0-3600 seconds")
 
     def init_command(self) -> str:
         command = (f"SET time_zone = '+00:00', sql_mode = '{SQL_MODE}', "
                    f"innodb_lock_wait_timeout = {self.lock_wait_timeout_s}")
-        if self.idle_write_timeout_s:
+        if self.idle_transaction_timeout_s:
             # MariaDB-only executable comment: MySQL treats it as a comment (module docstring).
-            command += (f" /*M!100300 , idle_write_transaction_timeout ="
-                        f" {self.idle_write_timeout_s} */")
+            command += (f" /*M!100300 , idle_transaction_timeout ="
+                        f" {self.idle_transaction_timeout_s} */")
         return command
 
 

@@ -1,7 +1,9 @@
 """Database outages: Orbit's communication failure, never the worker's (000 §1 invariant 7).
 
 While the database cannot be reached, no worker can renew a lease, so that time must not expire
-leases. Detection
+leases.
+
+Detection
     Every dispatcher writes its heartbeat row (``pulse_dispatch_heartbeats``) about once a
     second, in database time (:func:`beat`). The newest ``beat_at`` over all rows is the fleet's
     last sign of life ``S``; when a dispatcher next reaches the database at ``N`` and
@@ -9,24 +11,30 @@ leases. Detection
     hence nobody could renew. (One dispatcher frozen while others beat is no outage: the others'
     rows stay fresh.)
 Compensation
-    In the same transaction, every lease live at ``S`` (granted before ``S`` and expiring after
-    it: LEASED offers and RUNNING attempts -- the task's and the current attempt's
-    ``lease_expires_at`` -- and ACTIVE sessions' ``expires_at``) is moved later by ``N - S``:
-    each gets back exactly the time it had left when the outage began, however long the outage
-    was. Exactly once per gap: the gap's row in
+    In the same transaction, every lease live at ``S`` (expiring after it: LEASED offers and
+    RUNNING attempts -- the task's and the current attempt's ``lease_expires_at`` -- and ACTIVE
+    sessions' ``expires_at``) is moved later by the part of the gap since it was last written:
+    ``N - max(S, last write)`` (the task's ``updated_at``, the session's ``heartbeat_at``). The
+    fleet's last beat can precede the real outage by up to a heartbeat interval, and a lease
+    granted or renewed in between lost the time from then on; one written just before ``N`` (a
+    dispatcher granting before its first beat after every dispatcher was down) lost nothing and
+    gets nothing. Each lease so gets back the time it had left when it could last be renewed,
+    however long the outage was. Exactly once per gap: the gap's row in
     ``pulse_dispatch_outages`` is keyed by ``S``, so a second dispatcher noticing the same gap
     hits the key (it waits for the first one's commit, then sees the duplicate) and extends
     nothing; one that comes later reads the first one's fresh beat and sees no gap.
 Ordering
-    The recovery scan runs :func:`recover_expired` (a beat, then the scan, in one transaction),
-    so it never decides on a lease while an uncompensated gap is open. The dispatcher serves
-    start, renew and finish only after a beat that committed less than the threshold ago
-    (``orbit_dispatcher/heartbeat.py``), so a worker's first renewal after an outage finds its
-    lease already extended.
+    The recovery scan runs :func:`recover_expired`, which decides nothing while a gap longer
+    than the threshold is open (a plain read of the fleet's last beat): the next beat
+    compensates first. The dispatcher serves start, renew and finish only after a beat of its
+    own that committed less than the threshold ago (``orbit_dispatcher/heartbeat.py``), so a
+    worker's first renewal or finish after an outage finds its lease already extended.
 
-Locks: the gap's outage row (insert), tasks and their current attempts (one multi-table update,
-tasks/attempts in the lock order of docs/architecture.md), sessions, then this dispatcher's own
-heartbeat row (no other transaction locks it). The heartbeat row is written last.
+Locks: a beat locks only its own heartbeat row, written last (the fleet's last beat is a plain
+read; rows of dispatchers gone for a day are deleted by primary key after a plain read), so a
+frozen dispatcher holding its own row stalls nobody's beat. A compensating beat first takes the
+gap's outage row (insert), then tasks and their current attempts (one multi-table update;
+tasks/attempts in the lock order of docs/architecture.md), then sessions.
 """
 
 from __future__ import annotations
@@ -48,28 +56,30 @@ INSERT_OUTAGE = (
     "INSERT INTO pulse_dispatch_outages (gap_started_at, gap_ended_at, gap_us, detected_by,"
     " tasks_extended, sessions_extended) VALUES (%s, %s, %s, %s, 0, 0)"
 )
-# A lease is compensated when it was live at the gap's start: granted (offered_at) and
-# registered (sessions' created_at) before it, expiring after it. One granted after the start
-# (possible only when the fleet was silent but the database was not, e.g. every dispatcher
-# restarting at once) lost no time and is left alone.
+# Live at the gap's start S (expiring after it) and last written before its end N: moved later
+# by N - GREATEST(S, last write) (module docstring).
 LIVE_LEASES = (
     "SELECT t.namespace_id, t.id FROM pulse_tasks t JOIN pulse_attempts a"
     " ON a.namespace_id = t.namespace_id AND a.id = t.current_attempt_id"
-    " WHERE t.state IN ('LEASED', 'RUNNING') AND t.lease_expires_at > %s"
-    "   AND a.state IN ('OFFERED', 'RUNNING') AND a.offered_at <= %s"
+    " WHERE t.state IN ('LEASED', 'RUNNING') AND t.lease_expires_at > %(s)s"
+    "   AND t.updated_at < %(n)s AND a.state IN ('OFFERED', 'RUNNING')"
     " FOR UPDATE"
 )
+LOST = "TIMESTAMPDIFF(MICROSECOND, GREATEST(%(s)s, {written}), %(n)s)"
 EXTEND_LEASES = (
     "UPDATE pulse_tasks t JOIN pulse_attempts a"
     " ON a.namespace_id = t.namespace_id AND a.id = t.current_attempt_id"
-    " SET t.lease_expires_at = t.lease_expires_at + INTERVAL %s MICROSECOND,"
-    "     a.lease_expires_at = a.lease_expires_at + INTERVAL %s MICROSECOND"
-    " WHERE t.state IN ('LEASED', 'RUNNING') AND t.lease_expires_at > %s"
-    "   AND a.state IN ('OFFERED', 'RUNNING') AND a.offered_at <= %s"
+    f" SET a.lease_expires_at = a.lease_expires_at"
+    f"       + INTERVAL {LOST.format(written='t.updated_at')} MICROSECOND,"
+    f"     t.lease_expires_at = t.lease_expires_at"
+    f"       + INTERVAL {LOST.format(written='t.updated_at')} MICROSECOND"
+    " WHERE t.state IN ('LEASED', 'RUNNING') AND t.lease_expires_at > %(s)s"
+    "   AND t.updated_at < %(n)s AND a.state IN ('OFFERED', 'RUNNING')"
 )
 EXTEND_SESSIONS = (
-    "UPDATE pulse_worker_sessions SET expires_at = expires_at + INTERVAL %s MICROSECOND"
-    " WHERE state = 'ACTIVE' AND expires_at > %s AND created_at <= %s"
+    "UPDATE pulse_worker_sessions"
+    f" SET expires_at = expires_at + INTERVAL {LOST.format(written='heartbeat_at')} MICROSECOND"
+    " WHERE state = 'ACTIVE' AND expires_at > %(s)s AND heartbeat_at < %(n)s"
 )
 RECORD_OUTAGE = (
     "UPDATE pulse_dispatch_outages SET tasks_extended = %s, sessions_extended = %s"
@@ -79,12 +89,14 @@ UPDATE_BEAT = "UPDATE pulse_dispatch_heartbeats SET beat_at = %s WHERE node = %s
 INSERT_BEAT = (
     "INSERT INTO pulse_dispatch_heartbeats (node, beat_at, started_at) VALUES (%s, %s, %s)"
 )
-PRUNE_BEATS = "DELETE FROM pulse_dispatch_heartbeats WHERE beat_at < %s AND node <> %s LIMIT 100"
+STALE_BEATS = "SELECT node FROM pulse_dispatch_heartbeats WHERE beat_at < %s LIMIT 100"
+PRUNE_BEATS = "DELETE FROM pulse_dispatch_heartbeats WHERE node = %s AND beat_at < %s"
 
 
 @attrs.frozen(kw_only=True)
 class Outage:
-    """A compensated gap: every lease live at ``started_at`` moved later by ``length``."""
+    """A compensated gap: every lease live at ``started_at`` moved later by the part of
+    ``length`` since it was last written (module docstring)."""
 
     started_at: dt.datetime
     ended_at: dt.datetime
@@ -114,24 +126,39 @@ async def beat(cur: Any, node: str, threshold: dt.timedelta) -> Beat:
     is older than ``threshold`` (module docstring). The named transaction ``dispatch.beat``."""
     node = node[:NODE_MAX]
     now = await db_now(cur)
-    await cur.execute(LAST_BEAT)
-    row = await cur.fetchone()
-    last = as_utc(row["last"]) if row and row["last"] is not None else None
+    last = await _last_beat(cur)
     outage = None
     if last is not None and now - last > threshold:
         outage = await _compensate(cur, node, last, now)
+    stale = to_db(now - STALE_NODE_ROWS)
+    await cur.execute(STALE_BEATS, (stale,))  # a plain read: it waits for no one's row
+    for gone in [row["node"] for row in await cur.fetchall()]:
+        await cur.execute(PRUNE_BEATS, (gone, stale))
     when = to_db(now)
     await cur.execute(UPDATE_BEAT, (when, node))
     if cur.rowcount == 0:
         await cur.execute(INSERT_BEAT, (node, when, when))
-    await cur.execute(PRUNE_BEATS, (to_db(now - STALE_NODE_ROWS), node))
     return Beat(at=now, compensated=outage)
+
+
+async def _last_beat(cur: Any) -> dt.datetime | None:
+    """The fleet's last beat (a plain, non-locking read)."""
+    await cur.execute(LAST_BEAT)
+    row = await cur.fetchone()
+    return as_utc(row["last"]) if row and row["last"] is not None else None
+
+
+async def gap_open(cur: Any, threshold: dt.timedelta) -> bool:
+    """Whether the fleet has been silent longer than ``threshold``: an outage that no beat has
+    compensated yet. Reads only, locks nothing."""
+    last = await _last_beat(cur)
+    return last is not None and await db_now(cur) - last > threshold
 
 
 async def _compensate(cur: Any, node: str, started: dt.datetime,
                       ended: dt.datetime) -> Outage | None:
-    """Extend every lease live at ``started`` by the gap, unless another dispatcher already
-    did (the outage row's key)."""
+    """Extend every lease live at ``started`` by the time it lost (module docstring), unless
+    another dispatcher already did (the outage row's key)."""
     gap_us = _micros(ended - started)
     try:
         await cur.execute(INSERT_OUTAGE, (to_db(started), to_db(ended), gap_us, node))
@@ -139,24 +166,25 @@ async def _compensate(cur: Any, node: str, started: dt.datetime,
         if dberrors.is_duplicate(exc):
             return None  # this gap is compensated already (by another dispatcher)
         raise
-    since = to_db(started)
-    # Tasks first (by primary key), then the multi-table update reaches each task's current
-    # attempt: the lock order of every lease transaction.
-    await cur.execute(LIVE_LEASES, (since, since))
+    gap = {"s": to_db(started), "n": to_db(ended)}
+    # Tasks first, then the multi-table update reaches each task's current attempt (the lock
+    # order of every lease transaction). Both assignments read the task's updated_at, which
+    # neither changes.
+    await cur.execute(LIVE_LEASES, gap)
     tasks = len(await cur.fetchall())
     if tasks:
-        await cur.execute(EXTEND_LEASES, (gap_us, gap_us, since, since))
-    await cur.execute(EXTEND_SESSIONS, (gap_us, since, since))
+        await cur.execute(EXTEND_LEASES, gap)
+    await cur.execute(EXTEND_SESSIONS, gap)
     sessions = cur.rowcount
-    await cur.execute(RECORD_OUTAGE, (tasks, sessions, since))
+    await cur.execute(RECORD_OUTAGE, (tasks, sessions, gap["s"]))
     return Outage(started_at=started, ended_at=ended, tasks_extended=tasks,
                   sessions_extended=sessions)
 
 
-async def recover_expired(cur: Any, node: str, threshold: dt.timedelta,
-                          limit: int = 128) -> tuple[Beat, int]:
-    """The recovery scan, after a heartbeat in the same transaction: an outage that ended is
-    compensated before any lapsed lease is decided (``recovery.leases``). Returns the beat and
-    the number of tasks :func:`leases.recover_expired` handled."""
-    done = await beat(cur, node, threshold)
-    return done, await leases.recover_expired(cur, limit)
+async def recover_expired(cur: Any, threshold: dt.timedelta, limit: int = 128) -> int | None:
+    """The recovery scan (``recovery.leases``), unless a gap longer than ``threshold`` is open:
+    then it decides nothing (None) and the next beat compensates first. Otherwise the number
+    of tasks :func:`leases.recover_expired` handled."""
+    if await gap_open(cur, threshold):
+        return None
+    return await leases.recover_expired(cur, limit)

@@ -39,7 +39,7 @@ class DatabaseConfig:
     def session(self) -> SessionSettings:
         try:
             return SessionSettings(lock_wait_timeout_s=self.lock_wait_timeout_s,
-                                   idle_write_timeout_s=self.idle_transaction_timeout_s)
+                                   idle_transaction_timeout_s=self.idle_transaction_timeout_s)
         except ValueError as exc:
             raise ConfigError(f"invalid [database] setting: {exc}") from exc
 

@@ -127,19 +127,19 @@ def test_an_empty_environment_variable_counts_as_unset(tmp_path: Path) -> None:
     assert config.api.port == 8080
 
 
-def test_daemon_sessions_bound_lock_waits_and_idle_writers() -> None:
+def test_daemon_sessions_bound_lock_waits_and_idle_transactions() -> None:
     defaults = load_config(None, {}).database.session()
-    assert defaults == SessionSettings(lock_wait_timeout_s=2, idle_write_timeout_s=1)
+    assert defaults == SessionSettings(lock_wait_timeout_s=2, idle_transaction_timeout_s=1)
     assert "innodb_lock_wait_timeout = 2" in defaults.init_command()
     # MariaDB runs the executable comment, MySQL skips it (docs/runbooks/liveness.md).
     assert defaults.init_command().endswith(
-        " /*M!100300 , idle_write_transaction_timeout = 1 */")
+        " /*M!100300 , idle_transaction_timeout = 1 */")
     off = load_config(None, {"ORBIT_DATABASE_IDLE_TRANSACTION_TIMEOUT_S": "0",
                              "ORBIT_DATABASE_LOCK_WAIT_TIMEOUT_S": "5"}).database.session()
-    assert "idle_write_transaction_timeout" not in off.init_command()
+    assert "idle_transaction_timeout" not in off.init_command()
     assert "innodb_lock_wait_timeout = 5" in off.init_command()
     # Tools and tests keep the plain settings.
-    assert "idle_write_transaction_timeout" not in INIT_COMMAND
+    assert "idle_transaction_timeout" not in INIT_COMMAND
 
 
 @pytest.mark.parametrize(("name", "value"), [("ORBIT_DATABASE_LOCK_WAIT_TIMEOUT_S", "0"),

@@ -1,12 +1,13 @@
 """One frozen process must not stall the whole queue (§1b.1).
 
-Two dispatchers (and the API) share one queue under load from SDK workers, one worker per
-dispatcher. One process is SIGSTOPped for 10 s at a moment when it is inside a write transaction
-(stopped at seeded random moments until the server shows one of its transactions open, idle
-and holding written rows -- the frozen holder of the scenario), then SIGCONTed. Meanwhile the
-worker on the healthy dispatcher must keep finishing (largest gap between its consecutive
-completions, by the database's completed_at, under 2 s), must lose no lease, and no task may go
-to NEEDS_REVIEW because of the stall. The frozen dispatcher's own worker cannot renew while its
+Two dispatchers, the API (a submitter keeps it busy) and, in the scheduler case, a scheduler
+firing into the same queue share one queue under load from SDK workers, one worker per
+dispatcher. One process (a dispatcher, the API, the scheduler) is SIGSTOPped for 10 s at a
+moment when it is inside a write transaction (stopped at seeded random moments until the server
+shows one of its transactions open, idle and holding written rows -- the frozen holder of the
+scenario), then SIGCONTed. Meanwhile the worker on the healthy dispatcher must keep finishing
+(largest gap between its consecutive completions, by the database's finished_at, under 2 s),
+must lose no lease, and no task may go to NEEDS_REVIEW because of the stall. The frozen dispatcher's own worker cannot renew while its
 dispatcher is stopped; its leases may lapse (that is the stopped process's own failure), so
 its tasks are not counted.
 """
@@ -27,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.support.invariants import check
-from tests.support.processes import Daemon, wait_until
+from tests.support.processes import Daemon, free_port, wait_until
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -49,9 +50,23 @@ WHERE p.DB = DATABASE() AND p.COMMAND = 'Sleep' AND t.trx_rows_modified > 0
 """
 
 
+class StallStack(Stack):
+    """The stack, plus daemons a scenario adds (stopped with it)."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp, dispatchers=2)
+        self.extra_daemons: list[Daemon] = []
+
+    def close(self) -> None:
+        for daemon in self.extra_daemons:
+            daemon.signal(signal.SIGCONT)
+            daemon.stop()
+        super().close()
+
+
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path, dispatchers=2)
+def stack(tmp_path: Path) -> Iterator[StallStack]:
+    s = StallStack(tmp_path)
     try:
         yield s
     finally:
@@ -111,7 +126,28 @@ class Submitter(threading.Thread):
                 self.accepted += self.stack.submit(self.queue, "sleep", _work(self.rng, 1))
 
 
-def _run(stack: Stack, tmp_path: Path, *, victim: str, seed: int) -> dict[str, Any]:
+def _scheduler(stack: StallStack, tmp_path: Path) -> Daemon:
+    """A scheduler firing short tasks into the same queue: 20 schedules every second, their
+    instants spread over the second, so the scheduler is often inside a firing transaction
+    (which holds the queue's counter row)."""
+    with stack.sql() as conn, conn.cursor() as cur:
+        cur.execute("SELECT UTC_TIMESTAMP(6)")
+        now = cur.fetchone()[0]
+    for i in range(20):
+        start = now + dt.timedelta(milliseconds=50 * i)
+        status, body = stack.api_call("POST", "/schedules", {
+            "name": f"tick-{i}", "queue": "stall",
+            "rule": {"interval_ms": 1000, "timezone": "UTC",
+                     "start_at": start.isoformat() + "Z"},
+            "template": {"handler": "sleep", "input": {"ms": 1}}})
+        assert status == 201, body
+    daemon = Daemon(["scheduler"], db_url=stack.url, log=tmp_path / "scheduler.log", env={
+        "ORBIT_SERVICE_METRICS_PORT": str(free_port()), "ORBIT_SERVICE_DRAIN_TIMEOUT_S": "5"})
+    stack.extra_daemons.append(daemon)
+    return daemon
+
+
+def _run(stack: StallStack, tmp_path: Path, *, victim: str, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     began = time.monotonic()
     stack.create_queue("stall", execution_lease_ms=LEASE_MS, offer_lease_ms=LEASE_MS,
@@ -125,12 +161,15 @@ def _run(stack: Stack, tmp_path: Path, *, victim: str, seed: int) -> dict[str, A
                                "ORBIT_QUEUES": "stall", "ORBIT_CONCURRENCY": "16",
                                "ORBIT_INSTANCE_KEY": name,
                                "ORBIT_SIDE_EFFECTS": str(tmp_path / "effects.log")})
+    scheduler = _scheduler(stack, tmp_path) if victim == "scheduler" else None
     wait_until(lambda: stack.states().get("SUCCEEDED", 0) >= 30, timeout=60,
                message="work under way")
     submitter = Submitter(stack, "stall", random.Random(seed + 1))
     submitter.start()
 
-    daemon = stack.dispatchers[0] if victim == "dispatcher" else stack.api
+    daemon = {"dispatcher": stack.dispatchers[0], "api": stack.api,
+              "scheduler": scheduler}[victim]
+    assert daemon is not None
     stopped_at, tries = _freeze_inside_a_transaction(stack, daemon, rng)
     submitter.stop.set()  # its call in flight ends once the API runs again
     time.sleep(STOP_S - 0.15)  # the catch took 0.15 s of the stop
@@ -138,7 +177,14 @@ def _run(stack: Stack, tmp_path: Path, *, victim: str, seed: int) -> dict[str, A
     resumed_at = _db_now(stack)
     waiting_at_resume = stack.states().get("WAITING", 0)
     submitter.join(timeout=30)
-    stack.wait_settled(len(submitter.accepted) + BACKLOG, timeout=120)
+    if scheduler is not None:
+        scheduler.signal(signal.SIGTERM)  # no more fires: the task count is final
+        scheduler.wait(timeout=30)
+    with stack.sql() as conn, conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM pulse_tasks")
+        total = int(cur.fetchone()[0])
+    assert total >= len(submitter.accepted) + BACKLOG
+    stack.wait_settled(total, timeout=120)
 
     with stack.sql() as conn:
         with conn.cursor() as cur:
@@ -181,8 +227,9 @@ def _run(stack: Stack, tmp_path: Path, *, victim: str, seed: int) -> dict[str, A
     return figures
 
 
-@pytest.mark.parametrize(("victim", "seed"), [("dispatcher", 11), ("api", 12)])
-def test_a_stopped_process_does_not_stall_the_others(stack: Stack, tmp_path: Path,
+@pytest.mark.parametrize(("victim", "seed"), [("dispatcher", 11), ("api", 12),
+                                              ("scheduler", 13)])
+def test_a_stopped_process_does_not_stall_the_others(stack: StallStack, tmp_path: Path,
                                                      victim: str, seed: int) -> None:
     figures = _run(stack, tmp_path, victim=victim, seed=seed)
     assert figures["waiting_at_resume"] > 0  # work was there to do all along
@@ -191,5 +238,5 @@ def test_a_stopped_process_does_not_stall_the_others(stack: Stack, tmp_path: Pat
     assert figures["max_gap_s"] < MAX_GAP_S
     # Only the stopped dispatcher's own worker may have lost leases (it could not renew).
     assert set(figures["needs_review"]) <= ({FROZEN} if victim == "dispatcher" else set())
-    if victim == "api":
+    if victim != "dispatcher":
         assert figures["frozen_lease_expired"] == 0

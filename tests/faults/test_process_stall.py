@@ -7,9 +7,9 @@ moment when it is inside a write transaction (stopped at seeded random moments u
 shows one of its transactions open, idle and holding written rows -- the frozen holder of the
 scenario), then SIGCONTed. Meanwhile the worker on the healthy dispatcher must keep finishing
 (largest gap between its consecutive completions, by the database's finished_at, under 2 s),
-must lose no lease, and no task may go to NEEDS_REVIEW because of the stall. The frozen dispatcher's own worker cannot renew while its
-dispatcher is stopped; its leases may lapse (that is the stopped process's own failure), so
-its tasks are not counted.
+must lose no lease, and no task may go to NEEDS_REVIEW because of the stall. The frozen
+dispatcher's own worker cannot renew while its dispatcher is stopped; its leases may lapse
+(that is the stopped process's own failure), so its tasks are not counted.
 """
 
 from __future__ import annotations

@@ -385,10 +385,14 @@ class DispatcherService:
                     log.warning("usage gauges not refreshed: %s", exc, extra={"code": exc.code})
             try:
                 while True:
-                    n = await self._recover_leases()
-                    RECOVERED.labels("lease").inc(n)
-                    if n < 128:
+                    handled = await self._recover_leases()
+                    if handled is None:
                         break
+                    RECOVERED.labels("lease").inc(handled)
+                    if handled < 128:
+                        break
+                if handled is None:
+                    continue  # an outage not yet compensated: no session expires either
                 n = await self.db.transaction("recovery.deadlines",
                                               lambda cur: leases.expire_waiting(cur, 128))
                 RECOVERED.labels("deadline").inc(n)
@@ -397,15 +401,14 @@ class DispatcherService:
             except errors.OrbitError as exc:
                 log.warning("recovery pass failed: %s", exc, extra={"code": exc.code})
 
-    async def _recover_leases(self) -> int:
+    async def _recover_leases(self) -> int | None:
         """One lease-recovery transaction, after a fresh heartbeat of this node (which
-        compensates an outage that just ended); it decides nothing while the fleet's heartbeat
-        shows a gap no beat has compensated yet (outages.recover_expired)."""
+        compensates an outage that just ended); it decides nothing (None) while the fleet's
+        heartbeat shows a gap no beat has compensated yet (outages.recover_expired)."""
         await self.beats.fresh()
-        handled = await self.db.transaction(
+        return await self.db.transaction(
             "recovery.leases",
             lambda cur: outages.recover_expired(cur, self.beats.threshold, 128))
-        return 0 if handled is None else handled
 
     # --- HTTP -------------------------------------------------------------------------------
 

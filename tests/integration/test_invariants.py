@@ -938,9 +938,55 @@ async def test_application_counters_are_checked_over_all_its_namespaces(
         "application_counter", "queue_counter", "queue_unfinished"}
 
 
+async def test_two_runs_of_one_schedule_instant_are_reported(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any]
+) -> None:
+    """A schedule fired by the real scheduler is clean; a second run of one of its instants
+    (another source) is ``one_run_per_instant``. uq_occurrences_run makes that row impossible on
+    a sound schema, so this scratch database's ledger stops enforcing it first (as
+    f_two_valid_permits does for uq_permits_held); a SKIPPED row of the instant stays clean."""
+    from orbit_common.pulse import schedules
+    from tests.integration.test_schedule_firing import fire_until_idle, make_schedule
+
+    tenants = []
+    for _ in range(2):
+        sc = await build_scenario(scratch_db)
+        schedule_id = await make_schedule(
+            scratch_db, sc.tenant, sc.queue.id, rule={"cron": "*/10 * * * *", "timezone": "UTC"},
+            since=dt.timedelta(minutes=25), misfire="EACH")
+        tenants.append((sc.tenant, schedule_id))
+    await fire_until_idle(scratch_db)
+    (damaged, schedule_id), (bystander, _) = tenants
+    ((fire_at,),) = sql(scratch_conn, "SELECT MIN(fire_at) FROM pulse_schedule_occurrences"
+                                      " WHERE namespace_id = %s AND outcome = 'FIRED'",
+                        damaged.namespace_id)
+    assert fire_at is not None
+    assert check(scratch_conn, [damaged.namespace_id]) == []
+    insert = schedules.INSERT_OCCURRENCES + " VALUES " + schedules.OCCURRENCE_ROW
+
+    def occurrence(source: str, outcome: str) -> tuple[Any, ...]:
+        return (damaged.namespace_id, ids.new_id(), schedule_id, fire_at, 1, source, outcome,
+                None, None, 1, None if outcome == "SKIPPED" else ids.new_id(), fire_at, 0)
+
+    sql(scratch_conn, insert, *occurrence("TRIGGER", "SKIPPED"))
+    assert check(scratch_conn, [damaged.namespace_id]) == []
+    ((present,),) = sql(scratch_conn, "SELECT COUNT(*) FROM information_schema.statistics"
+                                      " WHERE table_schema = DATABASE()"
+                                      " AND table_name = 'pulse_schedule_occurrences'"
+                                      " AND index_name = 'uq_occurrences_run'")
+    if present:
+        sql(scratch_conn, "ALTER TABLE pulse_schedule_occurrences DROP INDEX uq_occurrences_run")
+    sql(scratch_conn, insert, *occurrence("BACKFILL", "FIRED"))
+    found = check(scratch_conn, [damaged.namespace_id])
+    assert codes(found) == {"one_run_per_instant"}, found
+    assert "ran 2 times" in found[0]
+    assert check(scratch_conn, [bystander.namespace_id]) == []
+    assert "one_run_per_instant" in codes(await check_db(scratch_db, [damaged.namespace_id]))
+
+
 def test_every_code_has_a_corruption_test() -> None:
     from tests.support.invariants import CODES
 
     covered = ({code for code, _ in CORRUPTIONS} | {code for code, _ in FLOW_CORRUPTIONS}
-               | {"stuck", "missing_task"})
+               | {"stuck", "missing_task", "one_run_per_instant"})
     assert covered == set(CODES)

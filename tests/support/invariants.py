@@ -80,6 +80,9 @@ Invariants (code: what must hold)
     stuck                 (``quiescent=True`` only) no LEASED/RUNNING task whose lease lapsed,
                           and no WAITING task past its deadline, longer than ``grace`` ago
     missing_task          every ``(namespace_id, task_id)`` in ``expected_tasks`` exists
+    one_run_per_instant   at most one run (a FIRED or MERGED occurrence, any source) per
+                          (schedule, fire_at); SKIPPED rows do not count (read from ``outcome``,
+                          not from the generated column the unique key uses)
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ CODES = (
     "success_overwritten", "transition", "event_revisions", "stuck", "missing_task",
     "queue_unfinished", "application_counter", "start_window", "key_row", "attempt_token",
     "permit_count", "permit_held", "permit_holder", "permit_missing", "permit_tokens",
-    "permit_revision",
+    "permit_revision", "one_run_per_instant",
 )
 
 
@@ -740,6 +743,23 @@ def _event_revisions_render(row: dict[str, Any], s: Scope) -> str:
             f" contiguous run ending at the task's revision")
 
 
+# --- schedules -------------------------------------------------------------------------------
+
+def _one_run_sql(s: Scope) -> str:
+    return f"""
+SELECT o.namespace_id, o.schedule_id, o.fire_at, COUNT(*) AS n,
+       GROUP_CONCAT(CONCAT(o.source, ' ', o.outcome) ORDER BY o.source SEPARATOR ', ') AS runs
+FROM pulse_schedule_occurrences o
+WHERE o.outcome <> 'SKIPPED'{s.ns('o')}
+GROUP BY o.namespace_id, o.schedule_id, o.fire_at
+HAVING COUNT(*) > 1"""
+
+
+def _one_run_render(row: dict[str, Any], _s: Scope) -> str:
+    return (f"schedule {_h(row['namespace_id'])}/{_h(row['schedule_id'])} ran"
+            f" {row['n']} times for {row['fire_at']} ({row['runs']})")
+
+
 # --- quiescence and acknowledged tasks -------------------------------------------------------
 
 def _stuck_sql(s: Scope) -> str:
@@ -838,6 +858,7 @@ PROBES: tuple[Probe, ...] = (
                        f" token on its key (expected exactly one)"),
     Probe("permit_tokens", _permit_tokens_sql, _permit_tokens_render),
     Probe("permit_revision", _permit_revision_sql, _permit_revision_render),
+    Probe("one_run_per_instant", _one_run_sql, _one_run_render),
     Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),
     Probe("missing_task", _expected_sql,
           lambda r, s: f"acknowledged {_task(r)} does not exist",

@@ -365,6 +365,29 @@ async def get_task(db: Database, principal: creds.Principal, *, namespace: str,
     return await db.read("tasks.get", body)
 
 
+# --- scans by state ----------------------------------------------------------------------------
+
+# Every task in one state across namespaces, keyset-paged by the time that matters for that
+# state: ``available_at`` for the waiting backlog (samplers, due-time reports),
+# ``completed_at`` for terminal tasks (retention, completion samplers). EXPLAIN-checked in
+# tests/schema/test_explain_events.py against ix_tasks_state_available and
+# ix_tasks_state_completed. Parameters: state, position time (twice), position id, limit.
+SELECT_BY_STATE_AVAILABLE = """
+SELECT namespace_id, id, queue_id, state, available_at
+FROM pulse_tasks
+WHERE state = %s AND (available_at > %s OR (available_at = %s AND id > %s))
+ORDER BY available_at, id
+LIMIT %s
+"""
+SELECT_BY_STATE_COMPLETED = """
+SELECT namespace_id, id, queue_id, state, completed_at
+FROM pulse_tasks
+WHERE state = %s AND (completed_at > %s OR (completed_at = %s AND id > %s))
+ORDER BY completed_at, id
+LIMIT %s
+"""
+
+
 # --- attempts -----------------------------------------------------------------------------------
 
 # Never token_digest: the lease token's digest stays inside the dispatcher.

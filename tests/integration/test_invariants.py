@@ -498,7 +498,15 @@ def c_missing_outcome_event(conn: Any, sc: Scenario) -> None:
         _set_task(conn, sc, "WAITING", "state = 'FAILED', completed_at = UTC_TIMESTAMP(6)")
 
 
+def _deletable_result_events(conn: Any) -> None:
+    """The append-only trigger makes deleting a result event impossible on a sound schema
+    (migration 0012): this scratch database's table stops refusing DELETE (as
+    f_two_valid_permits drops a unique index), so the checker can be shown the damage."""
+    sql(conn, "DROP TRIGGER IF EXISTS trg_orbit_result_events_no_delete")
+
+
 def c_missing_result_event(conn: Any, sc: Scenario) -> None:
+    _deletable_result_events(conn)
     sql(conn, "DELETE FROM orbit_result_events WHERE namespace_id = %s AND task_id = %s",
         sc.tenant.namespace_id, sc.task["SUCCEEDED"])
 
@@ -516,6 +524,7 @@ def c_result_without_state_event(conn: Any, sc: Scenario) -> None:
 
 
 def c_sequence_gap(conn: Any, sc: Scenario) -> None:
+    _deletable_result_events(conn)
     sql(conn, "DELETE FROM orbit_result_events WHERE namespace_id = %s AND sequence = 1",
         sc.tenant.namespace_id)
 

@@ -398,7 +398,8 @@ async def _create_runs(cur: Any, namespace_id: bytes, row: dict[str, Any],  # no
     planned, payloads, ledger = [], [], []
     for at, version in instants:
         spec = schedules.template_spec(namespace_id, row["id"], version, queue.name)
-        item = tasks.Item(spec=spec, path="$.template")
+        item = tasks.Item(spec=spec, path="$.template", owner_kind="SCHEDULE",
+                          owner_id=row["id"])
         planned.append((item, queue))
         payloads.append({"schedule": {"id": row["id"].hex(), "name": row["name"],
                                       "version": version.version, "source": source,

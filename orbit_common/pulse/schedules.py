@@ -2,7 +2,8 @@
 
 The ledger (``pulse_schedule_occurrences``) has one row per (schedule, planned UTC fire time):
 fired (with its task), skipped, or merged (one run for a range, ``[fire_at, covered_until)``).
-The row, the task it creates (``tasks.insert_generated``: counters and limits included) and the
+The row, the task it creates (``tasks.insert_generated``: counters and limits included; the task
+is owned by the schedule, ``owner_kind = 'SCHEDULE'``, ``owner_id`` = the schedule) and the
 schedule's progress (``covered_until``, ``processing_version``, ``next_fire_at``, ``check_at``)
 commit in one transaction, so a scheduler killed at any point neither loses nor repeats a fire:
 either the whole step committed (the next claim starts after it) or none of it did.
@@ -481,7 +482,8 @@ async def _fire_group(cur: Any, namespace_id: bytes, group: list[dict[str, Any]]
             task_id = None
             if occ.outcome != "SKIPPED":
                 spec = template_spec(namespace_id, row["id"], versions[occ.version], queue.name)
-                item = tasks.Item(spec=spec, path="$.template")
+                item = tasks.Item(spec=spec, path="$.template", owner_kind="SCHEDULE",
+                                  owner_id=row["id"])
                 task_id = last_task = item.task_id
                 planned.append((item, queue))
                 payloads.append({"schedule": {

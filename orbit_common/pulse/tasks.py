@@ -421,9 +421,6 @@ async def queues_by_name(cur: Any, namespace_id: bytes, queue_names: Sequence[st
 # --- submission ---------------------------------------------------------------------------------
 
 
-OWNER_KINDS = ("SCHEDULE", "WORKFLOW")
-
-
 @attrs.frozen(kw_only=True)
 class Item:
     """One item of a submission, with the identities made before the transaction.

@@ -23,7 +23,7 @@ import pytest
 from orbit_common.db.clock import to_db
 from orbit_common.db.pool import DatabaseUrl
 from orbit_common.platform import events
-from orbit_common.pulse import queries
+from orbit_common.pulse import leases, queries
 from tests.schema.test_explain import explain
 from tests.support import migrations, pulse
 
@@ -43,6 +43,8 @@ PAGE = 50
 class EventSeed:
     namespace_id: bytes
     workflow_id: bytes
+    task_namespace_id: bytes
+    queue_id: bytes
 
 
 def _event(namespace_id: bytes, n: int, payload: dict[str, Any]) -> tuple[Any, ...]:
@@ -94,7 +96,8 @@ def seed(cur: Any) -> EventSeed:
         cur.execute(f"ANALYZE TABLE {table}")
         cur.fetchall()
     middle = workflows[len(workflows) // 2]
-    return EventSeed(namespace_id=middle[0], workflow_id=middle[1])
+    return EventSeed(namespace_id=middle[0], workflow_id=middle[1],
+                     task_namespace_id=namespace_id, queue_id=queue_id)
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +211,34 @@ def test_workflow_id_is_decoded_from_the_payload(
     (row,) = migrations.query(url, "SELECT workflow_id FROM orbit_events WHERE id = %s",
                               (event_id,))
     assert row["workflow_id"] == expected
+
+
+def _now() -> dt.datetime:
+    return to_db(BASE + dt.timedelta(seconds=TASKS // 2))
+
+
+# The hot scans on pulse_tasks that filter on ``state`` keep their own indexes: the two new
+# (state, time, id) indexes must not be chosen for them. (Only the index is asserted: the
+# recovery scan's ``state IN (…)`` sorts its two ranges, as it did before these indexes.)
+HOT_TASK_SCANS: dict[str, tuple[str, Callable[[EventSeed], tuple[Any, ...]], str]] = {
+    "leases claim": (
+        leases._claim_sql(1, concurrency_keys=False),  # the production statement
+        lambda s: (s.task_namespace_id, s.queue_id, _now(), _now(), _now(), _now(), "h", 10),
+        "ix_tasks_claim"),
+    "leases.EXPIRED_LEASES": (leases.EXPIRED_LEASES, lambda s: (_now(), 100),
+                              "ix_tasks_lease_expiry"),
+    "leases.WAITING_PAST_DEADLINE": (leases.WAITING_PAST_DEADLINE, lambda s: (_now(), 100),
+                                     "ix_tasks_waiting_deadline"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOT_TASK_SCANS))
+def test_the_hot_task_scans_keep_their_indexes(
+    seeded: tuple[DatabaseUrl, EventSeed], name: str,
+) -> None:
+    url, s = seeded
+    sql, params, index = HOT_TASK_SCANS[name]
+    plan = explain(url, sql, params(s))
+    text = "\n".join(map(str, plan))
+    (row,) = plan
+    assert row["key"] == index, text

@@ -993,9 +993,42 @@ async def test_two_runs_of_one_schedule_instant_are_reported(
     assert "one_run_per_instant" in codes(await check_db(scratch_db, [damaged.namespace_id]))
 
 
+async def test_a_schedule_task_and_its_owner_must_agree(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any]
+) -> None:
+    """Tasks fired by the real scheduler are owned by their schedule (clean); a task that lost
+    its owner, or names another schedule than the ledger row that made it, is ``task_owner``."""
+    from tests.integration.test_schedule_firing import fire_until_idle, make_schedule
+
+    tenants = []
+    for _ in range(2):
+        sc = await build_scenario(scratch_db)
+        await make_schedule(
+            scratch_db, sc.tenant, sc.queue.id, rule={"cron": "*/10 * * * *", "timezone": "UTC"},
+            since=dt.timedelta(minutes=25), misfire="EACH")
+        tenants.append(sc.tenant)
+    await fire_until_idle(scratch_db)
+    damaged, bystander = tenants
+    fired = [task_id for (task_id,) in sql(
+        scratch_conn, "SELECT task_id FROM pulse_schedule_occurrences WHERE namespace_id = %s"
+                      " AND outcome = 'FIRED' ORDER BY fire_at", damaged.namespace_id)]
+    assert len(fired) >= 2
+    assert check(scratch_conn, [damaged.namespace_id]) == []
+    sql(scratch_conn, "UPDATE pulse_tasks SET owner_kind = NULL, owner_id = NULL"
+                      " WHERE namespace_id = %s AND id = %s", damaged.namespace_id, fired[0])
+    found = check(scratch_conn, [damaged.namespace_id])
+    assert codes(found) == {"task_owner"}, found
+    assert "owned by nobody" in found[0]
+    sql(scratch_conn, "UPDATE pulse_tasks SET owner_id = %s WHERE namespace_id = %s AND id = %s",
+        ids.new_id(), damaged.namespace_id, fired[1])
+    assert len(check(scratch_conn, [damaged.namespace_id])) == 3  # both ends of the second
+    assert check(scratch_conn, [bystander.namespace_id]) == []
+    assert "task_owner" in codes(await check_db(scratch_db, [damaged.namespace_id]))
+
+
 def test_every_code_has_a_corruption_test() -> None:
     from tests.support.invariants import CODES
 
     covered = ({code for code, _ in CORRUPTIONS} | {code for code, _ in FLOW_CORRUPTIONS}
-               | {"stuck", "missing_task", "one_run_per_instant"})
+               | {"stuck", "missing_task", "one_run_per_instant", "task_owner"})
     assert covered == set(CODES)

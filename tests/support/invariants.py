@@ -83,6 +83,9 @@ Invariants (code: what must hold)
     one_run_per_instant   at most one run (a FIRED or MERGED occurrence, any source) per
                           (schedule, fire_at); SKIPPED rows do not count (read from ``outcome``,
                           not from the generated column the unique key uses)
+    task_owner            a task owned by a schedule (owner_kind SCHEDULE) is referenced by a
+                          ledger row of that schedule, and a task a ledger row references is
+                          owned by that row's schedule
 """
 
 from __future__ import annotations
@@ -118,7 +121,7 @@ CODES = (
     "success_overwritten", "transition", "event_revisions", "stuck", "missing_task",
     "queue_unfinished", "application_counter", "start_window", "key_row", "attempt_token",
     "permit_count", "permit_held", "permit_holder", "permit_missing", "permit_tokens",
-    "permit_revision", "one_run_per_instant",
+    "permit_revision", "one_run_per_instant", "task_owner",
 )
 
 
@@ -760,6 +763,27 @@ def _one_run_render(row: dict[str, Any], _s: Scope) -> str:
             f" {row['n']} times for {row['fire_at']} ({row['runs']})")
 
 
+def _task_owner_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.owner_kind, t.owner_id, o.schedule_id
+FROM pulse_tasks t
+LEFT JOIN pulse_schedule_occurrences o ON o.namespace_id = t.namespace_id AND o.task_id = t.id
+WHERE t.owner_kind = 'SCHEDULE' AND (o.id IS NULL OR o.schedule_id <> t.owner_id){s.ns('t')}
+UNION ALL
+SELECT t.namespace_id, t.id, t.owner_kind, t.owner_id, o.schedule_id
+FROM pulse_schedule_occurrences o
+JOIN pulse_tasks t ON t.namespace_id = o.namespace_id AND t.id = o.task_id
+WHERE (t.owner_kind IS NULL OR t.owner_kind <> 'SCHEDULE'
+       OR t.owner_id <> o.schedule_id){s.ns('o')}"""
+
+
+def _task_owner_render(row: dict[str, Any], _s: Scope) -> str:
+    ledger = ("no ledger row" if row["schedule_id"] is None
+              else f"the ledger row of schedule {_h(row['schedule_id'])}")
+    return (f"{_task(row)} is owned by {row['owner_kind'] or 'nobody'}"
+            f" {_h(row['owner_id'])}, but {ledger} made it")
+
+
 # --- quiescence and acknowledged tasks -------------------------------------------------------
 
 def _stuck_sql(s: Scope) -> str:
@@ -859,6 +883,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("permit_tokens", _permit_tokens_sql, _permit_tokens_render),
     Probe("permit_revision", _permit_revision_sql, _permit_revision_render),
     Probe("one_run_per_instant", _one_run_sql, _one_run_render),
+    Probe("task_owner", _task_owner_sql, _task_owner_render),
     Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),
     Probe("missing_task", _expected_sql,
           lambda r, s: f"acknowledged {_task(r)} does not exist",

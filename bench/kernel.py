@@ -33,8 +33,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+import orbit_devdb as devdb
 from orbit_api.app import create_app
-from orbit_cli import devdb
 from orbit_common.db.migrator import Migrator
 from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
 from orbit_common.db.schema import SchemaChecker

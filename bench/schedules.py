@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.tasks import _free_port, _percentile, _post_json, _wait_ready
-from orbit_cli import devdb
+import orbit_devdb as devdb
+from bench.common import free_port, percentile, post_json, wait_ready
 from orbit_common.db.migrator import Migrator
 from orbit_common.db.pool import DatabaseUrl, connect_sync
 from orbit_common.model import ids, jsondoc
@@ -165,14 +165,14 @@ def run(url_text: str | None, n: int, replicas: int, steady_s: float) -> dict[st
             [sys.executable, "-m", "orbit_cli", "admin", "bootstrap", "--application", "bench",
              "--namespace", "bench"], env=env, capture_output=True, text=True,
             check=True).stdout)
-        api_port = _free_port()
+        api_port = free_port()
         with (logs / "api.log").open("wb") as log:
             procs.append(subprocess.Popen([sys.executable, "-m", "orbit_cli", "api"],
                                           env={**env, "ORBIT_API_PORT": str(api_port)},
                                           stdout=log, stderr=subprocess.STDOUT))
         api = f"http://127.0.0.1:{api_port}"
-        _wait_ready(f"{api}/readyz")
-        _post_json(f"{api}/v1/namespaces/{boot['namespace']}/queues", boot["api_key"],
+        wait_ready(f"{api}/readyz")
+        post_json(f"{api}/v1/namespaces/{boot['namespace']}/queues", boot["api_key"],
                    {"name": "bench"})
         conn = connect_sync(url)
         with conn.cursor() as cur:
@@ -186,7 +186,7 @@ def run(url_text: str | None, n: int, replicas: int, steady_s: float) -> dict[st
             with (logs / f"scheduler-{i}.log").open("wb") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "orbit_cli", "scheduler"],
-                    env={**env, "ORBIT_SERVICE_METRICS_PORT": str(_free_port())},
+                    env={**env, "ORBIT_SERVICE_METRICS_PORT": str(free_port())},
                     stdout=log, stderr=subprocess.STDOUT))
         _wait_fired(conn, namespace_id, n, timeout=600)
         with conn.cursor() as cur:
@@ -228,8 +228,8 @@ def run(url_text: str | None, n: int, replicas: int, steady_s: float) -> dict[st
             "burst_fires_per_s": round(n / burst_s, 1) if burst_s > 0 else None,
             "steady_seconds": round((stop_at - t1).total_seconds(), 1),
             "steady_fires": len(lateness),
-            "steady_lateness_p50_ms": round(_percentile(lateness, 0.5), 1),
-            "steady_lateness_p99_ms": round(_percentile(lateness, 0.99), 1),
+            "steady_lateness_p50_ms": round(percentile(lateness, 0.5), 1),
+            "steady_lateness_p99_ms": round(percentile(lateness, 0.99), 1),
             "steady_lateness_max_ms": round(max(lateness), 1) if lateness else None,
             # A ledger row twice, or a task without its ledger row, is a duplicate run.
             "duplicates": burst["duplicates"] + steady["duplicates"]

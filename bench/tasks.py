@@ -15,43 +15,24 @@ import json
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+import orbit_devdb as devdb
+from bench.common import free_port, percentile, post_json, wait_ready
 from bench.kernelcycle import run_kernel_cycle
 from bench.rawqueue import run_raw_cycle
-from orbit_cli import devdb
 from orbit_common.db.migrator import Migrator
 from orbit_common.db.pool import DatabaseUrl, connect_sync
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - loopback
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} never became ready")
 
 
 def _com_commit(url: DatabaseUrl) -> int:
@@ -101,14 +82,6 @@ def _wait_purged(url: DatabaseUrl, timeout: float = 120) -> None:
         conn.close()
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
-
-
 def _task_body(queue_name: str, size: int, first: int, keys: int) -> dict[str, Any]:
     return {"tasks": [{"queue": queue_name, "handler": "noop", "input": {},
                        **({"concurrency_key": f"key-{(first + i) % keys}"} if keys else {})}
@@ -153,13 +126,6 @@ async def _submit_all(api: str, key: str, namespace: str, tasks: int, rate: floa
     return tasks / (time.perf_counter() - started)
 
 
-def _post_json(url: str, key: str, doc: dict[str, Any]) -> None:
-    request = urllib.request.Request(  # noqa: S310 - loopback
-        url, method="POST", data=json.dumps(doc).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=10).close()  # noqa: S310
-
-
 class _Phase:
     """A fresh database on the server, migrated, with ``apps`` bootstrapped applications (one
     namespace and one ``bench`` queue each), the API and one dispatcher running."""
@@ -183,7 +149,7 @@ class _Phase:
                  f"bench-{n}", "--namespace", f"bench-{n}"], env=self.env, capture_output=True,
                 text=True, check=True).stdout)
             self.tenants.append((boot["api_key"], boot["namespace"]))
-        api_port, dispatcher_port = _free_port(), _free_port()
+        api_port, dispatcher_port = free_port(), free_port()
         self.api = f"http://127.0.0.1:{api_port}"
         self.dispatcher = f"http://127.0.0.1:{dispatcher_port}"
         for command, port_env in (("api", {"ORBIT_API_PORT": str(api_port)}),
@@ -191,11 +157,11 @@ class _Phase:
                                                   str(dispatcher_port)})):
             self._spawn(command, [sys.executable, "-m", "orbit_cli", command],
                         {**port_env, "ORBIT_SERVICE_LOG_LEVEL": "WARNING"})
-        _wait_ready(f"{self.api}/readyz")
-        _wait_ready(f"{self.dispatcher}/readyz")
+        wait_ready(f"{self.api}/readyz")
+        wait_ready(f"{self.dispatcher}/readyz")
         for key, namespace in self.tenants:
             for queue_name in ("bench", "kernel"):
-                _post_json(f"{self.api}/v1/namespaces/{namespace}/queues", key,
+                post_json(f"{self.api}/v1/namespaces/{namespace}/queues", key,
                            {"name": queue_name})
 
     def _spawn(self, label: str, argv: list[str], env: dict[str, str]) -> None:
@@ -288,18 +254,18 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
         "rate": rate, "keys": keys, "apps": apps,
         "submit_per_s": round(sum(submit_rates), 1),
         "tasks_per_s": round(tasks / elapsed, 1),
-        "start_p50_ms": round(_percentile(latencies, 0.5), 1),
-        "start_p99_ms": round(_percentile(latencies, 0.99), 1),
+        "start_p50_ms": round(percentile(latencies, 0.5), 1),
+        "start_p99_ms": round(percentile(latencies, 0.99), 1),
         "start_mean_ms": round(statistics.fmean(latencies), 1) if latencies else None,
         # submit -> lease offered (the claim's database time): the dispatcher's share of the
         # start latency; the rest is the push, the worker's start request and its commit.
-        "offer_p50_ms": round(_percentile(offers, 0.5), 1),
-        "offer_p99_ms": round(_percentile(offers, 0.99), 1),
+        "offer_p50_ms": round(percentile(offers, 0.5), 1),
+        "offer_p99_ms": round(percentile(offers, 0.99), 1),
         # lease offered -> start approved: the claim's commit, the push, the worker's start
         # request and the start transaction up to its clock read
-        "offer_to_start_p50_ms": round(_percentile(
+        "offer_to_start_p50_ms": round(percentile(
             [s - o for s, o in zip(latencies, offers, strict=True)], 0.5), 1),
-        "offer_to_start_p99_ms": round(_percentile(
+        "offer_to_start_p99_ms": round(percentile(
             [s - o for s, o in zip(latencies, offers, strict=True)], 0.99), 1),
         "commits_per_task": round(commits / tasks, 3),
     }

@@ -7,40 +7,19 @@ import logging
 from aiohttp import web
 
 from orbit_api import openapi
-from orbit_api.body import LIMIT_KEY
-from orbit_api.context import CONFIG, DB
-from orbit_api.middleware import (
-    auth_middleware,
-    metrics_middleware,
-    problem_middleware,
-    request_id_middleware,
-)
 from orbit_api.routes import applications, interventions, platform, queues, schedules, tasks
 from orbit_common.db.pool import Database
+from orbit_common.platform import principals
 from orbit_common.service.config import OrbitConfig
-from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
+from orbit_common.service.health import ReadinessGate
+from orbit_common.service.http.server import ServiceRunner, service_app
 
 log = logging.getLogger(__name__)
 
 
 def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Application:
     """Build the aiohttp application (used by the daemon and by tests)."""
-    app = web.Application(
-        # Outermost first: metrics see the final status, including problem documents.
-        middlewares=[
-            metrics_middleware,
-            request_id_middleware,
-            problem_middleware,
-            auth_middleware,
-        ],
-        # aiohttp enforces this while reading; read_json also checks Content-Length first.
-        client_max_size=config.api.max_body_bytes,
-    )
-    app[DB] = db
-    app[CONFIG] = config
-    app[GATE_KEY] = gate
-    app[LIMIT_KEY] = config.api.max_body_bytes
-    add_health_routes(app)
+    app = service_app(config, db, gate, authenticate=principals.authenticate)
     app.router.add_get("/v1/openapi.json", openapi.openapi)
     platform.add_routes(app)
     queues.add_routes(app)
@@ -64,10 +43,10 @@ class ApiService:
     def __init__(self, config: OrbitConfig, db: Database, gate: ReadinessGate) -> None:
         self.config = config
         self.app = create_app(config, db, gate)
-        self.runner: web.AppRunner | None = None
+        self.runner: ServiceRunner | None = None
 
     async def start(self) -> None:
-        self.runner = web.AppRunner(
+        self.runner = ServiceRunner(
             self.app, access_log=None, shutdown_timeout=self.config.service.drain_timeout_s
         )
         await self.runner.setup()

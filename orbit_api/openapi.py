@@ -43,6 +43,27 @@ TOO_MANY_REQUESTS: dict[str, Any] = {
 
 ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
 NAME = {"type": "string", "pattern": "^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$"}
+
+
+def _namespace_state(summary: str, op_id: str, ok: str) -> dict[str, Any]:
+    return {
+        "summary": summary, "operationId": op_id,
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/NamespaceStateRequest"}}}},
+        "responses": {
+            "200": _json("Namespace", ok), **COMMON_ERRORS,
+            "400": _problem("validation_failed (the reason is required), malformed_json, "
+                            "duplicate_json_key, json_too_deep"),
+            "403": _problem("The credential may not namespaces.manage this name (forbidden)"),
+            "404": _problem("namespace_not_found: no such namespace in the caller's "
+                            "application"),
+            "409": _problem("stale_revision: changed concurrently; retry"),
+            "413": _problem("payload_too_large"),
+            "415": _problem("unsupported_media_type"),
+        },
+    }
+
+
 TIME = {"type": "string", "format": "date-time"}
 
 DOCUMENT: dict[str, Any] = {
@@ -99,9 +120,23 @@ DOCUMENT: dict[str, Any] = {
                     "403": _problem("The credential may not create this namespace (forbidden)"),
                     "409": _problem("already_exists, or idempotency_conflict"),
                     "413": _problem("payload_too_large"),
-                    "415": _problem("unsupported_media_type"),
+                    "415": _problem("unsupported_media_type, unsupported_content_encoding"),
                 },
             },
+        },
+        "/v1/namespaces/{namespace}/disable": {
+            "parameters": [{"name": "namespace", "in": "path", "required": True,
+                            "schema": NAME}],
+            "post": _namespace_state(
+                "Disable a namespace (operators): its API answers namespace_not_found, workers "
+                "can neither register nor claim, its schedules do not fire; idempotent",
+                "disableNamespace", "The disabled namespace"),
+        },
+        "/v1/namespaces/{namespace}/enable": {
+            "parameters": [{"name": "namespace", "in": "path", "required": True,
+                            "schema": NAME}],
+            "post": _namespace_state("Enable a disabled namespace again; idempotent",
+                                     "enableNamespace", "The active namespace"),
         },
     },
     "components": {
@@ -137,6 +172,11 @@ DOCUMENT: dict[str, Any] = {
                     "grants": {"type": "array", "items": {"$ref": "#/components/schemas/Grant"}},
                     "namespaces": {"type": "array", "items": NAME},
                 },
+            },
+            "NamespaceStateRequest": {
+                "type": "object", "additionalProperties": False, "required": ["reason"],
+                "description": "An operator's intervention: the reason is required and audited",
+                "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 1024}},
             },
             "CreateNamespaceRequest": {
                 "type": "object", "additionalProperties": False, "required": ["name"],

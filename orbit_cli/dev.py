@@ -22,7 +22,8 @@ from typing import Any
 import attrs
 import click
 
-from orbit_cli import devdb
+import orbit_devdb as devdb
+from orbit_cli.files import write_secret_file
 from orbit_common.db import migrator
 from orbit_common.db.pool import DatabaseUrl
 
@@ -46,7 +47,7 @@ def dev_db() -> None:
 def db_start(root: Path, database: str) -> None:
     """Start (initialising on first use) the private instance; prints its URL."""
     instance = devdb.start(root)
-    _create_database(instance, database)
+    devdb.create_database(instance, database)
     click.echo(instance.url(database))
 
 
@@ -54,18 +55,6 @@ def db_start(root: Path, database: str) -> None:
 @click.option("--dir", "root", default=".orbit/mysql", type=click.Path(path_type=Path))
 def db_stop(root: Path) -> None:
     devdb.stop(root)
-
-
-def _create_database(instance: devdb.Instance, database: str) -> None:
-    conn = instance.connect()
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                f"CREATE DATABASE IF NOT EXISTS `{database}` "  # name validated by caller
-                "CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
-            )
-    finally:
-        conn.close()
 
 
 def _wait_http(url: str, timeout_s: float) -> bool:
@@ -98,7 +87,7 @@ def dev_up(root: Path, api_port: int, dispatcher_port: int | None) -> None:
     if not url:
         click.echo(f"starting the private database in {root / 'mysql'} …")
         instance = devdb.start(root / "mysql")
-        _create_database(instance, "orbit")
+        devdb.create_database(instance, "orbit")
         url = instance.url("orbit")
     parsed = DatabaseUrl.parse(url)
     click.echo(f"database: {parsed.render()}")
@@ -136,8 +125,6 @@ def _bootstrap_once(root: Path, url: str, api_url: str, dispatcher_url: str) -> 
         if doc.get("api_url") != api_url or doc.get("dispatcher_url") != dispatcher_url:
             doc["api_url"] = api_url
             doc["dispatcher_url"] = dispatcher_url
-            from orbit_cli.main import write_secret_file
-
             write_secret_file(path, doc)
         click.echo(f"bootstrap: already done ({path}; namespace {doc.get('namespace')!r})")
         return
@@ -155,8 +142,6 @@ def _bootstrap_once(root: Path, url: str, api_url: str, dispatcher_url: str) -> 
         )
     doc = json.loads(path.read_text())
     doc["dispatcher_url"] = dispatcher_url
-    from orbit_cli.main import write_secret_file
-
     write_secret_file(path, doc)
     click.echo("bootstrap: created application, namespace and an all-access API key:")
     click.echo(f"  api_key   = {doc['api_key']}   (shown once; saved in {path}, mode 0600)")

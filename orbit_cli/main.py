@@ -14,21 +14,19 @@ from typing import Any, TypeVar
 import click
 import pymysql
 
+from orbit_cli.files import write_secret_file
 from orbit_common import errors
 from orbit_common.db import migrator
 from orbit_common.db.pool import Database, DatabaseUrl, open_database
-from orbit_common.model import ids, jsondoc
-from orbit_common.platform import applications as apps
+from orbit_common.model import jsondoc
+from orbit_common.platform import admin as admin_tx
 from orbit_common.platform import authz, commands
-from orbit_common.platform import credentials as creds
-from orbit_common.platform import namespaces as nss
 from orbit_common.platform.audit import Actor
+from orbit_common.platform.namespaces import NamespaceState
 from orbit_common.pulse import quotas
 from orbit_common.service.config import ConfigError, OrbitConfig, load_config
 
 T = TypeVar("T")
-
-PAGE = 500  # rows per keyset page when a command lists everything
 
 
 def _config(ctx: click.Context) -> OrbitConfig:
@@ -212,18 +210,6 @@ def admin_bootstrap(  # noqa: PLR0917 - one parameter per click option
     _echo_json(doc)
 
 
-def write_secret_file(path: Path, doc: dict[str, Any]) -> None:
-    """Write JSON readable by the owner only (created 0600, never wider)."""
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-
-
 @admin.group("app")
 def admin_app() -> None:
     """Applications."""
@@ -233,25 +219,14 @@ def admin_app() -> None:
 @click.argument("name")
 @click.pass_context
 def app_create(ctx: click.Context, name: str) -> None:
-    app_id = ids.new_id()
-    app = _with_db(ctx, lambda db: db.transaction("applications.create", lambda cur:
-                   apps.create_application(cur, app_id=app_id, name=name, actor=_actor(ctx))))
+    app = _with_db(ctx, lambda db: admin_tx.create_application(db, name=name, actor=_actor(ctx)))
     _echo_json(app.summary())
 
 
 @admin_app.command("list")
 @click.pass_context
 def app_list(ctx: click.Context) -> None:
-    async def every(cur: Any) -> list[apps.Application]:
-        found: list[apps.Application] = []
-        while True:
-            page = await apps.list_applications(
-                cur, after_name=found[-1].name if found else "", limit=PAGE)
-            found.extend(page)
-            if len(page) < PAGE:
-                return found
-
-    for app in _with_db(ctx, lambda db: db.read("applications.list", every)):
+    for app in _with_db(ctx, admin_tx.list_applications):
         click.echo(f"{app.id.hex()}  {app.state.value:8}  {app.name}")
 
 
@@ -261,8 +236,8 @@ def app_list(ctx: click.Context) -> None:
 @click.pass_context
 def app_disable(ctx: click.Context, name: str, reason: str) -> None:
     """Disable an application: all its credentials stop working at once."""
-    app = _with_db(ctx, lambda db: db.transaction("applications.disable", lambda cur:
-                   apps.disable_application(cur, name=name, actor=_actor(ctx), reason=reason)))
+    app = _with_db(ctx, lambda db: admin_tx.disable_application(
+        db, name=name, actor=_actor(ctx), reason=reason))
     _echo_json(app.summary())
 
 
@@ -354,15 +329,8 @@ def admin_namespace() -> None:
 @click.option("--description", default="")
 @click.pass_context
 def namespace_create(ctx: click.Context, name: str, application: str, description: str) -> None:
-    namespace_id = ids.new_id()
-
-    async def body(cur: Any) -> nss.Namespace:
-        app = await apps.find_application(cur, application)
-        return await nss.create_namespace(
-            cur, namespace_id=namespace_id, application_id=app.id, name=name,
-            description=description, actor=_actor(ctx))
-
-    ns = _with_db(ctx, lambda db: db.transaction("namespaces.create", body))
+    ns = _with_db(ctx, lambda db: admin_tx.create_namespace(
+        db, name=name, application=application, description=description, actor=_actor(ctx)))
     _echo_json(commands.namespace_view(ns))
 
 
@@ -370,19 +338,34 @@ def namespace_create(ctx: click.Context, name: str, application: str, descriptio
 @click.option("--application", required=True)
 @click.pass_context
 def namespace_list(ctx: click.Context, application: str) -> None:
-    async def body(cur: Any) -> list[nss.Namespace]:
-        app = await apps.find_application(cur, application)
-        found: list[nss.Namespace] = []
-        while True:
-            page = await nss.list_namespaces(
-                cur, application_id=app.id, after_name=found[-1].name if found else "",
-                limit=PAGE)
-            found.extend(page)
-            if len(page) < PAGE:
-                return found
-
-    for ns in _with_db(ctx, lambda db: db.read("namespaces.list", body)):
+    for ns in _with_db(ctx, lambda db: admin_tx.list_namespaces(db, application=application)):
         click.echo(f"{ns.id.hex()}  {ns.state.value:8}  {ns.name}")
+
+
+def _set_namespace_state(ctx: click.Context, name: str, to: NamespaceState,
+                         reason: str) -> None:
+    ns = _with_db(ctx, lambda db: admin_tx.set_namespace_state(
+        db, name=name, to=to, actor=_actor(ctx), reason=reason))
+    _echo_json(commands.namespace_view(ns))
+
+
+@admin_namespace.command("disable")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def namespace_disable(ctx: click.Context, name: str, reason: str) -> None:
+    """Disable a namespace: its API answers namespace_not_found, workers can neither register
+    nor claim, its schedules do not fire. Its data are kept; idempotent."""
+    _set_namespace_state(ctx, name, NamespaceState.DISABLED, reason)
+
+
+@admin_namespace.command("enable")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def namespace_enable(ctx: click.Context, name: str, reason: str) -> None:
+    """Enable a disabled namespace again; idempotent."""
+    _set_namespace_state(ctx, name, NamespaceState.ACTIVE, reason)
 
 
 @admin.group("credential")
@@ -400,15 +383,8 @@ def credential_create(ctx: click.Context, name: str, application: str,
                       grants: str | None) -> None:
     """Create a credential; the API key is printed once and stored only as a digest."""
     parsed = _grants(grants)
-    credential_id = ids.new_id()
-
-    async def body(cur: Any) -> creds.IssuedKey:
-        app = await apps.find_application(cur, application)
-        return await creds.create_credential(
-            cur, credential_id=credential_id, application_id=app.id, name=name, grants=parsed,
-            actor=_actor(ctx))
-
-    issued = _with_db(ctx, lambda db: db.transaction("credentials.create", body))
+    issued = _with_db(ctx, lambda db: admin_tx.create_credential(
+        db, name=name, application=application, grants=parsed, actor=_actor(ctx)))
     _echo_json({**issued.credential.summary(), "api_key": issued.api_key})
 
 
@@ -416,11 +392,7 @@ def credential_create(ctx: click.Context, name: str, application: str,
 @click.option("--application", required=True)
 @click.pass_context
 def credential_list(ctx: click.Context, application: str) -> None:
-    async def body(cur: Any) -> list[creds.Credential]:
-        app = await apps.find_application(cur, application)
-        return await creds.list_credentials(cur, application_id=app.id)
-
-    for c in _with_db(ctx, lambda db: db.read("credentials.list", body)):
+    for c in _with_db(ctx, lambda db: admin_tx.list_credentials(db, application=application)):
         click.echo(f"{c.prefix}  {c.state.value:8}  {c.name}")
 
 
@@ -430,8 +402,8 @@ def credential_list(ctx: click.Context, application: str) -> None:
 @click.pass_context
 def credential_revoke(ctx: click.Context, prefix: str, reason: str) -> None:
     """Revoke a credential by its public prefix; it stops working at once."""
-    c = _with_db(ctx, lambda db: db.transaction("credentials.revoke", lambda cur:
-                 creds.revoke_credential(cur, prefix=prefix, actor=_actor(ctx), reason=reason)))
+    c = _with_db(ctx, lambda db: admin_tx.revoke_credential(
+        db, prefix=prefix, actor=_actor(ctx), reason=reason))
     _echo_json(c.summary())
 
 

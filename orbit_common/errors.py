@@ -162,6 +162,33 @@ class UnsupportedMediaType(OrbitError):
     title = "The request body must be application/json"
 
 
+class UnsupportedContentEncoding(UnsupportedMediaType):
+    code = "unsupported_content_encoding"
+    title = "The request body's Content-Encoding is not supported"
+
+
+class ContentEncodingInvalid(BadRequest):
+    code = "content_encoding_invalid"
+    title = "The request body does not decode with its Content-Encoding"
+
+
+class RequestHeadTooLarge(BadRequest):
+    code = "request_head_too_large"
+    title = "The request line or a header field is too long"
+
+
+class MalformedHttpRequest(BadRequest):
+    code = "malformed_http_request"
+    title = "The request is not valid HTTP/1.1"
+
+
+class BinaryFrameUnsupported(BadRequest):
+    """A worker WebSocket frame that is binary (the protocol is JSON text frames)."""
+
+    code = "binary_frame_unsupported"
+    title = "WebSocket frames must be JSON text frames"
+
+
 # --- server-side problems (5xx) ----------------------------------------------------------------
 
 

@@ -28,24 +28,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import prometheus_client
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
-from orbit_api.body import LIMIT_KEY, read_document
-from orbit_api.context import CONFIG, DB, principal_of
-from orbit_api.middleware import (
-    auth_middleware,
-    metrics_middleware,
-    problem_middleware,
-    request_id_middleware,
-)
 from orbit_common import errors
 from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
-from orbit_common.pulse import leases, usage, workers
+from orbit_common.platform import principals
+from orbit_common.platform.principals import principal_of
+from orbit_common.pulse import dispatch, leases, usage, workers
 from orbit_common.pulse.workers import Session
 from orbit_common.service.config import OrbitConfig
-from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
-from orbit_dispatcher import protocol
+from orbit_common.service.health import ReadinessGate
+from orbit_common.service.http.body import read_document
+from orbit_common.service.http.middleware import BACKPRESSURE_REFUSALS
+from orbit_common.service.http.server import ServiceRunner, service_app
+from orbit_dispatcher import openapi, protocol
 from orbit_dispatcher.pool import ClaimPool, ProbeCache
 
 log = logging.getLogger(__name__)
@@ -121,12 +118,19 @@ class Connection:
                                             "expired; register again"})
         await self.ws.close()
 
+    async def refuse_binary(self) -> None:
+        """The protocol is JSON text frames: say so, then close with 1003 (unsupported data)."""
+        refusal = errors.BinaryFrameUnsupported("frames must be JSON text frames; closing")
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.send_json({"type": "error", "id": None, "code": refusal.code,
+                                  "detail": refusal.detail})
+        await self.ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"text frames only")
+
     async def heartbeat(self) -> None:
         while not self.closing:
             await asyncio.sleep(HEARTBEAT_S)
             try:
-                await self.service.db.transaction(
-                    "dispatch.heartbeat", lambda cur: workers.heartbeat(cur, self.session))
+                await dispatch.heartbeat(self.service.db, self.session)
             except workers.SessionLost:
                 await self.lost()
                 return
@@ -134,9 +138,7 @@ class Connection:
     async def cancel_notices(self) -> None:
         while not self.closing:
             await asyncio.sleep(CANCEL_SCAN_S)
-            found = await self.service.db.read(
-                "dispatch.cancel_scan",
-                lambda cur: self.service.cancel_requested(cur, self.session))
+            found = await dispatch.cancel_requested(self.service.db, self.session)
             fresh = [a for a in found if a not in self.notified]
             if fresh:
                 self.notified.update(fresh)
@@ -193,7 +195,10 @@ class Connection:
             if op is None:
                 raise errors.ValidationFailed([{"path": "$.type",
                                                 "message": "ready, start, renew or finish"}])
-            items = await op(self.session.namespace_id, doc)
+            if request_id is None:  # its reply could not be matched to it: do nothing
+                raise errors.ValidationFailed([{"path": "$.id", "message":
+                                                "required: a string of 1-64 characters"}])
+            items = await op(self.session, doc)
             await self.send_json({"type": "reply", "id": request_id, "op": kind,
                                   "items": items})
         except errors.OrbitError as exc:
@@ -222,14 +227,14 @@ class DispatcherService:
             probes=ProbeCache(first_ms=dispatcher.empty_probe_ms or dispatcher.idle_poll_min_ms,
                               max_ms=dispatcher.idle_poll_max_ms),
             ready=lambda: gate.is_ready, error_pause_ms=dispatcher.idle_poll_max_ms)
-        self.runner: web.AppRunner | None = None
+        self.runner: ServiceRunner | None = None
         self.recovery: asyncio.Task[None] | None = None
         self.app = self._make_app()
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.runner = web.AppRunner(self.app, access_log=None,
+        self.runner = ServiceRunner(self.app, access_log=None,
                                     shutdown_timeout=self.config.service.drain_timeout_s)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.config.dispatcher.host, self.config.dispatcher.port)
@@ -272,7 +277,7 @@ class DispatcherService:
     async def _claim_turn(self, session: Session, queue: workers.QueueRef,
                           limit: int) -> list[leases.Grant]:
         """One claim transaction, run by the claim pool."""
-        grants = await leases.run_claim(self.db, "dispatch.claim", session, queue, limit)
+        grants = await dispatch.claim(self.db, session, queue, limit)
         CLAIMS.labels("yes" if grants else "no").inc()
         GRANTS.inc(len(grants))
         return grants
@@ -283,38 +288,25 @@ class DispatcherService:
         yield
         await self.pool.close()
 
-    @staticmethod
-    async def cancel_requested(cur: Any, session: Session) -> list[bytes]:
-        await cur.execute(
-            "SELECT a.id FROM pulse_attempts a JOIN pulse_tasks t"
-            " ON t.namespace_id = a.namespace_id AND t.id = a.task_id"
-            " WHERE a.namespace_id = %s AND a.worker_session_id = %s AND a.state = 'RUNNING'"
-            " AND t.cancel_requested_at IS NOT NULL AND t.current_attempt_id = a.id",
-            (session.namespace_id, session.id))
-        return [row["id"] for row in await cur.fetchall()]
-
-    def operations(self) -> dict[str, Callable[[bytes, Any], Awaitable[list[dict[str, Any]]]]]:
+    def operations(self) -> dict[str, Callable[[Session, Any], Awaitable[list[dict[str, Any]]]]]:
         return {"start": self.op_start, "renew": self.op_renew, "finish": self.op_finish}
 
-    async def op_start(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
+    async def op_start(self, session: Session, doc: Any) -> list[dict[str, Any]]:
         refs = protocol.parse_refs(doc)
-        out = await self.db.transaction("dispatch.start",
-                                        lambda cur: leases.start(cur, namespace_id, refs))
+        out = await dispatch.start(self.db, session, refs)
         limited = sum(1 for o in out if o.reason == "start_rate_limited")
         if limited:
-            usage.BACKPRESSURE_REFUSALS.labels("start_rate_limited").inc(limited)
+            BACKPRESSURE_REFUSALS.labels("start_rate_limited").inc(limited)
         return [protocol.start_json(o) for o in out]
 
-    async def op_renew(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
+    async def op_renew(self, session: Session, doc: Any) -> list[dict[str, Any]]:
         refs = protocol.parse_refs(doc)
-        out = await self.db.transaction("dispatch.renew",
-                                        lambda cur: leases.renew(cur, namespace_id, refs))
+        out = await dispatch.renew(self.db, session, refs)
         return [protocol.renew_json(o) for o in out]
 
-    async def op_finish(self, namespace_id: bytes, doc: Any) -> list[dict[str, Any]]:
+    async def op_finish(self, session: Session, doc: Any) -> list[dict[str, Any]]:
         reports = protocol.parse_finish(doc)
-        out = await self.db.transaction("dispatch.finish",
-                                        lambda cur: leases.finish(cur, namespace_id, reports))
+        out = await dispatch.finish(self.db, session, reports)
         return [protocol.finish_json(o) for o in out]
 
     async def _recovery_loop(self) -> None:
@@ -336,32 +328,25 @@ class DispatcherService:
                     log.warning("usage gauges not refreshed: %s", exc, extra={"code": exc.code})
             try:
                 while True:
-                    n = await self.db.transaction("recovery.leases",
-                                                  lambda cur: leases.recover_expired(cur, 128))
+                    n = await dispatch.recover_leases(
+                        self.db, 128, self.config.dispatcher.max_offer_lapses)
                     RECOVERED.labels("lease").inc(n)
                     if n < 128:
                         break
-                n = await self.db.transaction("recovery.deadlines",
-                                              lambda cur: leases.expire_waiting(cur, 128))
+                n = await dispatch.expire_waiting(self.db, 128)
                 RECOVERED.labels("deadline").inc(n)
-                await self.db.transaction("recovery.sessions",
-                                          lambda cur: workers.expire_lapsed(cur, 500))
+                await dispatch.expire_sessions(self.db, 500)
             except errors.OrbitError as exc:
                 log.warning("recovery pass failed: %s", exc, extra={"code": exc.code})
 
     # --- HTTP -------------------------------------------------------------------------------
 
     def _make_app(self) -> web.Application:
-        app = web.Application(middlewares=[metrics_middleware, request_id_middleware,
-                                           problem_middleware, auth_middleware],
-                              client_max_size=self.config.api.max_body_bytes)
-        app[DB] = self.db
-        app[CONFIG] = self.config
-        app[GATE_KEY] = self.gate
-        app[LIMIT_KEY] = self.config.api.max_body_bytes
+        app = service_app(self.config, self.db, self.gate,
+                          authenticate=principals.authenticate)
         app.cleanup_ctx.append(self._pool_ctx)
-        add_health_routes(app)
-        base = "/v1/namespaces/{namespace}/worker/sessions"
+        app.router.add_get("/v1/openapi.json", openapi.openapi)
+        base = "/v1/namespaces/{namespace}/worker/sessions"  # documented in openapi.py
         app.router.add_post(base, self.http_register)
         app.router.add_get(base + "/{session_id}/ws", self.http_ws)
         app.router.add_post(base + "/{session_id}/poll", self.http_poll)
@@ -379,8 +364,8 @@ class DispatcherService:
             raise workers.SessionNotFound() from exc
         principal = principal_of(request)
         namespace = request.match_info["namespace"]
-        session, alive = await self.db.read("dispatch.session", lambda cur: workers.load(
-            cur, principal, namespace=namespace, session_id=session_id))
+        session, alive = await dispatch.load_session(self.db, principal, namespace=namespace,
+                                                     session_id=session_id)
         if live and not alive:
             raise workers.SessionLost()
         return session
@@ -409,11 +394,11 @@ class DispatcherService:
         queues, handlers = cast(list[str], queues), cast(list[str], handlers)
         principal = principal_of(request)
         session_id, instance_id = ids.new_id(), ids.new_id()
-        session = await self.db.transaction("dispatch.register", lambda cur: workers.register(
-            cur, principal, namespace=request.match_info["namespace"],
+        session = await dispatch.register(
+            self.db, principal, namespace=request.match_info["namespace"],
             instance_key=instance_key, queues=queues, handlers=handlers,
             max_in_flight=max_in_flight, session_id=session_id, instance_id=instance_id,
-            node=self.node))
+            node=self.node)
         return web.json_response({
             "session_id": session.id.hex(), "generation": session.generation,
             "expires_at": session.expires_at.isoformat(timespec="microseconds"),
@@ -435,6 +420,9 @@ class DispatcherService:
             async for message in ws:
                 if message.type == WSMsgType.TEXT:
                     await conn.receive(message.data)
+                elif message.type == WSMsgType.BINARY:
+                    await conn.refuse_binary()
+                    break
                 elif message.type == WSMsgType.ERROR:
                     break
                 if any(t.done() for t in loops):
@@ -451,8 +439,7 @@ class DispatcherService:
             self.connections.discard(conn)
             SESSIONS.dec()
             with contextlib.suppress(errors.OrbitError):
-                await self.db.transaction("dispatch.close",
-                                          lambda cur: workers.close(cur, session))
+                await dispatch.close(self.db, session)
         return ws
 
     async def http_poll(self, request: web.Request) -> web.Response:
@@ -465,11 +452,9 @@ class DispatcherService:
                 or not isinstance(wait_ms, int) or not 0 <= wait_ms <= MAX_POLL_WAIT_MS:
             raise errors.ValidationFailed([{"path": "$", "message": "max 1-256, wait_ms "
                                             f"0-{MAX_POLL_WAIT_MS}, no other fields"}])
-        await self.db.transaction("dispatch.heartbeat",
-                                  lambda cur: workers.heartbeat(cur, session))
+        await dispatch.heartbeat(self.db, session)
         grants = await self.pool.poll(session, max_, wait_ms / 1000)
-        cancels = await self.db.read("dispatch.cancel_scan",
-                                     lambda cur: self.cancel_requested(cur, session))
+        cancels = await dispatch.cancel_requested(self.db, session)
         body = ('{"grants": [' + ", ".join(protocol.grant_json(g) for g in grants) + '],'
                 ' "cancel": ' + json.dumps([c.hex() for c in cancels]) + "}")
         return web.Response(text=body, content_type="application/json")
@@ -478,20 +463,19 @@ class DispatcherService:
         async def handler(request: web.Request) -> web.Response:
             session = await self._load(request, live=False)
             doc = await _read_object(request)
-            items = await self.operations()[kind](session.namespace_id, doc)
+            items = await self.operations()[kind](session, doc)
             return web.json_response({"items": items})
 
         return handler
 
     async def http_heartbeat(self, request: web.Request) -> web.Response:
         session = await self._load(request, live=False)
-        await self.db.transaction("dispatch.heartbeat",
-                                  lambda cur: workers.heartbeat(cur, session))
+        await dispatch.heartbeat(self.db, session)
         return web.json_response({"session_id": session.id.hex(), "alive": True})
 
     async def http_close(self, request: web.Request) -> web.Response:
         session = await self._load(request, live=False)
-        await self.db.transaction("dispatch.close", lambda cur: workers.close(cur, session))
+        await dispatch.close(self.db, session)
         return web.Response(status=204)
 
 

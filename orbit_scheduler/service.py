@@ -1,10 +1,11 @@
 """``orbit scheduler``: any number of replicas fire due schedules; none is a leader.
 
-Each loop runs :func:`orbit_common.pulse.schedules.fire_due` in one transaction at a time: it
-locks up to ``batch`` due schedules with ``SKIP LOCKED`` (another replica takes the next ones),
-writes their ledger rows, tasks and progress, and commits. A full batch is followed at once by
-the next; otherwise the loop sleeps until the earliest ``check_at`` (database time), between
-``poll_min_ms`` and ``poll_max_ms`` — the longest a schedule created meanwhile waits to be seen.
+Each loop runs :func:`orbit_common.pulse.scheduling.fire` (``schedules.fire_due`` in one
+transaction) at a time: it locks up to ``batch`` due schedules with ``SKIP LOCKED`` (another
+replica takes the next ones), writes their ledger rows, tasks and progress, and commits. A full
+batch is followed at once by the next; otherwise the loop sleeps until the earliest ``check_at``
+(database time), between ``poll_min_ms`` and ``poll_max_ms`` — the longest a schedule created
+meanwhile waits to be seen.
 Killing a replica at any point loses nothing: an uncommitted step is simply done again by
 whichever replica claims the schedule next.
 """
@@ -14,13 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 import prometheus_client
 
-from orbit_common.db.clock import as_utc, db_now
 from orbit_common.db.pool import Database
-from orbit_common.pulse import schedules
+from orbit_common.pulse import schedules, scheduling
 from orbit_common.service.config import OrbitConfig
 from orbit_common.service.health import ReadinessGate
 
@@ -37,12 +36,6 @@ LATENESS = prometheus_client.Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600))
 DUE = prometheus_client.Gauge(
     "orbit_schedules_due", "ACTIVE schedules whose check time has passed (due but not fired).")
-
-NEXT_CHECK = """
-SELECT MIN(check_at) AS next_check, SUM(check_at <= UTC_TIMESTAMP(6)) AS due
-FROM pulse_schedules FORCE INDEX (ix_schedules_check) WHERE state = 'ACTIVE'
-"""
-
 
 class SchedulerService:
     name = "scheduler"
@@ -73,8 +66,7 @@ class SchedulerService:
         await self.drain()
 
     async def step(self) -> schedules.FireStats:
-        stats = await self.db.transaction(
-            "schedules.fire", lambda cur: schedules.fire_due(cur, self.config.batch))
+        stats = await scheduling.fire(self.db, self.config.batch)
         FIRES.labels("FIRED").inc(stats.fired)
         FIRES.labels("SKIPPED").inc(stats.skipped)
         FIRES.labels("MERGED").inc(stats.merged)
@@ -84,16 +76,10 @@ class SchedulerService:
         return stats
 
     async def _idle_sleep(self) -> None:
-        async def body(cur: Any) -> float:
-            await cur.execute(NEXT_CHECK)
-            row = await cur.fetchone()
-            DUE.set(int(row["due"] or 0))
-            if row["next_check"] is None:
-                return self.config.poll_max_ms / 1000
-            now = await db_now(cur)
-            return (as_utc(row["next_check"]) - now).total_seconds()
-
-        wait = await self.db.read("schedules.next_check", body)
+        upcoming = await scheduling.next_check(self.db)
+        DUE.set(upcoming.due)
+        wait = (self.config.poll_max_ms / 1000 if upcoming.in_seconds is None
+                else upcoming.in_seconds)
         wait = min(max(wait, self.config.poll_min_ms / 1000), self.config.poll_max_ms / 1000)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), wait)

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import pymysql
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from orbit_api.app import create_app
 from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
@@ -22,6 +22,7 @@ from orbit_common.service.config import ApiConfig, DatabaseConfig, OrbitConfig
 from orbit_common.service.health import ReadinessGate
 from tests.support import database
 from tests.support.proxy import FaultProxy
+from tests.support.servers import ServiceTestServer
 
 
 @pytest.fixture(scope="session")
@@ -114,7 +115,7 @@ async def api(db: Database, db_url: DatabaseUrl) -> AsyncIterator[TestClient[Any
     """The API application served in-process on a real socket, backed by the real database."""
     config = api_config(db_url)
     gate = ReadinessGate(SchemaChecker(db))
-    client = TestClient(TestServer(create_app(config, db, gate)))
+    client = TestClient(ServiceTestServer(create_app(config, db, gate)))
     await client.start_server()
     try:
         yield client

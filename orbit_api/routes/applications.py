@@ -8,10 +8,11 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.body import query_params, read_json
-from orbit_api.context import DB, principal_of, request_id_of
 from orbit_api.openapi import COMMON_ERRORS, NAME, TIME, _json, _problem
+from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import quotas
+from orbit_common.service.http.body import query_params, read_json
+from orbit_common.service.http.context import DB, request_id_of
 
 
 @attrs.frozen(kw_only=True)
@@ -103,7 +104,7 @@ OPENAPI_PATHS: dict[str, Any] = {
                 **COMMON_ERRORS, "403": _FORBIDDEN, "404": _NOT_FOUND,
                 "409": _problem("stale_revision: the resources are no longer at this revision"),
                 "413": _problem("payload_too_large"),
-                "415": _problem("unsupported_media_type"),
+                "415": _problem("unsupported_media_type, unsupported_content_encoding"),
             },
         },
     },

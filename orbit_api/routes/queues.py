@@ -7,14 +7,16 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.body import int_param, query_params, read_json
-from orbit_api.context import DB, principal_of, request_id_of
 from orbit_api.openapi import ID, NAME, TIME, _json, _problem
 from orbit_api.routes.platform import idempotency_key
+from orbit_api.routes.tasks import json_response
 from orbit_common import errors
 from orbit_common.model import cursors
+from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import queues
 from orbit_common.pulse.model import GateState, RetryPolicy
+from orbit_common.service.http.body import int_param, query_params, read_json
+from orbit_common.service.http.context import DB, request_id_of
 
 DEFAULT_RETRY = queues.DEFAULT_RETRY
 
@@ -27,8 +29,9 @@ class RetryFields:
     max_attempts: int = DEFAULT_RETRY.max_attempts
     initial_ms: int = DEFAULT_RETRY.initial_ms
     max_ms: int = DEFAULT_RETRY.max_ms
-    multiplier: str = queues.decimal_text(DEFAULT_RETRY.multiplier)
-    jitter: str = queues.decimal_text(DEFAULT_RETRY.jitter)
+    # A JSON number (or, for compatibility, a decimal string): queues.parse_decimal.
+    multiplier: Any = DEFAULT_RETRY.multiplier
+    jitter: Any = DEFAULT_RETRY.jitter
 
 
 @attrs.frozen(kw_only=True)
@@ -48,8 +51,8 @@ class RetryPatchFields:
     max_attempts: int | None = None
     initial_ms: int | None = None
     max_ms: int | None = None
-    multiplier: str | None = None
-    jitter: str | None = None
+    multiplier: Any = None
+    jitter: Any = None
 
 
 @attrs.frozen(kw_only=True)
@@ -154,7 +157,7 @@ async def create_queue(request: web.Request) -> web.Response:
         namespace=request.match_info["namespace"], name=dto.name, settings=_settings(dto),
         idempotency_key=key, request_id=request_id_of(request),
     )
-    return web.json_response(outcome.body, status=outcome.status)
+    return json_response(outcome.body, status=outcome.status)
 
 
 async def list_queues(request: web.Request) -> web.Response:
@@ -175,7 +178,7 @@ async def list_queues(request: web.Request) -> web.Response:
     next_cursor = (
         None if page.next_after is None else cursors.encode("queues", filters, [page.next_after])
     )
-    return web.json_response({"items": page.items, "next_cursor": next_cursor})
+    return json_response({"items": page.items, "next_cursor": next_cursor})
 
 
 async def get_queue(request: web.Request) -> web.Response:
@@ -184,7 +187,7 @@ async def get_queue(request: web.Request) -> web.Response:
         request.app[DB], principal_of(request),
         namespace=request.match_info["namespace"], name=request.match_info["queue"],
     )
-    return web.json_response(view)
+    return json_response(view)
 
 
 async def update_queue(request: web.Request) -> web.Response:
@@ -195,13 +198,13 @@ async def update_queue(request: web.Request) -> web.Response:
         namespace=request.match_info["namespace"], name=request.match_info["queue"],
         revision=dto.revision, patch=_patch(dto, raw), request_id=request_id_of(request),
     )
-    return web.json_response(view)
+    return json_response(view)
 
 
 async def _gate(request: web.Request, to: GateState) -> web.Response:
     query_params(request, ())
     reason = None
-    if request.body_exists:  # the body is optional; when sent, it must be a valid one
+    if request.body_exists:  # without a body, the domain reports the missing reason
         dto, _raw = await read_json(request, GateRequest)
         reason = dto.reason
     view = await queues.set_paused(
@@ -209,7 +212,7 @@ async def _gate(request: web.Request, to: GateState) -> web.Response:
         namespace=request.match_info["namespace"], name=request.match_info["queue"],
         paused=to is GateState.PAUSED, reason=reason, request_id=request_id_of(request),
     )
-    return web.json_response(view)
+    return json_response(view)
 
 
 async def pause_queue(request: web.Request) -> web.Response:
@@ -259,10 +262,16 @@ _NOT_FOUND = _problem(
     "namespace_not_found, or queue_not_found: no such queue, or one the credential may not see"
 )
 _FORBIDDEN = _problem("forbidden: the credential sees the queue but may not do this")
-_BODY_ERRORS = {"413": _problem("payload_too_large"), "415": _problem("unsupported_media_type")}
+_BODY_ERRORS = {"413": _problem("payload_too_large"),
+                "415": _problem("unsupported_media_type, unsupported_content_encoding")}
 
 _INT = {"type": "integer"}
-_DECIMAL = {"type": "string", "pattern": r"^[0-9]{1,3}(\.[0-9]{1,3})?$"}
+# Decimals are JSON numbers (docs/api/README.md, "数值"); a request may still send the decimal
+# string of earlier versions.
+_DECIMAL = {"type": "number"}
+_DECIMAL_IN = {"anyOf": [{"type": "number"},
+                         {"type": "string", "pattern": r"^[0-9]{1,3}(\.[0-9]{1,3})?$",
+                          "deprecated": True}]}
 _FLOW_LIMIT = {"type": ["integer", "null"], "minimum": 1, "maximum": queues.INT_MAX}
 _LIMITS = {
     "offer_lease_ms": {**_INT, "minimum": 100, "maximum": 3_600_000},
@@ -284,9 +293,16 @@ _RETRY_LIMITS = {
     "initial_ms": {**_INT, "minimum": 0, "maximum": queues.INT_MAX},
     "max_ms": {**_INT, "minimum": 0, "maximum": queues.INT_MAX,
                "description": "At least initial_ms"},
-    "multiplier": {**_DECIMAL, "description": "Decimal string from 1 to 999.999"},
-    "jitter": {**_DECIMAL, "description": "Decimal string from 0 to 1"},
+    "multiplier": {**_DECIMAL, "minimum": 1, "maximum": 999.999,
+                   "description": "At most 3 decimal places; written in its shortest form"},
+    "jitter": {**_DECIMAL, "minimum": 0, "maximum": 1,
+               "description": "At most 3 decimal places; written in its shortest form"},
 }
+_RETRY_INPUT = {**_RETRY_LIMITS,
+                "multiplier": {**_DECIMAL_IN, "description": "From 1 to 999.999, at most 3 "
+                               "decimal places (a decimal string is still accepted)"},
+                "jitter": {**_DECIMAL_IN, "description": "From 0 to 1, at most 3 decimal "
+                           "places (a decimal string is still accepted)"}}
 
 
 def _with_defaults(schemas: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -353,7 +369,7 @@ OPENAPI_PATHS: dict[str, Any] = {
         "post": {
             "summary": "Pause: no new lease is granted and no new start approved; idempotent",
             "operationId": "pauseQueue",
-            "requestBody": _body("QueueGateRequest", required=False),
+            "requestBody": _body("QueueGateRequest"),
             "responses": {"200": _json("Queue", "The paused queue"), **_ERRORS,
                           "403": _FORBIDDEN, "404": _NOT_FOUND, **_BODY_ERRORS},
         },
@@ -363,14 +379,14 @@ OPENAPI_PATHS: dict[str, Any] = {
         "post": {
             "summary": "Resume a paused queue; idempotent",
             "operationId": "resumeQueue",
-            "requestBody": _body("QueueGateRequest", required=False),
+            "requestBody": _body("QueueGateRequest"),
             "responses": {"200": _json("Queue", "The open queue"), **_ERRORS,
                           "403": _FORBIDDEN, "404": _NOT_FOUND, **_BODY_ERRORS},
         },
     },
 }
 
-_RETRY_DEFAULTS = attrs.asdict(RetryFields())
+_RETRY_DEFAULTS = DEFAULT_RETRY.view()
 
 OPENAPI_SCHEMAS: dict[str, Any] = {
     "QueueRetry": {
@@ -442,7 +458,7 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                 "max_starts_per_second": None,
             }),
             "retry": {"type": "object", "additionalProperties": False,
-                      "properties": _with_defaults(_RETRY_LIMITS, _RETRY_DEFAULTS)},
+                      "properties": _with_defaults(_RETRY_INPUT, _RETRY_DEFAULTS)},
         },
     },
     "UpdateQueueRequest": {
@@ -453,11 +469,13 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "description": {"type": "string", "maxLength": queues.DESCRIPTION_MAX},
             **_LIMITS,
             "retry": {"type": "object", "additionalProperties": False,
-                      "properties": _RETRY_LIMITS},
+                      "properties": _RETRY_INPUT},
         },
     },
     "QueueGateRequest": {
-        "type": "object", "additionalProperties": False,
-        "properties": {"reason": {"type": ["string", "null"], "maxLength": queues.REASON_MAX}},
+        "type": "object", "additionalProperties": False, "required": ["reason"],
+        "description": "An operator's intervention: the reason is required and audited",
+        "properties": {"reason": {"type": "string", "minLength": 1,
+                                  "maxLength": queues.REASON_MAX}},
     },
 }

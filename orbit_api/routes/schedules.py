@@ -12,15 +12,16 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.body import int_param, query_params, read_document, read_json
-from orbit_api.context import DB, principal_of, request_id_of
 from orbit_api.openapi import ID, NAME, TIME, TOO_MANY_REQUESTS, _json, _problem
 from orbit_api.routes.platform import idempotency_key
 from orbit_api.routes.tasks import OPENAPI_SCHEMAS as TASK_SCHEMAS
 from orbit_api.routes.tasks import json_response
 from orbit_common import errors
 from orbit_common.model import cursors, jsondoc, names
+from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import schedule_commands, schedule_rules, schedules, tasks
+from orbit_common.service.http.body import int_param, query_params, read_document, read_json
+from orbit_common.service.http.context import DB, request_id_of
 
 COLLECTION = "/v1/namespaces/{namespace}/schedules"
 ITEM = COLLECTION + "/{schedule}"
@@ -104,7 +105,8 @@ def _time(text: str, path: str, problems: Problems) -> dt.datetime | None:
 
 
 async def _reason(request: web.Request) -> str | None:
-    """The optional ``{"reason": …}`` body of pause, resume and disable."""
+    """The ``{"reason": …}`` body of pause, resume and disable (the domain requires the
+    reason: a missing body is reported as a missing ``$.reason``)."""
     if not request.body_exists:
         return None
     dto, _ = await read_json(request, ReasonRequest)
@@ -313,7 +315,8 @@ _ERRORS = {
     "503": _problem("Database unavailable or commit outcome unknown; retry"),
 }
 _NOT_FOUND = _problem("namespace_not_found, or schedule_not_found")
-_BODY_ERRORS = {"413": _problem("payload_too_large"), "415": _problem("unsupported_media_type")}
+_BODY_ERRORS = {"413": _problem("payload_too_large"),
+                "415": _problem("unsupported_media_type, unsupported_content_encoding")}
 _MS = {"type": "integer", "minimum": 0}
 _POLICY_PROPS: dict[str, Any] = {
     "rule": {**_ref("ScheduleRule")},
@@ -378,7 +381,7 @@ OPENAPI_PATHS: dict[str, Any] = {
         "delete": {
             **_post("Disable the schedule (final; versions and ledger are kept); idempotent",
                     "deleteSchedule", "ScheduleReasonRequest", "200", "Schedule",
-                    conflicts="idempotency_conflict", required=False),
+                    conflicts="idempotency_conflict"),
         },
     },
     ITEM + "/versions": {
@@ -391,14 +394,13 @@ OPENAPI_PATHS: dict[str, Any] = {
     ITEM + "/pause": {
         "parameters": [_NAMESPACE_PARAM, _SCHEDULE_PARAM],
         "post": _post("Pause firing; idempotent", "pauseSchedule", "ScheduleReasonRequest",
-                      "200", "Schedule", conflicts="schedule_disabled, or idempotency_conflict",
-                      required=False),
+                      "200", "Schedule", conflicts="schedule_disabled, or idempotency_conflict"),
     },
     ITEM + "/resume": {
         "parameters": [_NAMESPACE_PARAM, _SCHEDULE_PARAM],
         "post": _post("Resume firing; the paused time meets the misfire policy; idempotent",
                       "resumeSchedule", "ScheduleReasonRequest", "200", "Schedule",
-                      conflicts="schedule_disabled, or idempotency_conflict", required=False),
+                      conflicts="schedule_disabled, or idempotency_conflict"),
     },
     ITEM + "/trigger": {
         "parameters": [_NAMESPACE_PARAM, _SCHEDULE_PARAM],
@@ -484,9 +486,9 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                        **_POLICY_PROPS},
     },
     "ScheduleReasonRequest": {
-        "type": "object", "additionalProperties": False,
-        "properties": {"reason": {"type": ["string", "null"], "minLength": 1,
-                                  "maxLength": REASON_MAX}},
+        "type": "object", "additionalProperties": False, "required": ["reason"],
+        "description": "An operator's intervention: the reason is required and audited",
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": REASON_MAX}},
     },
     "ScheduleTriggerRequest": {"type": "object", "additionalProperties": False},
     "ScheduleBackfillRequest": {

@@ -6,14 +6,15 @@ from typing import Any
 
 from aiohttp import web
 
-from orbit_api.body import int_param, query_params, read_json
-from orbit_api.context import DB, principal_of
 from orbit_api.openapi import COMMON_ERRORS, ID, NAME, TIME, TOO_MANY_REQUESTS, _json, _problem
 from orbit_api.routes.platform import idempotency_key
 from orbit_common import errors
 from orbit_common.model import jsondoc
+from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import queries, queues, tasks
 from orbit_common.pulse.model import AttemptState, TaskState
+from orbit_common.service.http.body import int_param, query_params, read_json
+from orbit_common.service.http.context import DB
 
 BASE = "/v1/namespaces/{namespace}/tasks"
 
@@ -200,7 +201,7 @@ _SUBMIT_ERRORS = {
     "404": _problem("namespace_not_found, queue_not_found"),
     "409": _problem("idempotency_conflict"),
     "413": _problem("payload_too_large"),
-    "415": _problem("unsupported_media_type"),
+    "415": _problem("unsupported_media_type, unsupported_content_encoding"),
     "429": TOO_MANY_REQUESTS,
 }
 _STATES = [s.value for s in TaskState]
@@ -214,6 +215,8 @@ _RECEIPT_PROPS: dict[str, Any] = {
 }
 _SUMMARY_PROPS: dict[str, Any] = {
     **_RECEIPT_PROPS, "attempts_used": {"type": "integer", "minimum": 0},
+    "starts_used": {"type": "integer", "minimum": 0},
+    "offer_lapses": {"type": "integer", "minimum": 0},
     "effect_uncertain": {"type": "boolean"}, "outcome_reason": {"type": ["string", "null"]},
     "cancel_requested_at": _nullable(TIME), "updated_at": TIME, "completed_at": _nullable(TIME),
 }

@@ -25,6 +25,7 @@ class Action(enum.StrEnum):
 
     NAMESPACES_READ = "namespaces.read"
     NAMESPACES_CREATE = "namespaces.create"
+    NAMESPACES_MANAGE = "namespaces.manage"  # disable and enable (an operator's action)
     QUEUES_READ = "queues.read"
     QUEUES_MANAGE = "queues.manage"  # create, update, pause, resume
     TASKS_SUBMIT = "tasks.submit"

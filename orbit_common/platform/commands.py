@@ -96,6 +96,37 @@ async def create_namespace(
     return await db.transaction("namespaces.create", body, recheck=recheck)
 
 
+async def set_namespace_state(
+    db: Database,
+    principal: creds.Principal,
+    *,
+    name: str,
+    disabled: bool,
+    reason: str | None,
+    request_id: str | None = None,
+) -> dict[str, Any]:
+    """``POST /v1/namespaces/{namespace}/disable`` and ``…/enable``; idempotent.
+
+    Authorized like creation (the namespace may be disabled, so it is named, not looked up):
+    ``namespaces.manage`` on the name, then the namespace must be the caller's application's.
+    Locks: the namespace row (:func:`nss.set_namespace_state`).
+    """
+    to = nss.NamespaceState.DISABLED if disabled else nss.NamespaceState.ACTIVE
+
+    async def body(cur: Any) -> dict[str, Any]:
+        await creds.authorize_platform(cur, principal, authz.Action.NAMESPACES_MANAGE, name)
+        namespace = await nss.set_namespace_state(
+            cur, name=name, to=to, actor=principal.actor, reason=reason or "",
+            application_id=principal.application_id, request_id=request_id)
+        return namespace_view(namespace)
+
+    async def recheck(_cur: Any) -> dict[str, Any] | None:
+        return None  # re-running is safe: a repeated change is a no-op
+
+    return await db.transaction("namespaces.disable" if disabled else "namespaces.enable",
+                                body, recheck=recheck)
+
+
 @attrs.frozen(kw_only=True)
 class Page:
     items: list[dict[str, Any]]

@@ -287,12 +287,22 @@ WHERE c.id = %s AND c.state = 'ACTIVE' AND a.state = 'ACTIVE'
 """
 
 
-async def active_grants(cur: Any, credential_id: bytes) -> tuple[authz.Grant, ...]:
-    """The grants of an active credential of an active application, or InvalidCredential."""
+NAMESPACE_STATE = "SELECT state FROM orbit_namespaces WHERE id = %s"
+
+
+async def active_grants(cur: Any, credential_id: bytes, *, namespace_id: bytes | None = None
+                        ) -> tuple[authz.Grant, ...]:
+    """The grants of an active credential of an active application, or InvalidCredential;
+    with ``namespace_id``, that namespace must be active too (else NamespaceNotFound)."""
     await cur.execute(CREDENTIAL_GRANTS, (credential_id,))
     row = await cur.fetchone()
     if row is None:
         raise errors.InvalidCredential()
+    if namespace_id is not None:
+        await cur.execute(NAMESPACE_STATE, (namespace_id,))
+        namespace = await cur.fetchone()
+        if namespace is None or namespace["state"] != NamespaceState.ACTIVE:
+            raise errors.NamespaceNotFound("the namespace is disabled")
     return authz.grants_from_db(row["grants"])
 
 

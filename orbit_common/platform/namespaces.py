@@ -1,4 +1,10 @@
-"""Namespaces: the scope of every runtime entity. Create, get and list transactions."""
+"""Namespaces: the scope of every runtime entity. Create, get, list, disable and enable.
+
+A DISABLED namespace is closed to new work and hidden, its data kept: every namespaced API
+request answers 404 ``namespace_not_found`` (as for a namespace that does not exist), worker
+sessions can neither register nor claim, and its schedules do not fire. Attempts already granted
+run to their end. Enabling it restores everything (docs/api/namespaces.md).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from orbit_common.platform.audit import Actor, AuditRecord, append_audit
 from orbit_common.platform.events import append_event
 
 DESCRIPTION_MAX = 512
+REASON_MAX = 1024
 
 
 class NamespaceState(enum.StrEnum):
@@ -61,6 +68,11 @@ VALUES (%s, %s, %s, %s, 'ACTIVE', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 """
 SELECT_BY_ID = f"SELECT {COLUMNS} FROM orbit_namespaces WHERE id = %s"
 SELECT_BY_NAME = f"SELECT {COLUMNS} FROM orbit_namespaces WHERE name = %s"
+SELECT_BY_NAME_FOR_UPDATE = SELECT_BY_NAME + " FOR UPDATE"
+SET_STATE_IF_REVISION = """
+UPDATE orbit_namespaces SET state = %s, revision = revision + 1, updated_at = UTC_TIMESTAMP(6)
+WHERE id = %s AND revision = %s AND state = %s
+"""
 # Hot query of every namespaced request: uq_namespaces_name, then the owner check in Python.
 LIST_FOR_APPLICATION = f"""
 SELECT {COLUMNS} FROM orbit_namespaces
@@ -129,3 +141,50 @@ async def list_namespaces(
     """Namespaces of one application by name, keyset-paginated (ix_namespaces_application)."""
     await cur.execute(LIST_FOR_APPLICATION, (application_id, after_name, limit))
     return [Namespace.from_row(r) for r in await cur.fetchall()]
+
+
+async def set_namespace_state(
+    cur: Any,
+    *,
+    name: str,
+    to: NamespaceState,
+    actor: Actor,
+    reason: str,
+    application_id: bytes | None = None,
+    request_id: str | None = None,
+) -> Namespace:
+    """Disable or enable a namespace (an operator's intervention: the reason is required).
+
+    ``application_id`` limits the change to that application's namespaces (the API); the CLI
+    passes None. Locks: the namespace row. Idempotent: a namespace already in ``to`` is returned
+    unchanged (no revision, no event, no audit).
+    """
+    if not reason or len(reason) > REASON_MAX:
+        raise errors.ValidationFailed(
+            [{"path": "$.reason", "message": f"required, 1-{REASON_MAX} characters"}])
+    await cur.execute(SELECT_BY_NAME_FOR_UPDATE, (name,))
+    row = await cur.fetchone()
+    if row is None or (application_id is not None and row["application_id"] != application_id):
+        raise errors.NamespaceNotFound(f"no namespace {name!r} for this credential")
+    before = Namespace.from_row(row)
+    if before.state is to:
+        return before
+    await cur.execute(SET_STATE_IF_REVISION,
+                      (to.value, before.id, before.revision, before.state.value))
+    if cur.rowcount != 1:
+        raise errors.StaleRevision("the namespace changed concurrently")
+    after = await get_namespace(cur, before.id)
+    verb = "disable" if to is NamespaceState.DISABLED else "enable"
+    await append_event(
+        cur, namespace_id=after.id, aggregate_type="namespace", aggregate_id=after.id,
+        aggregate_revision=after.revision, event_type=f"namespace.{verb}d",
+        from_state=before.state.value, to_state=after.state.value,
+        payload={**after.summary(), "reason": reason},
+    )
+    await append_audit(cur, AuditRecord(
+        actor=actor, action=f"namespace.{verb}", resource_type="namespace",
+        resource_id=after.id, resource_revision=after.revision, namespace_id=after.id,
+        application_id=after.application_id, reason=reason, before=before.summary(),
+        after=after.summary(), request_id=request_id,
+    ))
+    return after

@@ -11,13 +11,19 @@ Cancel (specification 000 §2 and 000007)
     the worker confirms it stopped, and a success that commits first wins.
     A task carrying an uncertain effect goes to NEEDS_REVIEW instead of CANCELLED.
     A finished task is returned unchanged (a confirmed success is never overwritten).
-Review (000015)
-    Only NEEDS_REVIEW → SUCCEEDED (optional result) or FAILED, with reason, evidence reference
-    and actor; the uncertainty flag is resolved by the human decision.
+Review (000 §2, 000015)
+    Only NEEDS_REVIEW → SUCCEEDED (optional result) or FAILED. The reviewer must name the
+    evidence (``evidence_ref``), declare that the execution has ended (``execution_ended``) and
+    give the revision of the task they judged (a task that changed since is a stale revision);
+    reason, evidence and actor are audited. The uncertainty flag is resolved by the decision.
 Manual retry (000015)
     A FAILED or CANCELLED task gets one new task with ``retry_of`` pointing at it (a unique
     index makes it at most one direct successor); the old task, its attempts and evidence are
     untouched. The caller must confirm that re-running is safe.
+Reasons (000 §1 invariant 8)
+    Review and retry always need a reason. A cancel needs one when it comes from an operator
+    credential: one that may also manage the task's queue (``queues.manage``, see
+    :func:`is_operator`); a client credential may cancel without one.
 
 Lock order: idempotency → task → attempt → queue counter → result stream.
 """
@@ -32,13 +38,13 @@ from orbit_common import errors
 from orbit_common.db import errors as dberrors
 from orbit_common.db.clock import as_utc, db_now, to_db
 from orbit_common.db.pool import Database
-from orbit_common.model import ids, jsondoc
+from orbit_common.model import ids
 from orbit_common.platform import authz, credentials, namespaced
 from orbit_common.platform.audit import AuditRecord, append_audit
 from orbit_common.platform.events import append_events
 from orbit_common.platform.idempotency import Replay
-from orbit_common.platform.results import ResultEvent, append_results
 from orbit_common.pulse import leases, resources
+from orbit_common.pulse.leases import common, decisions, endings
 from orbit_common.pulse.model import Task, TaskState
 
 REASON_MAX = 1024
@@ -69,7 +75,7 @@ class CancelNeedsReview(errors.Conflict):
 
 class ConfirmationRequired(errors.BadRequest):
     code = "confirmation_required"
-    title = "A manual retry must confirm that re-running the task is safe"
+    title = "The intervention needs an explicit confirmation"
 
 
 SELECT_TASK = f"SELECT {Task.COLUMNS} FROM pulse_tasks t WHERE t.namespace_id = %s AND t.id = %s"
@@ -115,6 +121,13 @@ def _check_reason(reason: str | None, *, required: bool) -> None:
                                         "message": f"at most {REASON_MAX} characters"}])
 
 
+async def is_operator(cur: Any, principal: credentials.Principal, namespace: str,
+                      queue: str) -> bool:
+    """Whether the caller acts as an operator on this queue: its credential may also manage the
+    queue (``queues.manage``). Operators must give a reason for every intervention."""
+    grants = await credentials.recheck_principal(cur, principal)
+    return authz.allowed(grants, authz.Action.QUEUES_MANAGE.value, namespace, queue)
+
 
 
 # --- cancel ----------------------------------------------------------------------------------
@@ -131,6 +144,10 @@ async def cancel_task(db: Database, principal: credentials.Principal, *, namespa
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         task, queue, _ = await _locked_task(cur, principal, authz.Action.TASKS_CANCEL,
                                             namespace, task_id)
+        operator = await is_operator(cur, principal, namespace, queue)
+        if operator and not reason:
+            raise errors.ValidationFailed(
+                [{"path": "$.reason", "message": "required for an operator's cancel"}])
         if task.state.terminal:
             return 200, task_view(task, queue), task.id
         if task.state is TaskState.NEEDS_REVIEW:
@@ -156,7 +173,8 @@ async def cancel_task(db: Database, principal: credentials.Principal, *, namespa
             application_id=principal.application_id, reason=reason,
             before={"state": task.state.value, "revision": task.revision},
             after={"state": after.state.value, "revision": after.revision,
-                   "cancel_requested": after.cancel_requested_at is not None},
+                   "cancel_requested": after.cancel_requested_at is not None,
+                   "by": "operator" if operator else "client"},
             request_id=request_id,
         ))
         return 200, task_view(after, queue), task.id
@@ -168,51 +186,17 @@ async def cancel_task(db: Database, principal: credentials.Principal, *, namespa
 
 async def _cancel_now(cur: Any, namespace_id: bytes, task: Task, reason: str | None,
                       now: dt.datetime) -> None:
-    """WAITING or LEASED: end it now (NEEDS_REVIEW if it carries an uncertain effect)."""
-    target = TaskState.NEEDS_REVIEW if task.effect_uncertain else TaskState.CANCELLED
-    why = "cancelled_with_uncertain_effect" if task.effect_uncertain else "cancelled"
-    usage = resources.Usage()
-    endings: dict[bytes, str] = {}
-    if target is TaskState.CANCELLED:
-        usage.unfinished[task.queue_id] -= 1
-    if task.state is TaskState.LEASED and task.current_attempt_id is not None:
-        await cur.execute(
-            "SELECT queue_id, concurrency_token FROM pulse_attempts"
-            " WHERE namespace_id = %s AND id = %s FOR UPDATE",
-            (namespace_id, task.current_attempt_id))
-        attempt = await cur.fetchone()
-        usage.active[attempt["queue_id"]] -= 1
-        usage.reserved -= 1
-        if attempt["concurrency_token"] is not None:
-            endings[task.current_attempt_id] = "WITHDRAWN"
-        await cur.execute(
-            "UPDATE pulse_attempts SET state = 'WITHDRAWN', finished_at = %s, error = %s"
-            " WHERE namespace_id = %s AND id = %s AND state = 'OFFERED'",
-            (to_db(now), jsondoc.dumps({"type": "cancelled", "message": "cancelled before start"}),
-             namespace_id, task.current_attempt_id))
-        leases.expect_rows(cur, 1, "withdraw offer")
-    await cur.execute(
-        "UPDATE pulse_tasks SET state = %s, revision = revision + 1, cancel_requested_at = %s,"
-        " cancel_reason = %s, outcome_reason = %s, current_attempt_id = NULL,"
-        " lease_expires_at = NULL, completed_at = %s, updated_at = UTC_TIMESTAMP(6)"
-        " WHERE namespace_id = %s AND id = %s AND revision = %s AND state = %s",
-        (target.value, to_db(now), reason, why,
-         None if target is TaskState.NEEDS_REVIEW else to_db(now),
-         namespace_id, task.id, task.revision, task.state.value))
-    leases.expect_rows(cur, 1, "cancel")
-    await resources.apply(cur, namespace_id, usage, between=lambda: resources.release(
-        cur, namespace_id, endings, now))
-    event = leases.task_event(namespace_id, task.id, task.revision + 1, "task." + why,
-                          task.state, target, {"reason": reason})
-    await append_events(cur, [event])
-    await append_results(cur, namespace_id, [ResultEvent(
-        event_id=event.id, task_id=task.id, queue_id=task.queue_id,
-        task_revision=task.revision + 1, state=target.value,
-        snapshot={"task_id": task.id.hex(), "handler": task.handler, "state": target.value,
-                  "revision": task.revision + 1, "outcome_reason": why,
-                  "attempts_used": task.attempts_used,
-                  "effect_uncertain": task.effect_uncertain, "result": None,
-                  "error": {"type": "cancelled", "message": reason or ""}})])
+    """WAITING or LEASED: end it now through the ending writer (a live offer is WITHDRAWN;
+    NEEDS_REVIEW if the task carries an uncertain effect)."""
+    (row,) = await common.lock_tasks(cur, namespace_id, [task.id])
+    attempt = None
+    if row["current_attempt_id"] is not None:
+        attempt = (await common.lock_attempts(cur, namespace_id,
+                                              [row["current_attempt_id"]]))[row["current_attempt_id"]]
+    await endings.write(cur, namespace_id, [endings.Ending(
+        task=row, attempt=attempt, decision=decisions.decide_cancel_now(row),
+        payload={"reason": reason}, cancel=True, cancel_reason=reason,
+        error={"type": "cancelled", "message": reason or ""})], now)
 
 
 async def _reload(cur: Any, namespace_id: bytes, task_id: bytes) -> Task:
@@ -226,63 +210,63 @@ DECISIONS = ("succeeded", "failed")
 
 
 async def review_task(db: Database, principal: credentials.Principal, *, namespace: str,
-                      task_id: bytes, decision: str, reason: str, evidence_ref: str | None,
-                      result: str | None = None, idempotency_key: str | None = None,
+                      task_id: bytes, decision: str, reason: str, evidence_ref: str,
+                      execution_ended: bool, revision: int, result: str | None = None,
+                      idempotency_key: str | None = None,
                       request_id: str | None = None) -> Replay:
-    """Resolve NEEDS_REVIEW to SUCCEEDED or FAILED, audited with reason and evidence."""
+    """Resolve NEEDS_REVIEW to SUCCEEDED or FAILED, audited with reason and evidence.
+
+    The reviewer names the evidence, declares that the execution has ended and gives the task
+    revision they judged (specification 000 §2); a task that changed since is a 409.
+    """
     problems = []
     if decision not in DECISIONS:
         problems.append({"path": "$.decision", "message": "succeeded or failed"})
     if result is not None and decision != "succeeded":
         problems.append({"path": "$.result", "message": "only with decision succeeded"})
-    if evidence_ref is not None and len(evidence_ref) > REASON_MAX:
+    if not evidence_ref:
+        problems.append({"path": "$.evidence_ref", "message": "required"})
+    elif len(evidence_ref) > REASON_MAX:
         problems.append({"path": "$.evidence_ref",
                          "message": f"at most {REASON_MAX} characters"})
+    if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
+        problems.append({"path": "$.revision", "message": "the task revision, at least 1"})
     if problems:
         raise errors.ValidationFailed(problems)
     _check_reason(reason, required=True)
+    if execution_ended is not True:
+        raise ConfirmationRequired("set execution_ended to true to declare that the task's "
+                                   "execution has ended")
     idem = namespaced.request("tasks.review", idempotency_key, task_id,
                               {"decision": decision, "reason": reason,
-                               "evidence_ref": evidence_ref, "result": result}, principal)
+                               "evidence_ref": evidence_ref, "result": result,
+                               "execution_ended": True, "revision": revision}, principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         task, queue, _ = await _locked_task(cur, principal, authz.Action.TASKS_REVIEW,
                                             namespace, task_id)
         if task.state is not TaskState.NEEDS_REVIEW:
             raise TaskNotReviewable(f"the task is {task.state.value}")
+        if task.revision != revision:
+            raise errors.StaleRevision(
+                f"the task is at revision {task.revision}, not {revision}; read it again",
+                current_revision=task.revision)
         now = await db_now(cur)
-        target = TaskState.SUCCEEDED if decision == "succeeded" else TaskState.FAILED
-        why = f"reviewed_{decision}"
-        await cur.execute(
-            "UPDATE pulse_tasks SET state = %s, revision = revision + 1, effect_uncertain = 0,"
-            " outcome_reason = %s, result = COALESCE(%s, result), completed_at = %s,"
-            " updated_at = UTC_TIMESTAMP(6)"
-            " WHERE namespace_id = %s AND id = %s AND revision = %s AND state = 'NEEDS_REVIEW'",
-            (target.value, why, result, to_db(now), namespace_id, task.id, task.revision))
-        leases.expect_rows(cur, 1, "review")
-        await resources.apply(cur, namespace_id,
-                              resources.Usage(unfinished=Counter({task.queue_id: -1})))
-        event = leases.task_event(namespace_id, task.id, task.revision + 1,
-                              "task." + why, TaskState.NEEDS_REVIEW, target,
-                              {"reason": reason, "evidence_ref": evidence_ref})
-        await append_events(cur, [event])
+        (row,) = await common.lock_tasks(cur, namespace_id, [task.id])
+        await endings.write(cur, namespace_id, [endings.Ending(
+            task=row, attempt=None, decision=decisions.decide_review(decision),
+            payload={"reason": reason, "evidence_ref": evidence_ref}, result=result,
+            snapshot_extra={"review": {"reason": reason, "evidence_ref": evidence_ref}})], now)
         after = await _reload(cur, namespace_id, task.id)
         await append_audit(cur, AuditRecord(
             actor=principal.actor, action="task.review", resource_type="task",
             resource_id=task.id, resource_revision=after.revision, namespace_id=namespace_id,
             application_id=principal.application_id, reason=reason, evidence_ref=evidence_ref,
-            before={"state": task.state.value, "effect_uncertain": task.effect_uncertain},
-            after={"state": after.state.value, "decision": decision}, request_id=request_id,
+            before={"state": task.state.value, "revision": task.revision,
+                    "effect_uncertain": task.effect_uncertain},
+            after={"state": after.state.value, "decision": decision, "execution_ended": True},
+            request_id=request_id,
         ))
-        await append_results(cur, namespace_id, [ResultEvent(
-            event_id=event.id, task_id=task.id, queue_id=task.queue_id,
-            task_revision=after.revision, state=target.value,
-            snapshot={"task_id": task.id.hex(), "handler": task.handler, "state": target.value,
-                      "revision": after.revision, "outcome_reason": why,
-                      "attempts_used": task.attempts_used, "effect_uncertain": False,
-                      "result": jsondoc.loads_strict(after.result) if after.result else None,
-                      "error": None, "review": {"reason": reason,
-                                                "evidence_ref": evidence_ref}})])
         return 200, task_view(after, queue), task.id
 
     return await namespaced.run(

@@ -84,6 +84,16 @@ class GateState(enum.StrEnum):
     PAUSED = "PAUSED"
 
 
+def decimal_number(value: decimal.Decimal) -> int | float:
+    """The canonical JSON number of a policy decimal (docs/api/README.md, "数值"): an ``int``
+    when whole, otherwise the ``float`` whose shortest spelling is the decimal's shortest plain
+    spelling (``Decimal('2.000')`` → ``2``, ``Decimal('0.200')`` → ``0.2``). Exact for the
+    DECIMAL(6,3) and DECIMAL(4,3) columns: far fewer than 15 significant digits."""
+    if value == value.to_integral_value():
+        return int(value)
+    return float(value)
+
+
 @attrs.frozen(kw_only=True)
 class RetryPolicy:
     """Attempts and exponential backoff with a cap and jitter (frozen into each task)."""
@@ -104,9 +114,16 @@ class RetryPolicy:
         return max(0, min(self.max_ms, round(float(base) + draw)))
 
     def to_json(self) -> dict[str, Any]:
+        """The internal form (request digests, event payloads): decimals as strings."""
         return {"max_attempts": self.max_attempts, "initial_ms": self.initial_ms,
                 "max_ms": self.max_ms, "multiplier": str(self.multiplier),
                 "jitter": str(self.jitter)}
+
+    def view(self) -> dict[str, Any]:
+        """The public representation: decimals as canonical JSON numbers."""
+        return {"max_attempts": self.max_attempts, "initial_ms": self.initial_ms,
+                "max_ms": self.max_ms, "multiplier": decimal_number(self.multiplier),
+                "jitter": decimal_number(self.jitter)}
 
 
 @attrs.frozen(kw_only=True)
@@ -174,6 +191,8 @@ class Task:
     execution_lease_ms: int
     rerun_safe: bool
     attempts_used: int
+    starts_used: int
+    offer_lapses: int
     current_attempt_id: bytes | None
     lease_expires_at: dt.datetime | None
     cancel_requested_at: dt.datetime | None
@@ -196,7 +215,8 @@ class Task:
         " t.start_deadline_at,"
         " t.attempt_timeout_ms, t.max_attempts, t.retry_initial_ms, t.retry_max_ms,"
         " t.retry_multiplier, t.retry_jitter, t.offer_lease_ms, t.execution_lease_ms,"
-        " t.rerun_safe, t.attempts_used, t.current_attempt_id, t.lease_expires_at,"
+        " t.rerun_safe, t.attempts_used, t.starts_used, t.offer_lapses, t.current_attempt_id,"
+        " t.lease_expires_at,"
         " t.cancel_requested_at, t.cancel_reason, t.effect_uncertain, t.outcome_reason,"
         " t.result, t.error, t.retry_of, t.created_at, t.updated_at, t.first_started_at,"
         " t.completed_at, t.owner_kind, t.owner_id"
@@ -218,6 +238,7 @@ class Task:
                               multiplier=row["retry_multiplier"], jitter=row["retry_jitter"]),
             offer_lease_ms=row["offer_lease_ms"], execution_lease_ms=row["execution_lease_ms"],
             rerun_safe=bool(row["rerun_safe"]), attempts_used=row["attempts_used"],
+            starts_used=row["starts_used"], offer_lapses=row["offer_lapses"],
             current_attempt_id=row["current_attempt_id"],
             lease_expires_at=_opt_time(row["lease_expires_at"]),
             cancel_requested_at=_opt_time(row["cancel_requested_at"]),

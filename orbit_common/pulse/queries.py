@@ -144,7 +144,7 @@ class ListFilter:
 SUMMARY_COLUMNS = (
     "t.id, t.handler, t.state, t.revision, t.priority, t.available_at, t.business_key,"
     " t.concurrency_key, t.deadline_at, t.start_deadline_at, t.rerun_safe, t.attempts_used,"
-    " t.effect_uncertain,"
+    " t.starts_used, t.offer_lapses, t.effect_uncertain,"
     " t.outcome_reason, t.cancel_requested_at, t.created_at, t.updated_at, t.completed_at,"
     " q.name AS queue_name"
 )
@@ -206,6 +206,8 @@ def summary_view(row: dict[str, Any]) -> dict[str, Any]:
     )
     view.update({
         "attempts_used": row["attempts_used"],
+        "starts_used": row["starts_used"],
+        "offer_lapses": row["offer_lapses"],
         "effect_uncertain": bool(row["effect_uncertain"]),
         "outcome_reason": row["outcome_reason"],
         "cancel_requested_at": _opt_iso(_opt_utc(row["cancel_requested_at"])),
@@ -337,6 +339,8 @@ def detail_view(task: Task, queue: str) -> dict[str, Any]:
         "effect_uncertain": task.effect_uncertain,
         "outcome_reason": task.outcome_reason,
         "attempts_used": task.attempts_used,
+        "starts_used": task.starts_used,
+        "offer_lapses": task.offer_lapses,
         "current_attempt_id": None if task.current_attempt_id is None
         else task.current_attempt_id.hex(),
         "lease_expires_at": _opt_iso(task.lease_expires_at),
@@ -344,9 +348,7 @@ def detail_view(task: Task, queue: str) -> dict[str, Any]:
         "cancel_reason": task.cancel_reason,
         "retry_of": None if task.retry_of is None else task.retry_of.hex(),
         "attempt_timeout_ms": task.attempt_timeout_ms,
-        "retry": {"max_attempts": task.retry.max_attempts, "initial_ms": task.retry.initial_ms,
-                  "max_ms": task.retry.max_ms, "multiplier": task.retry.multiplier,
-                  "jitter": task.retry.jitter},
+        "retry": task.retry.view(),
         "offer_lease_ms": task.offer_lease_ms,
         "execution_lease_ms": task.execution_lease_ms,
         "updated_at": iso(task.updated_at),

@@ -126,19 +126,24 @@ def _check_decimal(
         })
 
 
-def parse_decimal(text: str, path: str, problems: Problems) -> decimal.Decimal | None:
-    """A decimal string from a request (``"2"``, ``"1.5"``, ``"0.25"``), or None plus a problem.
-
-    Decimals travel as strings so that no client float turns ``0.1`` into ``0.1000000000000000055``.
-    """
-    if not _DECIMAL_TEXT.match(text):
+def parse_decimal(value: Any, path: str, problems: Problems) -> decimal.Decimal | None:
+    """A decimal from a request, or None plus a problem: a JSON number (``2``, ``1.5``; the body
+    parser keeps fractions as exact Decimals), or, accepted for compatibility, a decimal string
+    (``"2"``, ``"0.25"``). Range and places are checked with the settings."""
+    if isinstance(value, int | decimal.Decimal) and not isinstance(value, bool):
+        number = decimal.Decimal(value)
+        if not number.is_finite():
+            problems.append({"path": path, "message": "a finite number"})
+            return None
+        return number.normalize()  # 2.0000 has no more places than 2
+    if not isinstance(value, str) or not _DECIMAL_TEXT.match(value):
         problems.append({
             "path": path,
-            "message": f"a decimal string such as \"2\" or \"0.25\" (at most {DECIMAL_PLACES} "
-            "digits after the point)",
+            "message": f"a number such as 2 or 0.25 (at most {DECIMAL_PLACES} digits after the "
+            "point)",
         })
         return None
-    return decimal.Decimal(text)
+    return decimal.Decimal(value)
 
 
 def check_queue_name(name: str) -> Problems:
@@ -375,7 +380,7 @@ class QueueRecord:
             "revision": q.revision,
             "offer_lease_ms": q.offer_lease_ms,
             "execution_lease_ms": q.execution_lease_ms,
-            "retry": _retry_json(q.retry),
+            "retry": q.retry.view(),
             "max_concurrent_attempts": q.max_concurrent_attempts,
             "max_unfinished_tasks": self.flow.max_unfinished_tasks,
             "max_starts_per_second": self.flow.max_starts_per_second,
@@ -829,7 +834,8 @@ async def set_paused(
     """``POST …/queues/{queue}/pause`` and ``…/resume``; idempotent.
 
     Locks: the queue's gate row. Pausing a paused queue (resuming an open one) returns it
-    unchanged: no new control revision, no event, no audit.
+    unchanged: no new control revision, no event, no audit. A pause or resume is an operator's
+    intervention, so it needs a reason (specification 000 §1 invariant 8).
     """
     _check_namespace_name(namespace)
     if reason is not None and len(reason) > REASON_MAX:
@@ -841,8 +847,10 @@ async def set_paused(
     async def body(cur: Any) -> dict[str, Any]:
         ns = await _authorize(cur, principal, authz.Action.QUEUES_MANAGE, namespace, name,
                               hide=True)
-        before, after = await set_gate_state(cur, await _require(cur, ns, name), to=to,
-                                             reason=reason)
+        record = await _require(cur, ns, name)
+        if not reason:  # checked after the lookup: an unknown queue is a 404 first
+            raise errors.ValidationFailed([{"path": "$.reason", "message": "required"}])
+        before, after = await set_gate_state(cur, record, to=to, reason=reason)
         if after is None:
             return before.view()
         gate = after.gate

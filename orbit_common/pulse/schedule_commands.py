@@ -35,6 +35,9 @@ DEFAULT_CATCHUP_MS = 3600 * 1000
 DEFAULT_GRACE_MS = 60 * 1000
 
 
+REASON_MAX = 1024
+
+
 class ScheduleNotFound(errors.NotFound):
     code = "schedule_not_found"
     title = "Schedule not found"
@@ -312,7 +315,8 @@ async def _record(cur: Any, principal: credentials.Principal, namespace_id: byte
     await append_audit(cur, AuditRecord(
         actor=principal.actor, action=event, resource_type="schedule", resource_id=schedule_id,
         resource_revision=revision, namespace_id=namespace_id,
-        application_id=principal.application_id, before={"state": before} if before else None,
+        application_id=principal.application_id, reason=payload.get("reason"),
+        before={"state": before} if before else None,
         after={"state": after, **payload}, request_id=request_id))
 
 
@@ -358,16 +362,23 @@ async def set_state(db: Database, principal: credentials.Principal, *, namespace
                     name: str, target: str, reason: str | None = None,
                     idempotency_key: str | None = None,
                     request_id: str | None = None) -> Replay:
-    """Pause (PAUSED), resume (ACTIVE) or disable (DISABLED, final). Repeating one is a no-op."""
+    """Pause (PAUSED), resume (ACTIVE) or disable (DISABLED, final). Repeating one is a no-op.
+
+    Each is an operator's intervention and needs a reason (specification 000 §1 invariant 8)."""
     if target not in ("ACTIVE", "PAUSED", "DISABLED"):
         raise errors.ValidationFailed([{"path": "$.state",
                                         "message": "ACTIVE, PAUSED or DISABLED"}])
+    if reason is not None and len(reason) > REASON_MAX:
+        raise errors.ValidationFailed([{"path": "$.reason",
+                                        "message": f"at most {REASON_MAX} characters"}])
     idem = namespaced.request("schedules.state", idempotency_key, name.encode(),
                               {"state": target, "reason": reason}, principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         row = await _locked(cur, namespace_id, name)
         await _in_scope(cur, principal, authz.Action.SCHEDULES_MANAGE, namespace, row)
+        if not reason:  # checked after the lookup: an unknown schedule is a 404 first
+            raise errors.ValidationFailed([{"path": "$.reason", "message": "required"}])
         if row["state"] == target:
             return 200, await _reload(cur, namespace_id, row["id"]), row["id"]
         if row["state"] == "DISABLED":

@@ -32,6 +32,9 @@ Claiming
     schedule rows → the new tasks → queue and application counters (resources.py) → the
     ledger rows. A limit refusal (``queue_full``) rolls that namespace's group back to a
     savepoint and retries it a second later: a late fire is reported as lateness, not lost.
+    The schedules of a DISABLED namespace do not fire: their check is put off
+    (``NAMESPACE_RECHECK``) and, once the namespace is enabled again, the instants they missed
+    meet the misfire policy like those of a paused schedule.
 
 One run per instant
     The unique key ``uq_occurrences_run (namespace_id, schedule_id, run_fire_at)`` admits one
@@ -64,6 +67,7 @@ OVERLAP_POLICIES = ("ALLOW", "SKIP", "BUFFER_ONE")
 MAX_ROWS_PER_PASS = 64  # ledger rows one schedule may add in one firing transaction
 BUFFER_POLL = dt.timedelta(seconds=1)  # how often a buffered run re-checks its predecessor
 LIMIT_RETRY = dt.timedelta(seconds=1)  # after a queue_full / quota refusal
+NAMESPACE_RECHECK = dt.timedelta(seconds=30)  # a disabled namespace's schedules look again
 US = dt.timedelta(microseconds=1)
 UNFINISHED = ("WAITING", "LEASED", "RUNNING", "NEEDS_REVIEW")
 
@@ -372,6 +376,9 @@ async def fire_due(cur: Any, limit: int = 64) -> FireStats:
     by_namespace: dict[bytes, list[dict[str, Any]]] = {}
     for row in rows:
         by_namespace.setdefault(row["namespace_id"], []).append(row)
+    for namespace_id in await _disabled_namespaces(cur, list(by_namespace)):
+        group = by_namespace.pop(namespace_id)
+        await _postpone(cur, namespace_id, [r["id"] for r in group], now + NAMESPACE_RECHECK)
     totals = FireStats(schedules=len(rows))
     for n, (namespace_id, group) in enumerate(sorted(by_namespace.items())):
         savepoint = f"ns{n}"
@@ -419,6 +426,13 @@ async def runs_at(cur: Any, namespace_id: bytes,
     await cur.execute(RUNS_BETWEEN.format(" OR ".join(groups)), (namespace_id, *params))
     found = {(row["schedule_id"], as_utc(row["run_fire_at"])) for row in await cur.fetchall()}
     return {(sid, at) for sid, times in wanted.items() for at in times if (sid, at) in found}
+
+
+async def _disabled_namespaces(cur: Any, namespace_ids: list[bytes]) -> list[bytes]:
+    await cur.execute(
+        f"SELECT id FROM orbit_namespaces WHERE id IN ({placeholders(len(namespace_ids))})"
+        " AND state <> 'ACTIVE'", tuple(namespace_ids))
+    return [row["id"] for row in await cur.fetchall()]
 
 
 async def _postpone(cur: Any, namespace_id: bytes, schedule_ids: Sequence[bytes],

@@ -18,11 +18,11 @@ The oldest due task is found without scanning the whole backlog. ``dispatch_at``
 (:data:`DUE_COUNT`) is an index-only range scan proportional to it; only the API's one-queue
 read does it.
 
-Metrics (prometheus_client): :data:`BACKPRESSURE_REFUSALS` counts 429 answers by problem code
-(the API's problem middleware; a dispatcher may count ``start_rate_limited`` with it too).
-:class:`UsageGauges` sets ``orbit_queue_oldest_waiting_seconds``,
-``orbit_queue_unfinished_tasks`` and ``orbit_permits_held`` from one :func:`read_snapshot`; a
-daemon calls :meth:`UsageGauges.refresh` periodically.
+Metrics (prometheus_client): ``orbit_backpressure_refusals_total`` counts 429 answers by problem
+code (orbit_common/service/http/middleware.py). :class:`UsageGauges` sets
+``orbit_queue_oldest_waiting_seconds``, ``orbit_queue_unfinished_tasks`` and
+``orbit_permits_held`` from one :func:`read_snapshot`; a daemon calls
+:meth:`UsageGauges.refresh` periodically.
 """
 
 from __future__ import annotations
@@ -39,12 +39,6 @@ from orbit_common.db.pool import Database
 # The widest gap between a task's dispatch_at and its available_at: priority 9 × 30 s
 # (the generated column of migrations/0005_tasks.sql).
 PRIORITY_AGING = dt.timedelta(seconds=9 * 30)
-
-BACKPRESSURE_REFUSALS = prometheus_client.Counter(
-    "orbit_backpressure_refusals_total",
-    "Requests refused by a flow-control limit (HTTP 429), by problem code.",
-    ["code"],
-)
 
 # --- SQL -----------------------------------------------------------------------------------------
 

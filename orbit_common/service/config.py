@@ -52,6 +52,7 @@ class DispatcherConfig:
     empty_probe_ms: int = 0  # first empty-probe TTL; 0 means idle_poll_min_ms
     claim_concurrency: int = 2  # claim transactions in flight per dispatcher process
     recovery_interval_s: float = 1.0  # lease-expiry / deadline / session scan period
+    max_offer_lapses: int = 10  # consecutive lapsed offers of one task, then FAILED
     gauge_interval_s: float = 15.0  # usage gauges (queue lag, permits held) refresh period
     node: str = ""  # observability label; defaults to host:pid
 

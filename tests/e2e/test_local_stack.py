@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from orbit_cli import devdb
+import orbit_devdb as devdb
 from orbit_common.db import migrator
 from tests.support import database
 

@@ -62,8 +62,10 @@ async def test_submit_run_cancel_review_retry(stack: Stack, tmp_path: Path) -> N
         # An uncertain outcome waits for a human, who reviews it.
         uncertain = await orbit.submit("e2e", "unknown", {})
         assert await wait_state(orbit, uncertain.id, "NEEDS_REVIEW") == "NEEDS_REVIEW"
+        judged = await orbit.get_task(uncertain.id)
         reviewed = await orbit.review_task(uncertain.id, "succeeded", "checked the ledger",
-                                           evidence_ref="TICKET-1", result={"ok": True})
+                                           evidence_ref="TICKET-1", execution_ended=True,
+                                           revision=judged.revision, result={"ok": True})
         assert reviewed.state == "SUCCEEDED"
 
         # A failed task is retried by hand as a new task.

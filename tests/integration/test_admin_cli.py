@@ -364,6 +364,50 @@ async def test_namespace_create_and_list(
     writes.assert_unchanged()
 
 
+async def test_namespace_disable_and_enable_are_audited_and_need_a_reason(
+    db_url: DatabaseUrl,
+    sync_conn: pymysql.connections.Connection[Any],
+    writes: WriteWatch,
+) -> None:
+    app, ns = name("app"), name("ns")
+    await ok(db_url, "app", "create", app)
+    created = (await ok(db_url, "namespace", "create", ns, "--application", app)).json()
+
+    writes.reset()
+    run = await orbit_admin(db_url, "namespace", "disable", ns)
+    assert run.code == 2  # click: --reason is a required option
+    assert "--reason" in run.err
+    run = await orbit_admin(db_url, "namespace", "disable", ns, "--reason", "")
+    assert (run.code, "validation_failed" in run.err) == (1, True)
+    run = await orbit_admin(db_url, "namespace", "disable", name("nowhere"), "--reason", "x")
+    assert (run.code, "namespace_not_found" in run.err) == (1, True)
+    writes.assert_unchanged()
+    assert rows(sync_conn, "SELECT state, revision FROM orbit_namespaces WHERE name = %s",
+                ns) == [{"state": "ACTIVE", "revision": 1}]
+
+    disabled = (await ok(db_url, "namespace", "disable", ns, "--reason", "tenant left")).json()
+    assert (disabled["state"], disabled["revision"]) == ("DISABLED", 2)
+    assert writes.delta() == {"orbit_events": 1, "orbit_audit_events": 1}
+    writes.reset()
+    again = (await ok(db_url, "namespace", "disable", ns, "--reason", "again")).json()
+    assert again == disabled  # idempotent: nothing written
+    writes.assert_unchanged()
+    line = (await ok(db_url, "namespace", "list", "--application", app)).out.split()
+    assert line == [created["id"], "DISABLED", ns]
+
+    enabled = (await ok(db_url, "namespace", "enable", ns, "--reason", "tenant is back")).json()
+    assert (enabled["state"], enabled["revision"]) == ("ACTIVE", 3)
+    audit = rows(sync_conn, "SELECT action, actor_id, reason, resource_revision"
+                            " FROM orbit_audit_events WHERE resource_id = %s"
+                            " AND action LIKE 'namespace.%%able' ORDER BY resource_revision",
+                 bytes.fromhex(created["id"]))
+    assert audit == [
+        {"action": "namespace.disable", "actor_id": ACTOR, "reason": "tenant left",
+         "resource_revision": 2},
+        {"action": "namespace.enable", "actor_id": ACTOR, "reason": "tenant is back",
+         "resource_revision": 3}]
+
+
 # --- credentials ---------------------------------------------------------------------------------
 
 

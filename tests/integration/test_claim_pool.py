@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import attrs
 import prometheus_client
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.db.schema import SchemaChecker
@@ -30,6 +30,7 @@ from orbit_dispatcher.service import DispatcherService
 from tests.conftest import Tenant, api_config, make_tenant
 from tests.support.invariants import check_db
 from tests.support.lease_fixtures import add_tasks, make_queue, open_session, scalar
+from tests.support.servers import ServiceTestServer
 
 SETTLE_TIMEOUT_S = 20
 
@@ -299,7 +300,7 @@ async def dispatcher(db: Database, db_url: DatabaseUrl, **settings: Any) -> Asyn
     await gate.refresh()
     config = attrs.evolve(api_config(db_url), dispatcher=DispatcherConfig(**settings))
     service = DispatcherService(config, db, gate)
-    client = TestClient(TestServer(service.app))
+    client = TestClient(ServiceTestServer(service.app))
     await client.start_server()
     try:
         yield service, client

@@ -16,7 +16,7 @@ from orbit_common.db.pool import Database
 from orbit_common.pulse import leases
 from tests.conftest import Tenant
 from tests.integration.test_leases import claim, finish, recover, ref, report, start
-from tests.support import invariants
+from tests.support import held, invariants
 from tests.support.lease_fixtures import (
     add_tasks,
     make_queue,
@@ -129,7 +129,7 @@ async def _timed_out_attempt(db: Database, tenant: Tenant, *, rerun_safe: bool) 
     timeout_at = attempt_started + dt.timedelta(milliseconds=300)
     # The execution lease never reaches past the attempt's timeout, renewed or not.
     assert started.lease_expires_at <= timeout_at
-    (renewed,) = await db.transaction("test.renew", lambda cur: leases.renew(
+    (renewed,) = await db.transaction("test.renew", lambda cur: held.renew(
         cur, tenant.namespace_id, [ref(grant)]))
     if renewed.renewed:
         assert renewed.lease_expires_at <= timeout_at

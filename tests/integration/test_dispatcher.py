@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.db.schema import SchemaChecker
@@ -18,6 +18,7 @@ from orbit_dispatcher.service import DispatcherService
 from tests.conftest import Tenant, api_config
 from tests.support.database import connect_sync
 from tests.support.lease_fixtures import add_tasks, make_queue, scalar, task_row
+from tests.support.servers import ServiceTestServer
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ async def dispatcher(db: Database, db_url: DatabaseUrl) -> AsyncIterator[TestCli
     gate = ReadinessGate(SchemaChecker(db))
     await gate.refresh()
     service = DispatcherService(api_config(db_url), db, gate)
-    client = TestClient(TestServer(service.app))
+    client = TestClient(ServiceTestServer(service.app))
     await client.start_server()
     try:
         yield client
@@ -159,6 +160,50 @@ async def test_malformed_frames_get_error_frames_and_change_nothing(
             assert error["code"] in {"malformed_json", "validation_failed", "duplicate_json_key"}
     assert await scalar(db, "SELECT COUNT(*) AS n FROM pulse_attempts WHERE namespace_id = %s",
                         tenant.namespace_id) == 0
+
+
+async def test_a_request_frame_without_id_is_refused_and_does_nothing(
+    dispatcher: TestClient[Any, Any], db: Database, tenant: Tenant
+) -> None:
+    queue = await make_queue(db, tenant)
+    [task_id] = await add_tasks(db, tenant, queue, 1)
+    session_id = await register(dispatcher, tenant, queue.name)
+    async with dispatcher.ws_connect(f"{base(tenant)}/{session_id}/ws",
+                                     headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "slots": 1})  # ready has no reply: id optional
+        grant = (await next_frame(ws, "grants"))["grants"][0]
+        ref = {k: grant[k] for k in ("attempt_id", "token", "generation")}
+        for frame in [{"type": "start", "items": [ref]}, {"type": "start", "id": None,
+                                                          "items": [ref]}]:
+            await ws.send_json(frame)
+            error = await next_frame(ws, "error")
+            assert error["id"] is None
+            assert error["code"] == "validation_failed"
+            assert error["errors"][0]["path"] == "$.id"
+        # Nothing was started: the attempt is still only offered, and a start with an id works.
+        assert (await task_row(db, tenant, task_id))["state"] == "LEASED"
+        assert await scalar(db, "SELECT COUNT(*) AS n FROM pulse_attempts WHERE namespace_id = %s"
+                            " AND state = 'RUNNING'", tenant.namespace_id) == 0
+        await ws.send_json({"type": "start", "id": "s-1", "items": [ref]})
+        reply = await next_frame(ws, "reply")
+        assert reply["id"] == "s-1"
+        assert reply["items"][0]["approved"] is True
+
+
+async def test_a_binary_frame_gets_an_error_and_the_socket_closes_1003(
+    dispatcher: TestClient[Any, Any], db: Database, tenant: Tenant
+) -> None:
+    queue = await make_queue(db, tenant)
+    session_id = await register(dispatcher, tenant, queue.name)
+    async with dispatcher.ws_connect(f"{base(tenant)}/{session_id}/ws",
+                                     headers=tenant.auth) as ws:
+        await ws.send_bytes(b'{"type": "ready", "id": "r", "slots": 1}')
+        error = await next_frame(ws, "error")
+        assert error["code"] == "binary_frame_unsupported"
+        async with asyncio.timeout(10):
+            closing = await ws.receive()
+        assert closing.type in {aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED}
+        assert ws.close_code == aiohttp.WSCloseCode.UNSUPPORTED_DATA
 
 
 async def test_long_poll_fallback(dispatcher: TestClient[Any, Any], db: Database,

@@ -32,7 +32,7 @@ from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant, StartOutc
 from orbit_common.pulse.workers import QueueRef, Session
 from tests.conftest import Tenant
 from tests.integration.api.conftest import assert_problem
-from tests.support import pulse
+from tests.support import held, pulse
 from tests.support.invariants import check
 from tests.support.lease_fixtures import (
     add_tasks,
@@ -61,7 +61,7 @@ async def claim(db: Database, session: Session, queue: QueueRef, n: int = 10) ->
 async def start(db: Database, tenant: Tenant, grants: Sequence[Grant]) -> list[StartOutcome]:
     refs = [ref(g) for g in grants]
     return await db.transaction("test.start",
-                                lambda cur: leases.start(cur, tenant.namespace_id, refs))
+                                lambda cur: held.start(cur, tenant.namespace_id, refs))
 
 
 async def finish(db: Database, tenant: Tenant, grant: Grant, outcome: str = "succeeded"
@@ -69,7 +69,7 @@ async def finish(db: Database, tenant: Tenant, grant: Grant, outcome: str = "suc
     extra: dict[str, Any] = ({"result": "{}"} if outcome == "succeeded"
                              else {"error": {"type": outcome}})
     report = FinishReport(ref=ref(grant), report_id=b"r1", outcome=outcome, **extra)
-    (done,) = await db.transaction("test.finish", lambda cur: leases.finish(
+    (done,) = await db.transaction("test.finish", lambda cur: held.finish(
         cur, tenant.namespace_id, [report]))
     assert done.accepted, done
     return done.task_state
@@ -539,7 +539,9 @@ async def test_interventions_and_deadlines_keep_the_unfinished_counters(
     assert await finish(db, tenant, grant, "unknown") == "NEEDS_REVIEW"
     assert await counts() == (1, 0, 0, 0, 0)  # awaiting review is unfinished
     await interventions.review_task(db, principal, namespace=tenant.namespace, task_id=unknown,
-                                    decision="failed", reason="checked", evidence_ref="T-1")
+                                    decision="failed", reason="checked", evidence_ref="T-1",
+                                    execution_ended=True,
+                                    revision=(await task_row(db, tenant, unknown))["revision"])
     assert await counts() == (0, 0, 0, 0, 0)
     await interventions.retry_task(db, principal, namespace=tenant.namespace, task_id=unknown,
                                    reason="again", rerun_confirmed=True)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from orbit_common.db.pool import Database
 from orbit_common.platform import credentials
-from orbit_common.pulse import interventions, leases
+from orbit_common.pulse import interventions
 from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant
-from tests.conftest import Tenant
+from tests.conftest import Tenant, make_key
 from tests.integration.test_leases import claim, expire_now, finish, recover, report, start
+from tests.support import held
 from tests.support.lease_fixtures import add_tasks, make_queue, open_session, scalar, task_row
 
 
@@ -72,7 +74,7 @@ async def test_cancel_running_is_an_intent_confirmed_by_the_worker(
     outcome = await cancel(db, tenant, task_id)
     assert outcome.body["state"] == "RUNNING"
     assert outcome.body["cancel_requested"] is True
-    renewed = await db.transaction("t", lambda cur: leases.renew(
+    renewed = await db.transaction("t", lambda cur: held.renew(
         cur, tenant.namespace_id,
         [AttemptRef(attempt_id=grant.attempt_id, token=grant.token,
                     generation=grant.generation)]))
@@ -123,26 +125,104 @@ async def test_cancel_is_idempotent_with_a_key(db: Database, tenant: Tenant) -> 
                         task_id) == 1
 
 
+async def review(db: Database, who: credentials.Principal, tenant: Tenant, task_id: bytes,
+                 **kw: Any) -> Any:
+    """A complete review (decision failed) at the task's current revision; ``kw`` overrides."""
+    fields: dict[str, Any] = {
+        "decision": "failed", "reason": "checked the ledger", "evidence_ref": "TICKET-7",
+        "execution_ended": True, "revision": (await task_row(db, tenant, task_id))["revision"]}
+    fields.update(kw)
+    return await interventions.review_task(db, who, namespace=tenant.namespace,
+                                           task_id=task_id, **fields)
+
+
+async def audit_count(db: Database, tenant: Tenant) -> Any:
+    return await scalar(db, "SELECT COUNT(*) AS n FROM orbit_audit_events"
+                            " WHERE namespace_id = %s", tenant.namespace_id)
+
+
 async def test_review_resolves_needs_review(db: Database, tenant: Tenant) -> None:
     task_id, grant = await running_task(db, tenant)
     await finish(db, tenant, [report(grant, "unknown", error={"type": "Timeout"})])
     who = await principal(db, tenant)
     with pytest.raises(interventions.errors.ValidationFailed):
-        await interventions.review_task(db, who, namespace=tenant.namespace, task_id=task_id,
-                                        decision="maybe", reason="x", evidence_ref=None)
-    outcome = await interventions.review_task(
-        db, who, namespace=tenant.namespace, task_id=task_id, decision="succeeded",
-        reason="checked the ledger", evidence_ref="TICKET-7", result='{"charged": true}')
+        await review(db, who, tenant, task_id, decision="maybe")
+    judged = (await task_row(db, tenant, task_id))["revision"]
+    outcome = await review(db, who, tenant, task_id, decision="succeeded",
+                           result='{"charged": true}')
     assert outcome.body["state"] == "SUCCEEDED"
     row = await task_row(db, tenant, task_id)
     assert row["effect_uncertain"] == 0
     assert row["result"] == '{"charged": true}'
-    evidence = await scalar(db, "SELECT evidence_ref FROM orbit_audit_events WHERE resource_id"
-                                " = %s AND action = 'task.review'", task_id)
-    assert evidence == "TICKET-7"
+    audit = await db.read("t", lambda cur: _audit_row(cur, task_id, "task.review"))
+    assert audit["evidence_ref"] == "TICKET-7"
+    assert audit["reason"] == "checked the ledger"
+    assert audit["before"]["revision"] == judged
+    assert audit["after"]["execution_ended"] is True
     with pytest.raises(interventions.TaskNotReviewable):
-        await interventions.review_task(db, who, namespace=tenant.namespace, task_id=task_id,
-                                        decision="failed", reason="x", evidence_ref=None)
+        await review(db, who, tenant, task_id)
+
+
+async def _audit_row(cur: Any, resource_id: bytes, action: str) -> dict[str, Any]:
+    await cur.execute("SELECT reason, evidence_ref, before_doc, after_doc FROM orbit_audit_events"
+                      " WHERE resource_id = %s AND action = %s", (resource_id, action))
+    row = await cur.fetchone()
+    return {"reason": row["reason"], "evidence_ref": row["evidence_ref"],
+            "before": json.loads(row["before_doc"]), "after": json.loads(row["after_doc"])}
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    ({"evidence_ref": ""}, interventions.errors.ValidationFailed),
+    ({"reason": ""}, interventions.errors.ValidationFailed),
+    ({"revision": 0}, interventions.errors.ValidationFailed),
+    ({"execution_ended": False}, interventions.ConfirmationRequired),
+    ({"revision": "current - 1"}, interventions.errors.StaleRevision),
+    ({"revision": "current + 1"}, interventions.errors.StaleRevision),
+])
+async def test_a_review_without_its_contract_is_refused_and_writes_nothing(
+    db: Database, tenant: Tenant, change: dict[str, Any], error: type[Exception],
+) -> None:
+    """Specification 000 §2: evidence, an explicit end-of-execution declaration and the
+    revision judged (a task that changed since is a stale revision)."""
+    task_id, grant = await running_task(db, tenant)
+    await finish(db, tenant, [report(grant, "unknown", error={"type": "Timeout"})])
+    who = await principal(db, tenant)
+    current = (await task_row(db, tenant, task_id))["revision"]
+    if isinstance(change.get("revision"), str):
+        change = {"revision": current + (1 if change["revision"].endswith("+ 1") else -1)}
+    before = await audit_count(db, tenant)
+    with pytest.raises(error):
+        await review(db, who, tenant, task_id, **change)
+    row = await task_row(db, tenant, task_id)
+    assert (row["state"], row["revision"]) == ("NEEDS_REVIEW", current)
+    assert await audit_count(db, tenant) == before
+
+
+async def test_an_operator_cancel_needs_a_reason_and_a_client_cancel_does_not(
+    db: Database, tenant: Tenant
+) -> None:
+    """Operator = a credential that may also manage the task's queue (queues.manage)."""
+    queue = await make_queue(db, tenant)
+    operator_task, client_task = await add_tasks(db, tenant, queue, 2)
+    before = await audit_count(db, tenant)
+    with pytest.raises(interventions.errors.ValidationFailed) as refused:
+        await cancel(db, tenant, operator_task, reason=None)
+    assert refused.value.errors[0]["path"] == "$.reason"
+    assert (await task_row(db, tenant, operator_task))["state"] == "WAITING"
+    assert await audit_count(db, tenant) == before
+
+    client_key = await make_key(db, tenant, [{"namespaces": [tenant.namespace],
+                                              "actions": ["tasks.read", "tasks.cancel"]}])
+    client = await db.read("test.auth", lambda cur: credentials.authenticate(cur, client_key))
+    outcome = await interventions.cancel_task(db, client, namespace=tenant.namespace,
+                                              task_id=client_task, reason=None)
+    assert outcome.body["state"] == "CANCELLED"
+    audit = await db.read("t", lambda cur: _audit_row(cur, client_task, "task.cancel"))
+    assert (audit["reason"], audit["after"]["by"]) == (None, "client")
+
+    await cancel(db, tenant, operator_task, reason="duplicate order")
+    audit = await db.read("t", lambda cur: _audit_row(cur, operator_task, "task.cancel"))
+    assert (audit["reason"], audit["after"]["by"]) == ("duplicate order", "operator")
 
 
 async def test_manual_retry_creates_exactly_one_successor(db: Database, tenant: Tenant) -> None:

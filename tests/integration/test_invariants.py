@@ -32,13 +32,14 @@ from orbit_common.pulse import interventions, leases
 from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant
 from orbit_common.pulse.workers import QueueRef, Session
 from tests.conftest import Tenant, make_tenant
-from tests.support import database
+from tests.support import database, held
 from tests.support.invariants import check, check_db, codes
 from tests.support.lease_fixtures import (
     add_tasks,
     make_queue,
     open_session,
     set_application_limits,
+    task_row,
 )
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -55,18 +56,18 @@ async def claim(db: Database, session: Session, queue: QueueRef, n: int) -> list
 async def start(db: Database, tenant: Tenant, grants: Sequence[Grant]) -> list[Any]:
     refs = [ref(g) for g in grants]
     return await db.transaction("test.start",
-                                lambda cur: leases.start(cur, tenant.namespace_id, refs))
+                                lambda cur: held.start(cur, tenant.namespace_id, refs))
 
 
 async def renew(db: Database, tenant: Tenant, grants: Sequence[Grant]) -> list[Any]:
     refs = [ref(g) for g in grants]
     return await db.transaction("test.renew",
-                                lambda cur: leases.renew(cur, tenant.namespace_id, refs))
+                                lambda cur: held.renew(cur, tenant.namespace_id, refs))
 
 
 async def finish(db: Database, tenant: Tenant, reports: Sequence[FinishReport]) -> list[Any]:
     return await db.transaction("test.finish",
-                                lambda cur: leases.finish(cur, tenant.namespace_id, reports))
+                                lambda cur: held.finish(cur, tenant.namespace_id, reports))
 
 
 async def recover(db: Database) -> int:
@@ -233,7 +234,8 @@ class Traffic:
             await interventions.review_task(
                 db, self.who, namespace=tenant.namespace, task_id=task_id,
                 decision="succeeded" if i % 2 else "failed", reason="checked",
-                evidence_ref=f"TICKET-{number}-{i}")
+                evidence_ref=f"TICKET-{number}-{i}", execution_ended=True,
+                revision=(await task_row(db, tenant, task_id))["revision"])
         for state in ("FAILED", "CANCELLED"):
             for task_id in (await tasks_in(db, tenant, state))[:2]:
                 with contextlib.suppress(interventions.AlreadyRetried):
@@ -588,7 +590,19 @@ def c_second_creation_event(conn: Any, sc: Scenario) -> None:
     _set_task(conn, sc, "successor", "revision = %s", revision)
 
 
+def c_start_budget(conn: Any, sc: Scenario) -> None:
+    _set_task(conn, sc, "RUNNING", "starts_used = starts_used - 1")
+
+
+def c_foreign_session(conn: Any, sc: Scenario) -> None:
+    sql(conn, "UPDATE pulse_attempts SET worker_session_id = %s WHERE namespace_id = %s"
+              " AND task_id = %s AND state = 'RUNNING'",
+        ids.new_id(), sc.tenant.namespace_id, sc.task["RUNNING"])
+
+
 CORRUPTIONS: list[tuple[str, Callable[[Any, Scenario], None]]] = [
+    ("start_budget", c_start_budget),
+    ("session_binding", c_foreign_session),
     ("live_attempts", c_second_live_attempt),
     ("generations", c_generation_gap),
     ("generations", c_attempts_used),

@@ -23,7 +23,7 @@ from orbit_common.pulse import interventions, leases, resources
 from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant, StartOutcome
 from orbit_common.pulse.workers import QueueRef, Session
 from tests.conftest import Tenant
-from tests.support import pulse
+from tests.support import held, pulse
 from tests.support.invariants import check
 from tests.support.lease_fixtures import (
     add_tasks,
@@ -52,7 +52,7 @@ async def claim(db: Database, session: Session, queue: QueueRef, n: int = 10) ->
 async def start(db: Database, tenant: Tenant, grants: Sequence[Grant]) -> list[StartOutcome]:
     refs = [ref(g) for g in grants]
     return await db.transaction("test.start",
-                                lambda cur: leases.start(cur, tenant.namespace_id, refs))
+                                lambda cur: held.start(cur, tenant.namespace_id, refs))
 
 
 async def finish(db: Database, tenant: Tenant, grant: Grant, outcome: str = "succeeded",
@@ -62,7 +62,7 @@ async def finish(db: Database, tenant: Tenant, grant: Grant, outcome: str = "suc
     else:
         kw.setdefault("error", {"type": outcome})
     report = FinishReport(ref=ref(grant), report_id=b"r1", outcome=outcome, **kw)
-    (done,) = await db.transaction("test.finish", lambda cur: leases.finish(
+    (done,) = await db.transaction("test.finish", lambda cur: held.finish(
         cur, tenant.namespace_id, [report]))
     assert done.accepted, done
     return done.task_state

@@ -48,8 +48,9 @@ from orbit_common.pulse import interventions, leases
 from orbit_common.pulse.leases import AttemptRef, FinishOutcome, FinishReport, Grant
 from orbit_common.pulse.workers import QueueRef, Session, SessionLost
 from tests.conftest import Tenant, make_tenant
+from tests.support import held
 from tests.support.invariants import check
-from tests.support.lease_fixtures import add_tasks, make_queue, open_session
+from tests.support.lease_fixtures import add_tasks, make_queue, open_session, task_row
 from tests.support.waiting import statements_waiting, until
 
 T = TypeVar("T")
@@ -60,7 +61,7 @@ COVERED: Counter[str] = Counter()
 MUST_COVER = frozenset(f"task.{name}" for name in (
     "accepted", "leased", "started", "succeeded", "retry_scheduled", "non_retryable",
     "attempts_exhausted", "outcome_unknown", "cancel_requested", "cancelled", "offer_expired",
-    "offer_expired_budget_spent", "lease_lost", "lease_lost_retry", "reviewed_succeeded",
+    "outcome_unknown_retry", "lease_lost", "lease_lost_retry", "reviewed_succeeded",
     "reviewed_failed"))
 
 LIVE = frozenset({"LEASED", "RUNNING"})
@@ -98,7 +99,9 @@ class TaskModel:
     rerun_safe: bool
     max_attempts: int
     state: str = "WAITING"
-    attempts_used: int = 0
+    attempts_used: int = 0  # grants (generations)
+    starts_used: int = 0  # approved starts: the retry budget
+    offer_lapses: int = 0  # consecutive lapsed offers
     current: Grant | None = attrs.field(  # the live grant (LEASED/RUNNING)
         default=None, repr=lambda g: f"gen{g.generation}" if g else "None")
     lapsed: bool = False  # the live lease was moved into the past and not yet recovered
@@ -237,12 +240,15 @@ class LeaseProtocol(RuleBasedStateMachine):
         if report.outcome == "succeeded":
             self.end_attempt(task, "SUCCEEDED", uncertain=False)
         elif report.outcome == "unknown":
-            self.end_attempt(task, "NEEDS_REVIEW", uncertain=True)
+            # The safe-retry rule, as for a lost lease.
+            again = (task.rerun_safe and not task.cancel_requested
+                     and task.starts_used < task.max_attempts)
+            self.end_attempt(task, "WAITING" if again else "NEEDS_REVIEW", uncertain=True)
         elif report.outcome == "cancelled":
             self.end_attempt(task, "NEEDS_REVIEW" if task.uncertain else "CANCELLED",
                              uncertain=task.uncertain)
         elif (report.retryable and not task.cancel_requested
-              and task.attempts_used < task.max_attempts):
+              and task.starts_used < task.max_attempts):
             self.end_attempt(task, "WAITING", uncertain=task.uncertain)
         else:
             self.end_attempt(task, "NEEDS_REVIEW" if task.uncertain else "FAILED",
@@ -272,7 +278,7 @@ class LeaseProtocol(RuleBasedStateMachine):
                 self.sent.append(report)
 
     async def finish(self, reports: list[FinishReport]) -> list[FinishOutcome]:
-        return await self.db.transaction("test.finish", lambda cur: leases.finish(
+        return await self.db.transaction("test.finish", lambda cur: held.finish(
             cur, self.tenant.namespace_id, reports))
 
     async def lapse(self, task_id: bytes) -> None:
@@ -317,7 +323,7 @@ class LeaseProtocol(RuleBasedStateMachine):
         grants = self.run(self.db.transaction("test.claim", lambda cur: leases.claim(
             cur, session, self.queues[queue], limit)))
         claimable = {t.id for t in self.tasks.values() if t.queue == queue
-                     and t.state == "WAITING" and t.attempts_used < t.max_attempts}
+                     and t.state == "WAITING" and t.starts_used < t.max_attempts}
         room = (CAPPED_QUEUE_LIMIT - self.live_on(queue)) if queue == 1 else limit
         assert len(grants) == min(limit, len(claimable), room)
         assert len({g.task_id for g in grants}) == len(grants)
@@ -350,7 +356,7 @@ class LeaseProtocol(RuleBasedStateMachine):
 
     def start_expecting(self, grant: Grant) -> None:
         task = self.task_of(grant)
-        (outcome,) = self.run(self.db.transaction("test.start", lambda cur: leases.start(
+        (outcome,) = self.run(self.db.transaction("test.start", lambda cur: held.start(
             cur, self.tenant.namespace_id, [ref(grant)])))
         if self.holds(grant) and task.state == "RUNNING" and task.lapsed:
             pass  # approved today, though the lease lapsed: see test_a_repeated_start_after_...
@@ -361,6 +367,8 @@ class LeaseProtocol(RuleBasedStateMachine):
         elif self.holds(grant):
             assert outcome.approved, outcome.reason
             task.state = "RUNNING"
+            task.starts_used += 1
+            task.offer_lapses = 0
         else:
             assert (outcome.approved, outcome.reason) == (False, "attempt_finished")
 
@@ -374,7 +382,7 @@ class LeaseProtocol(RuleBasedStateMachine):
 
     def renew_expecting(self, grant: Grant) -> None:
         task = self.task_of(grant)
-        (outcome,) = self.run(self.db.transaction("test.renew", lambda cur: leases.renew(
+        (outcome,) = self.run(self.db.transaction("test.renew", lambda cur: held.renew(
             cur, self.tenant.namespace_id, [ref(grant)])))
         assert outcome.cancel_requested == task.cancel_requested
         if self.holds(grant) and task.state == "RUNNING" and not task.lapsed:
@@ -445,10 +453,10 @@ class LeaseProtocol(RuleBasedStateMachine):
             {"generation": grant.generation + 1} if forgery == "newer" else
             {"generation": grant.generation - 1})
         self.send([make_report(grant, kind, b"forged-%d" % next(self.fresh), **change)])
-        (renewed,) = self.run(self.db.transaction("test.renew", lambda cur: leases.renew(
+        (renewed,) = self.run(self.db.transaction("test.renew", lambda cur: held.renew(
             cur, self.tenant.namespace_id, [ref(grant, **change)])))
         assert (renewed.renewed, renewed.reason) == (False, "invalid_attempt")
-        (started,) = self.run(self.db.transaction("test.start", lambda cur: leases.start(
+        (started,) = self.run(self.db.transaction("test.start", lambda cur: held.start(
             cur, self.tenant.namespace_id, [ref(grant, **change)])))
         assert (started.approved, started.reason) == (False, "invalid_attempt")
 
@@ -508,11 +516,13 @@ class LeaseProtocol(RuleBasedStateMachine):
         self.claim(data)
         new = [g for g in self.grants if g.attempt_id not in before]
         if new:
-            outcomes = self.run(self.db.transaction("test.start", lambda cur: leases.start(
+            outcomes = self.run(self.db.transaction("test.start", lambda cur: held.start(
                 cur, self.tenant.namespace_id, [ref(g) for g in new])))
             assert all(o.approved for o in outcomes)
             for grant in new:
-                self.task_of(grant).state = "RUNNING"
+                task = self.task_of(grant)
+                task.state, task.offer_lapses = "RUNNING", 0
+                task.starts_used += 1
 
     def grants_ids(self) -> list[bytes]:
         return [g.attempt_id for g in self.grants]
@@ -523,9 +533,14 @@ class LeaseProtocol(RuleBasedStateMachine):
         lapsed = [t for t in self.tasks.values() if t.current is not None and t.lapsed]
         assert handled >= len(lapsed)
         for task in lapsed:
-            budget = task.attempts_used < task.max_attempts
+            budget = task.starts_used < task.max_attempts
             if task.state == "LEASED":
-                if budget and not task.cancel_requested:
+                # An offer that lapsed spent no budget; lapses are capped.
+                task.offer_lapses += 1
+                if task.cancel_requested:
+                    self.end_attempt(task, "NEEDS_REVIEW" if task.uncertain else "CANCELLED",
+                                     uncertain=task.uncertain)
+                elif task.offer_lapses < leases.DEFAULT_MAX_OFFER_LAPSES:
                     self.end_attempt(task, "WAITING", uncertain=task.uncertain)
                 else:
                     self.end_attempt(task, "NEEDS_REVIEW" if task.uncertain else "FAILED",
@@ -570,9 +585,11 @@ class LeaseProtocol(RuleBasedStateMachine):
         decision = data.draw(st.sampled_from(["succeeded", "failed"]), label="decision")
         task = self.pick(data, [t for t in self.tasks.values() if t.state == "NEEDS_REVIEW"],
                          "task")
+        revision = self.run(task_row(self.db, self.tenant, task.id))["revision"]
         self.run(interventions.review_task(
             self.db, self.who, namespace=self.tenant.namespace, task_id=task.id,
-            decision=decision, reason="model", evidence_ref="MODEL-1"))
+            decision=decision, reason="model", evidence_ref="MODEL-1", execution_ended=True,
+            revision=revision))
         self.end_attempt(task, decision.upper(), uncertain=False)
 
     def manual_retry(self, data: st.DataObject) -> None:
@@ -603,7 +620,8 @@ class LeaseProtocol(RuleBasedStateMachine):
             with pytest.raises(interventions.TaskNotReviewable):
                 self.run(interventions.review_task(
                     self.db, self.who, namespace=self.tenant.namespace, task_id=task.id,
-                    decision="failed", reason="model", evidence_ref=None))
+                    decision="failed", reason="model", evidence_ref="MODEL-0",
+                    execution_ended=True, revision=1))
         if task.state not in ("FAILED", "CANCELLED"):
             with pytest.raises(interventions.TaskNotRetryable):
                 self.run(interventions.retry_task(
@@ -634,12 +652,14 @@ class LeaseProtocol(RuleBasedStateMachine):
         with self.conn.cursor() as cur:
             cur.execute(
                 "SELECT id, state, attempts_used, effect_uncertain, current_attempt_id,"
-                " cancel_requested_at IS NOT NULL AS cancel FROM pulse_tasks"
+                " cancel_requested_at IS NOT NULL AS cancel, starts_used, offer_lapses"
+                " FROM pulse_tasks"
                 " WHERE namespace_id = %s", (self.tenant.namespace_id,))
             rows = {row[0]: row[1:] for row in cur.fetchall()}
         assert set(rows) == set(self.tasks)
         for task in self.tasks.values():
-            state, used, uncertain, current, cancel = rows[task.id]
+            state, used, uncertain, current, cancel, starts, lapses = rows[task.id]
+            assert (starts, lapses) == (task.starts_used, task.offer_lapses), task
             assert state == task.state, task
             assert used == task.attempts_used, task
             assert bool(uncertain) == task.uncertain, task
@@ -720,7 +740,7 @@ async def _running_grant(db: Database, tenant: Tenant) -> Grant:
     await add_tasks(db, tenant, queue)
     session = await open_session(db, tenant, [queue])
     (grant,) = await db.transaction("t", lambda cur: leases.claim(cur, session, queue, 1))
-    await db.transaction("t", lambda cur: leases.start(cur, tenant.namespace_id, [ref(grant)]))
+    await db.transaction("t", lambda cur: held.start(cur, tenant.namespace_id, [ref(grant)]))
     return grant
 
 
@@ -741,7 +761,7 @@ async def test_the_same_report_twice_in_one_batch_gets_one_receipt(
     refused as a whole by the receipts' unique key."""
     grant = await _running_grant(db, tenant)
     report = make_report(grant, "succeeded", b"r1")
-    first, copy = await db.transaction("t", lambda cur: leases.finish(
+    first, copy = await db.transaction("t", lambda cur: held.finish(
         cur, tenant.namespace_id, [report, report]))
     assert Answer.of(first) == Answer(True, None, "SUCCEEDED")
     assert Answer.of(copy) == Answer.of(first)
@@ -756,7 +776,7 @@ async def test_one_report_id_with_two_contents_in_one_batch_is_a_report_conflict
     grant = await _running_grant(db, tenant)
     reports = [make_report(grant, "succeeded", b"r1"), make_report(grant, "unknown", b"r1")]
     with pytest.raises(leases.ReportConflict):
-        await db.transaction("t", lambda cur: leases.finish(cur, tenant.namespace_id, reports))
+        await db.transaction("t", lambda cur: held.finish(cur, tenant.namespace_id, reports))
 
 
 async def test_the_same_report_racing_itself_gets_one_receipt_and_two_answers(
@@ -774,7 +794,7 @@ async def test_the_same_report_racing_itself_gets_one_receipt_and_two_answers(
             cur.execute("SELECT id FROM pulse_tasks WHERE namespace_id = %s AND id = %s"
                         " FOR UPDATE", (tenant.namespace_id, grant.task_id))
         runs = [asyncio.create_task(db.transaction(
-            "t", lambda cur: leases.finish(cur, tenant.namespace_id, [report])))
+            "t", lambda cur: held.finish(cur, tenant.namespace_id, [report])))
             for _ in range(2)]
         # Until both wait for the task row (the server's own process list, not the clock).
         await until(lambda: not any(r.done() for r in runs) and statements_waiting(
@@ -815,7 +835,7 @@ async def test_a_repeated_start_after_the_lease_lapsed_is_not_approved(
                           (past, grant.attempt_id))
 
     await db.transaction("t", lapse)
-    (again,) = await db.transaction("t", lambda cur: leases.start(
+    (again,) = await db.transaction("t", lambda cur: held.start(
         cur, tenant.namespace_id, [ref(grant)]))
     assert (again.approved, again.reason) == (False, "lease_expired")
     assert check(sync_conn, [tenant.namespace_id]) == []

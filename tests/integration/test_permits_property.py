@@ -39,6 +39,7 @@ from orbit_common.pulse import interventions, leases
 from orbit_common.pulse.leases import AttemptRef, FinishReport, Grant
 from orbit_common.pulse.workers import QueueRef, Session
 from tests.conftest import Tenant, make_tenant
+from tests.support import held
 from tests.support.invariants import check
 from tests.support.lease_fixtures import add_tasks, make_queue, open_session
 
@@ -66,6 +67,8 @@ class TaskModel:
     max_attempts: int
     state: str = "WAITING"
     attempts_used: int = 0
+    starts_used: int = 0  # the retry budget counts approved starts
+    offer_lapses: int = 0
     current: Grant | None = attrs.field(default=None, repr=lambda g: g and f"gen{g.generation}")
     lapsed: bool = False
 
@@ -115,7 +118,7 @@ class KeyedPermits(RuleBasedStateMachine):
 
     def claimable(self, queue: int) -> list[TaskModel]:
         return [t for t in self.tasks.values() if t.queue == queue and t.state == "WAITING"
-                and t.attempts_used < t.max_attempts]
+                and t.starts_used < t.max_attempts]
 
     def eligible(self, queue: int) -> list[TaskModel]:
         """Claimable now: unkeyed, or on a key nobody holds."""
@@ -184,10 +187,11 @@ class KeyedPermits(RuleBasedStateMachine):
         task = self.pick(data, self.in_state("LEASED"), "task")
         assert task.current is not None
         grant = task.current
-        (outcome,) = self.run(self.db.transaction("test.start", lambda cur: leases.start(
+        (outcome,) = self.run(self.db.transaction("test.start", lambda cur: held.start(
             cur, self.tenant.namespace_id, [ref(grant)])))
         assert outcome.approved, outcome
-        task.state = "RUNNING"
+        task.state, task.offer_lapses = "RUNNING", 0
+        task.starts_used += 1
 
     def finish(self, data: st.DataObject) -> None:
         task = self.pick(data, self.in_state("RUNNING"), "task")
@@ -199,11 +203,11 @@ class KeyedPermits(RuleBasedStateMachine):
             result="{}" if kind == "succeeded" else None,
             error=None if kind == "succeeded" else {"type": kind},
             retryable=kind == "failed-retryable")
-        (done,) = self.run(self.db.transaction("test.finish", lambda cur: leases.finish(
+        (done,) = self.run(self.db.transaction("test.finish", lambda cur: held.finish(
             cur, self.tenant.namespace_id, [report])))
         expected = ("SUCCEEDED" if kind == "succeeded"
                     else "WAITING" if (kind == "failed-retryable"
-                                       and task.attempts_used < task.max_attempts)
+                                       and task.starts_used < task.max_attempts)
                     else "FAILED")
         assert (done.accepted, done.task_state) == (True, expected), done
         self.end(task, expected)
@@ -233,9 +237,11 @@ class KeyedPermits(RuleBasedStateMachine):
             "test.recover", lambda cur: leases.recover_expired(cur, 1000)))
         assert handled >= len(lapsed)
         for task in lapsed:
-            budget = task.attempts_used < task.max_attempts
-            if task.state == "LEASED":
-                self.end(task, "WAITING" if budget else "FAILED")
+            budget = task.starts_used < task.max_attempts
+            if task.state == "LEASED":  # a lapsed offer spends no budget; lapses are capped
+                task.offer_lapses += 1
+                self.end(task, "WAITING" if task.offer_lapses < leases.DEFAULT_MAX_OFFER_LAPSES
+                         else "FAILED")
             else:
                 self.end(task, "WAITING" if task.rerun_safe and budget else "NEEDS_REVIEW")
 

@@ -150,7 +150,7 @@ async def test_a_config_update_and_a_pause_do_not_block_each_other(
             cur.execute("SELECT id FROM pulse_queues WHERE namespace_id = %s AND id = %s"
                         " FOR UPDATE", (tenant.namespace_id, bytes.fromhex(created["id"])))
         paused = await asyncio.wait_for(queues.set_paused(
-            db, principal, namespace=tenant.namespace, name=name, paused=True, reason=None), 5)
+            db, principal, namespace=tenant.namespace, name=name, paused=True, reason="drain"), 5)
         assert paused["paused"] is True
     finally:
         holder.rollback()
@@ -178,7 +178,7 @@ async def test_a_credential_revoked_after_authentication_is_refused_inside_the_t
                                               name=name, revision=1,
                                               patch=queues.QueuePatch(description="x")),
         "pause": lambda: queues.set_paused(db, principal, namespace=tenant.namespace,
-                                           name=name, paused=True, reason=None),
+                                           name=name, paused=True, reason="drain"),
     }
     with pytest.raises(errors.InvalidCredential):
         await calls[operation]()

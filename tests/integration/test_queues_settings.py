@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from orbit_common.db import errors as dberrors
 from orbit_common.db.pool import DatabaseUrl, connect_sync
+from orbit_common.model import jsondoc
 from orbit_common.pulse import queues
 
 INT_MIN = -(2**31)
@@ -181,9 +182,10 @@ def test_a_valid_configuration_survives_the_round_trip(
     assert queues.QueueSettings.of(record) == s
     view = record.view()
     for field in ("multiplier", "jitter"):
-        text = view["retry"][field]
+        # Through JSON text, as a client reads and sends it back: the number is exact.
+        number = jsondoc.loads_strict(jsondoc.dumps(view["retry"][field]))
         problems: queues.Problems = []
-        assert queues.parse_decimal(text, field, problems) == getattr(s.retry, field)
+        assert queues.parse_decimal(number, field, problems) == getattr(s.retry, field)
         assert problems == []
     assert (view["active_attempts"], view["revision"], view["paused"]) == (0, 1, False)
 

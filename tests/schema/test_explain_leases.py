@@ -10,6 +10,7 @@ plan on empty tables, the case where the optimizer was most tempted.
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,9 +19,13 @@ import pytest
 
 from orbit_common.db.batch import values_table
 from orbit_common.db.pool import DatabaseUrl, connect_sync
-from orbit_common.pulse import leases
 from tests.support import database
 
+MODULES: dict[str, str] = {  # the lease module that owns each statement
+    "CLAIM_TASKS": "claim", "START_ATTEMPTS": "start", "START_TASKS": "start",
+    "RENEW_ATTEMPTS": "renew", "RENEW_TASKS": "renew", "END_ATTEMPTS": "endings",
+    "END_TASKS": "endings",
+}
 COLUMNS: dict[str, list[str]] = {
     "CLAIM_TASKS": ["id", "revision", "attempt_id", "generation", "expires"],
     "START_ATTEMPTS": ["task_id", "revision", "attempt_id", "expires"],
@@ -28,8 +33,9 @@ COLUMNS: dict[str, list[str]] = {
     "RENEW_ATTEMPTS": ["attempt_id", "task_id", "expires"],
     "RENEW_TASKS": ["attempt_id", "task_id", "expires"],
     "END_ATTEMPTS": ["attempt_id", "state", "retryable", "result", "error"],
-    "END_TASKS": ["task_id", "revision", "attempt_id", "state", "available_at", "uncertain",
-                  "reason", "result", "error", "terminal"],
+    "END_TASKS": ["task_id", "revision", "from_state", "attempt_id", "state", "available_at",
+                  "uncertain", "reason", "lapse", "result", "error", "cancel", "cancel_reason",
+                  "terminal"],
 }
 
 
@@ -51,7 +57,7 @@ def _value(column: str, i: int) -> Any:
         return bytes([i]) * 16
     if column in {"expires", "available_at"}:
         return dt.datetime(2030, 1, 1)  # noqa: DTZ001 - a DATETIME(6) value, UTC by convention
-    if column in {"state", "reason"}:
+    if column in {"state", "reason", "from_state", "cancel_reason"}:
         return "RUNNING"
     if column in {"result", "error"}:
         return "{}"
@@ -62,7 +68,8 @@ def _value(column: str, i: int) -> Any:
 def test_batched_update_uses_the_primary_key(
     empty_db: pymysql.connections.Connection[Any], name: str
 ) -> None:
-    template: str = getattr(leases, name)
+    module = importlib.import_module(f"orbit_common.pulse.leases.{MODULES[name]}")
+    template: str = getattr(module, name)
     columns = COLUMNS[name]
     table, values = values_table(columns, [[_value(c, i) for c in columns] for i in (1, 2)])
     sql = template.format(table=table)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pymysql
 
-from orbit_cli import devdb
+import orbit_devdb as devdb
 from orbit_common.db.migrator import Migrator
 from orbit_common.db.pool import DatabaseUrl, connect_sync
 

@@ -77,6 +77,11 @@ Invariants (code: what must hold)
                           is the task's revision and they are contiguous (every change is evented;
                           from 1 when the task has its creation event, which must then be at 1);
                           with ``require_creation_events`` every task must have one
+    start_budget          the retry budget counts approved starts: a task's starts_used equals the
+                          count of its attempts that started (started_at set), and never
+                          exceeds max_attempts
+    session_binding       a live attempt's recorded session is a session of the attempt's own
+                          worker instance (the execution identity; adoption stays in-instance)
     stuck                 (``quiescent=True`` only) no LEASED/RUNNING task whose lease lapsed,
                           and no WAITING task past its deadline, longer than ``grace`` ago
     missing_task          every ``(namespace_id, task_id)`` in ``expected_tasks`` exists
@@ -121,7 +126,7 @@ CODES = (
     "success_overwritten", "transition", "event_revisions", "stuck", "missing_task",
     "queue_unfinished", "application_counter", "start_window", "key_row", "attempt_token",
     "permit_count", "permit_held", "permit_holder", "permit_missing", "permit_tokens",
-    "permit_revision", "one_run_per_instant", "task_owner",
+    "permit_revision", "start_budget", "session_binding", "one_run_per_instant", "task_owner",
 )
 
 
@@ -808,6 +813,26 @@ def _stuck_render(row: dict[str, Any], s: Scope) -> str:
             f" {row['at']} (more than {s.grace} ago)")
 
 
+def _start_budget_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.starts_used, t.max_attempts, COALESCE(g.n, 0) AS n
+FROM pulse_tasks t
+LEFT JOIN (
+  SELECT a.namespace_id, a.task_id, COUNT(*) AS n FROM pulse_attempts a
+  WHERE a.started_at IS NOT NULL{s.ns('a')} GROUP BY a.namespace_id, a.task_id
+) g ON g.namespace_id = t.namespace_id AND g.task_id = t.id
+WHERE (t.starts_used <> COALESCE(g.n, 0) OR t.starts_used > t.max_attempts){s.ns('t')}"""
+
+
+def _session_binding_sql(s: Scope) -> str:
+    return f"""
+SELECT a.namespace_id, a.task_id, a.id AS attempt_id, a.state, ws.instance_id
+FROM pulse_attempts a
+LEFT JOIN pulse_worker_sessions ws
+  ON ws.namespace_id = a.namespace_id AND ws.id = a.worker_session_id
+WHERE a.state IN {LIVE} AND (ws.id IS NULL OR ws.instance_id <> a.worker_instance_id){s.ns('a')}"""
+
+
 def _expected_sql(s: Scope) -> str:
     wanted = [(ns, t) for ns, t in s.expected
               if s.namespace_ids is None or ns in s.namespace_ids]
@@ -882,6 +907,12 @@ PROBES: tuple[Probe, ...] = (
                        f" token on its key (expected exactly one)"),
     Probe("permit_tokens", _permit_tokens_sql, _permit_tokens_render),
     Probe("permit_revision", _permit_revision_sql, _permit_revision_render),
+    Probe("start_budget", _start_budget_sql,
+          lambda r, s: f"{_task(r)} counts starts_used={r['starts_used']} (max_attempts"
+                       f" {r['max_attempts']}) but {r['n']} of its attempts started"),
+    Probe("session_binding", _session_binding_sql,
+          lambda r, s: f"{_task(r)}: live attempt {_h(r['attempt_id'])} ({r['state']}) is"
+                       f" recorded on a session of instance {_h(r['instance_id'])}, not its own"),
     Probe("one_run_per_instant", _one_run_sql, _one_run_render),
     Probe("task_owner", _task_owner_sql, _task_owner_render),
     Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),

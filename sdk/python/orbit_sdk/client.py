@@ -274,18 +274,17 @@ class Client:
                                        body=jsonvalue.dumps(body))
         return Queue.from_json(raw)
 
-    async def pause_queue(self, name: str, reason: str | None = None) -> Queue:
+    async def pause_queue(self, name: str, reason: str) -> Queue:
         """Pause: no new lease and no new start; in-flight results are still recorded.
-        Idempotent, so retried automatically."""
-        body = None if reason is None else {"reason": reason}
-        return Queue.from_json(
-            await self._post(self._ns(f"/queues/{_seg(name)}/pause"), body, retry=True))
+        ``reason`` (required) goes to the audit record. Idempotent, so retried automatically."""
+        return Queue.from_json(await self._post(
+            self._ns(f"/queues/{_seg(name)}/pause"), {"reason": reason}, retry=True))
 
-    async def resume_queue(self, name: str, reason: str | None = None) -> Queue:
-        """Resume a paused queue (idempotent, retried automatically)."""
-        body = None if reason is None else {"reason": reason}
-        return Queue.from_json(
-            await self._post(self._ns(f"/queues/{_seg(name)}/resume"), body, retry=True))
+    async def resume_queue(self, name: str, reason: str) -> Queue:
+        """Resume a paused queue; ``reason`` (required) is audited. Idempotent, retried
+        automatically."""
+        return Queue.from_json(await self._post(
+            self._ns(f"/queues/{_seg(name)}/resume"), {"reason": reason}, retry=True))
 
     # --- application quotas ------------------------------------------------------------------
 
@@ -447,7 +446,9 @@ class Client:
     async def cancel_task(self, task_id: str, reason: str | None = None, *,
                           idempotency_key: str | None = None) -> Task:
         """Cancel: at once when not running; a running task gets a durable cancel intent and
-        ends CANCELLED when its worker confirms it stopped (a success that lands first wins)."""
+        ends CANCELLED when its worker confirms it stopped (a success that lands first wins).
+        ``reason`` may be left out by a client credential; an operator credential (one that
+        may also manage the task's queue) must give it."""
         body = {} if reason is None else {"reason": reason}
         raw = await self._post(self._ns(f"/tasks/{_seg(task_id)}/cancel"), body,
                                idempotency_key=idempotency_key or new_idempotency_key())
@@ -459,15 +460,20 @@ class Client:
         decision: str,
         reason: str,
         *,
-        evidence_ref: str | None = None,
+        evidence_ref: str,
+        execution_ended: bool,
+        revision: int,
         result: Any = UNSET,
         idempotency_key: str | None = None,
     ) -> Task:
         """Resolve a NEEDS_REVIEW task: ``decision`` is ``"succeeded"`` (optionally with the
-        ``result`` a human established) or ``"failed"``."""
-        body: dict[str, Any] = {"decision": decision, "reason": reason}
-        if evidence_ref is not None:
-            body["evidence_ref"] = evidence_ref
+        ``result`` a human established) or ``"failed"``. ``evidence_ref`` names the evidence the
+        decision rests on, ``execution_ended=True`` declares that the execution has ended (the
+        server refuses anything else), and ``revision`` is the task revision that was judged
+        (a task that changed since is refused with ``stale_revision``)."""
+        body: dict[str, Any] = {"decision": decision, "reason": reason,
+                                "evidence_ref": evidence_ref,
+                                "execution_ended": execution_ended, "revision": revision}
         if not isinstance(result, _Unset):
             body["result"] = result
         raw = await self._post(self._ns(f"/tasks/{_seg(task_id)}/review"), body,
@@ -547,29 +553,30 @@ class Client:
         async for item in self._pages(self._ns("/schedules"), params):
             yield Schedule.from_json(item)
 
-    async def _schedule_state(self, method: str, path: str, reason: str | None,
+    async def _schedule_state(self, method: str, path: str, reason: str,
                               idempotency_key: str | None) -> Schedule:
         raw = await self._http.request(
-            method, self._ns(path),
-            body=None if reason is None else jsonvalue.dumps({"reason": reason}),
+            method, self._ns(path), body=jsonvalue.dumps({"reason": reason}),
             idempotency_key=idempotency_key or new_idempotency_key(), retry=True)
         return Schedule.from_json(raw)
 
-    async def pause_schedule(self, name: str, reason: str | None = None, *,
+    async def pause_schedule(self, name: str, reason: str, *,
                              idempotency_key: str | None = None) -> Schedule:
-        """Stop firing; on resume the paused time meets the misfire policy. Idempotent."""
+        """Stop firing; on resume the paused time meets the misfire policy. ``reason``
+        (required) is audited. Idempotent."""
         return await self._schedule_state("POST", f"/schedules/{_seg(name)}/pause", reason,
                                           idempotency_key)
 
-    async def resume_schedule(self, name: str, reason: str | None = None, *,
+    async def resume_schedule(self, name: str, reason: str, *,
                               idempotency_key: str | None = None) -> Schedule:
-        """Fire again (idempotent)."""
+        """Fire again; ``reason`` (required) is audited. Idempotent."""
         return await self._schedule_state("POST", f"/schedules/{_seg(name)}/resume", reason,
                                           idempotency_key)
 
-    async def delete_schedule(self, name: str, reason: str | None = None, *,
+    async def delete_schedule(self, name: str, reason: str, *,
                               idempotency_key: str | None = None) -> Schedule:
-        """Disable the schedule for good; its versions and ledger are kept (idempotent)."""
+        """Disable the schedule for good; its versions and ledger are kept. ``reason``
+        (required) is audited. Idempotent."""
         return await self._schedule_state("DELETE", f"/schedules/{_seg(name)}", reason,
                                           idempotency_key)
 

@@ -8,6 +8,7 @@ SDK. Times are aware ``datetime`` objects in UTC.
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,25 +57,34 @@ def _dict(raw: Mapping[str, Any], key: str) -> dict[str, Any]:
     return dict(value) if isinstance(value, Mapping) else {}
 
 
+def _decimal(value: Any) -> decimal.Decimal | None:
+    """A policy decimal from the API (a JSON number) or from the caller (number or text)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, decimal.Decimal):
+        return value
+    if isinstance(value, int | float | str):
+        return decimal.Decimal(str(value))
+    return None
+
+
 @attrs.frozen(kw_only=True)
 class RetryPolicy:
-    """A retry policy; ``multiplier`` and ``jitter`` are decimal strings (``"2.000"``)."""
+    """A retry policy. ``multiplier`` and ``jitter`` are exact decimals: the API writes them as
+    JSON numbers (``2``, ``0.2``); given as ``2``, ``1.5`` or ``"1.5"`` they are kept exact and
+    sent as numbers."""
 
     max_attempts: int | None = None
     initial_ms: int | None = None
     max_ms: int | None = None
-    multiplier: str | None = None
-    jitter: str | None = None
+    multiplier: decimal.Decimal | None = attrs.field(default=None, converter=_decimal)
+    jitter: decimal.Decimal | None = attrs.field(default=None, converter=_decimal)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> RetryPolicy:
-        def text(key: str) -> str | None:
-            value = raw.get(key)
-            return None if value is None else str(value)
-
         return cls(max_attempts=_int(raw, "max_attempts"), initial_ms=_int(raw, "initial_ms"),
-                   max_ms=_int(raw, "max_ms"), multiplier=text("multiplier"),
-                   jitter=text("jitter"))
+                   max_ms=_int(raw, "max_ms"), multiplier=raw.get("multiplier"),
+                   jitter=raw.get("jitter"))
 
     def to_json(self) -> dict[str, Any]:
         """Only the fields that are set (the others take the queue's defaults)."""
@@ -248,6 +258,8 @@ class Task:
     updated_at: dt.datetime | None = None
     completed_at: dt.datetime | None = None
     attempts_used: int | None = None
+    starts_used: int | None = None
+    offer_lapses: int | None = None
     effect_uncertain: bool = False
     outcome_reason: str | None = None
     cancel_requested_at: dt.datetime | None = None
@@ -276,6 +288,7 @@ class Task:
             updated_at=parse_time(raw.get("updated_at")),
             completed_at=parse_time(raw.get("completed_at")),
             attempts_used=_int(raw, "attempts_used"),
+            starts_used=_int(raw, "starts_used"), offer_lapses=_int(raw, "offer_lapses"),
             effect_uncertain=_bool(raw, "effect_uncertain"),
             outcome_reason=_str(raw, "outcome_reason"),
             cancel_requested_at=parse_time(raw.get("cancel_requested_at")),

@@ -24,6 +24,7 @@ from orbit_sdk import (
     QueueFull,
     QuotaExceeded,
     RawJson,
+    RetryPolicy,
     ServerError,
     ServiceUnavailable,
     StaleRevision,
@@ -208,12 +209,38 @@ async def test_gets_are_retried_after_503(api: tuple[FakeApi, Client]) -> None:
     queue = {"id": "ef" * 16, "name": "emails", "revision": 2, "paused": True,
              "gate": {"state": "PAUSED", "control_revision": 2, "reason": "maintenance"},
              "retry": {"max_attempts": 3, "initial_ms": 1000, "max_ms": 60000,
-                       "multiplier": "2.000", "jitter": "0.200"}}
+                       "multiplier": 2, "jitter": 0.2}}
     fake.on("GET", f"{NS}/queues/emails", problem(503, "service_unavailable"), ok(queue))
     got = await client.get_queue("emails")
     assert (got.name, got.revision, got.paused, got.gate_state) == ("emails", 2, True, "PAUSED")
-    assert got.retry.multiplier == "2.000"
+    assert (got.retry.multiplier, got.retry.jitter) == (Decimal("2"), Decimal("0.2"))
     assert len(fake.seen) == 2
+
+
+async def test_retry_policy_decimals_travel_as_exact_numbers(
+        api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    fake.on("POST", f"{NS}/tasks", ok(RECEIPT, 201))
+    fake.on("POST", f"{NS}/queues", ok({"name": "emails", "retry": {"multiplier": 1.5}}, 201))
+    await client.submit("emails", "send", {},
+                        retry=RetryPolicy(max_attempts=4, multiplier="1.5", jitter=0.25))
+    created = await client.create_queue("emails", retry=RetryPolicy(multiplier=Decimal("1.5")))
+    assert created.retry.multiplier == Decimal("1.5")
+    submitted, queue = (s.body for s in fake.seen)
+    assert b'"retry":{"max_attempts":4,"multiplier":1.5,"jitter":0.25}' in submitted
+    assert b'"retry":{"multiplier":1.5}' in queue
+
+
+async def test_queue_pause_and_resume_send_their_reasons(api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    view = {"id": "ef" * 16, "name": "emails", "revision": 2, "paused": True,
+            "gate": {"state": "PAUSED", "control_revision": 2, "reason": "maintenance"}}
+    fake.on("POST", f"{NS}/queues/emails/pause", ok(view))
+    fake.on("POST", f"{NS}/queues/emails/resume", ok({**view, "paused": False}))
+    assert (await client.pause_queue("emails", "maintenance")).paused is True
+    assert (await client.resume_queue("emails", "maintenance done")).paused is False
+    assert [json.loads(s.body) for s in fake.seen] == [
+        {"reason": "maintenance"}, {"reason": "maintenance done"}]
 
 
 async def test_batch_items_carry_keys_kept_across_retries(api: tuple[FakeApi, Client]) -> None:
@@ -271,14 +298,15 @@ async def test_interventions_send_their_fields_and_keys(api: tuple[FakeApi, Clie
     fake.on("POST", f"{NS}/tasks/{task}/retry", ok({**RECEIPT, "retry_of": task}, 201))
     assert (await client.cancel_task(task, "not needed")).state == "CANCELLED"
     reviewed = await client.review_task(task, "succeeded", "checked the ledger",
-                                        evidence_ref="TICKET-7", result={"paid": True})
+                                        evidence_ref="TICKET-7", execution_ended=True,
+                                        revision=4, result={"paid": True})
     assert reviewed.state == "SUCCEEDED"
     assert (await client.retry_task(task, "fixed the bug")).retry_of == task
     bodies = [json.loads(s.body) for s in fake.seen]
     assert bodies == [
         {"reason": "not needed"},
         {"decision": "succeeded", "reason": "checked the ledger", "evidence_ref": "TICKET-7",
-         "result": {"paid": True}},
+         "execution_ended": True, "revision": 4, "result": {"paid": True}},
         {"reason": "fixed the bug", "rerun_confirmed": True},
     ]
     assert all(s.headers.get("Idempotency-Key") for s in fake.seen)

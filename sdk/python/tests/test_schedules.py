@@ -104,7 +104,7 @@ async def test_publish_is_compare_and_set(api: tuple[FakeApi, Client]) -> None:
                           "template": {"handler": "h"}, "overlap_policy": "BUFFER_ONE"}
 
 
-async def test_state_changes_use_their_methods_and_optional_reasons(
+async def test_state_changes_use_their_methods_and_send_their_reasons(
         api: tuple[FakeApi, Client]) -> None:
     fake, client = api
     fake.on("POST", f"{NS}/schedules/nightly/pause", drop(), ok({**SCHEDULE, "state": "PAUSED"}))
@@ -112,13 +112,13 @@ async def test_state_changes_use_their_methods_and_optional_reasons(
     fake.on("DELETE", f"{NS}/schedules/nightly",
             ok({**SCHEDULE, "state": "DISABLED", "disabled_at": T0}))
     assert (await client.pause_schedule("nightly", "quarter close")).state == "PAUSED"
-    assert (await client.resume_schedule("nightly")).state == "ACTIVE"
+    assert (await client.resume_schedule("nightly", "quarter closed")).state == "ACTIVE"
     disabled = await client.delete_schedule("nightly", "replaced")
     assert disabled.state == "DISABLED"
     assert disabled.disabled_at is not None
     assert [(s.method, s.body) for s in fake.seen] == [
         ("POST", b'{"reason":"quarter close"}'), ("POST", b'{"reason":"quarter close"}'),
-        ("POST", b""), ("DELETE", b'{"reason":"replaced"}')]
+        ("POST", b'{"reason":"quarter closed"}'), ("DELETE", b'{"reason":"replaced"}')]
     assert fake.seen[0].headers["Idempotency-Key"] == fake.seen[1].headers["Idempotency-Key"]
 
 

@@ -10,13 +10,14 @@ import attrs
 import pymysql
 import pytest
 from aiohttp import ClientResponse
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from orbit_api.app import create_app
 from orbit_common.db.pool import Database, DatabaseUrl, open_database
 from orbit_common.db.schema import SchemaChecker
 from orbit_common.service.health import ReadinessGate
 from tests.conftest import api_config
+from tests.support.servers import ServiceTestServer
 
 PROBLEM_FIELDS = {"type", "title", "status", "detail", "code"}
 
@@ -136,9 +137,8 @@ async def big_db(db_url: DatabaseUrl) -> AsyncIterator[Database]:
 @pytest.fixture
 async def big_api(big_db: Database, db_url: DatabaseUrl) -> AsyncIterator[TestClient[Any, Any]]:
     """The API over ``big_db``."""
-    client = TestClient(
-        TestServer(create_app(api_config(db_url), big_db, ReadinessGate(SchemaChecker(big_db))))
-    )
+    app = create_app(api_config(db_url), big_db, ReadinessGate(SchemaChecker(big_db)))
+    client = TestClient(ServiceTestServer(app))
     await client.start_server()
     try:
         yield client

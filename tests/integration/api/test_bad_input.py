@@ -222,7 +222,7 @@ async def test_a_gzip_body_that_does_not_inflate_is_a_400_problem(
         data=b"this is not gzip",
         headers=_json_headers(tenant, **{"Content-Encoding": "gzip"}),
     )
-    await assert_problem(response, 400, "bad_request")
+    await assert_problem(response, 400, "content_encoding_invalid")
     writes.assert_unchanged()
 
 
@@ -498,5 +498,5 @@ async def test_an_unsupported_content_encoding_is_a_415_problem(
         data=b'{"name": "enc-x"}',
         headers=_json_headers(tenant, **{"Content-Encoding": encoding}),
     )
-    await assert_problem(response, 415, "unsupported_media_type")
+    await assert_problem(response, 415, "unsupported_content_encoding")
     writes.assert_unchanged()

@@ -234,3 +234,86 @@ async def test_the_default_limit_is_100(api: TestClient[Any, Any], tenant: Tenan
     page = await (await api.get("/v1/namespaces", headers=tenant.auth)).json()
     assert [item["name"] for item in page["items"]] == [tenant.namespace]
     assert page["next_cursor"] is None
+
+
+# --- disable and enable ---------------------------------------------------------------------------
+
+
+async def test_an_operator_disables_and_enables_a_namespace(
+    api: TestClient[Any, Any], db: Database, tenant: Tenant,
+    sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    from orbit_api.openapi import DOCUMENT
+    from tests.support.contract import assert_documented
+
+    ns = tenant.namespace
+    assert "/v1/namespaces/{namespace}/disable" in DOCUMENT["paths"]
+    created = await api.post(f"/v1/namespaces/{ns}/queues", json={"name": "work"},
+                             headers=tenant.auth)
+    assert created.status == 201
+    task = {"queue": "work", "handler": "h"}
+    assert (await api.post(f"/v1/namespaces/{ns}/tasks", json=task,
+                           headers=tenant.auth)).status == 201
+
+    for body in (None, {}, {"reason": ""}):
+        response = await api.post(f"/v1/namespaces/{ns}/disable", json=body, headers=tenant.auth)
+        problem = await assert_problem(response, 400, "validation_failed")
+        assert problem["errors"][0]["path"] == "$.reason"
+    response = await api.post(f"/v1/namespaces/{ns}/disable",
+                              json={"reason": "tenant offboarded"}, headers=tenant.auth)
+    assert response.status == 200
+    disabled = await response.json()
+    assert (disabled["state"], disabled["revision"]) == ("DISABLED", 2)
+    assert_documented("/v1/namespaces/{namespace}/disable", "post", 200, disabled)
+
+    # DISABLED: every namespaced route answers as for a namespace that does not exist.
+    for method, path, body in [
+        ("POST", f"/v1/namespaces/{ns}/tasks", task),
+        ("GET", f"/v1/namespaces/{ns}/tasks", None),
+        ("GET", f"/v1/namespaces/{ns}/queues/work", None),
+        ("POST", f"/v1/namespaces/{ns}/queues/work/pause", {"reason": "x"}),
+    ]:
+        response = await api.request(method, path, json=body, headers=tenant.auth)
+        await assert_problem(response, 404, "namespace_not_found")
+    whoami = await (await api.get("/v1/whoami", headers=tenant.auth)).json()
+    assert ns not in whoami["namespaces"]
+    listed = await (await api.get("/v1/namespaces", headers=tenant.auth)).json()
+    assert ns not in [item["name"] for item in listed["items"]]
+
+    again = await api.post(f"/v1/namespaces/{ns}/disable", json={"reason": "again"},
+                           headers=tenant.auth)
+    assert await again.json() == disabled  # idempotent
+    response = await api.post(f"/v1/namespaces/{ns}/enable", json={"reason": "back"},
+                              headers=tenant.auth)
+    enabled = await response.json()
+    assert (response.status, enabled["state"], enabled["revision"]) == (200, "ACTIVE", 3)
+    assert (await api.post(f"/v1/namespaces/{ns}/tasks", json=task,
+                           headers=tenant.auth)).status == 201
+
+    audits = _fetch(sync_conn, "SELECT action, reason FROM orbit_audit_events WHERE"
+                               " resource_id = %s AND action LIKE 'namespace.%%able'"
+                               " ORDER BY resource_revision", (tenant.namespace_id,))
+    assert audits == [{"action": "namespace.disable", "reason": "tenant offboarded"},
+                      {"action": "namespace.enable", "reason": "back"}]
+
+
+async def test_disabling_needs_namespaces_manage_and_the_callers_namespace(
+    api: TestClient[Any, Any], db: Database, tenant: Tenant,
+) -> None:
+    from tests.conftest import make_key
+
+    reader = await make_key(db, tenant, [{"namespaces": ["*"], "actions": ["namespaces.*"]}])
+    creator = await make_key(db, tenant, [{"namespaces": ["*"],
+                                           "actions": ["namespaces.create", "tasks.*"]}])
+    response = await api.post(f"/v1/namespaces/{tenant.namespace}/disable",
+                              json={"reason": "x"},
+                              headers={"Authorization": f"Bearer {creator}"})
+    await assert_problem(response, 403, "forbidden")
+    other = await make_tenant(db)
+    for ns, key in ((other.namespace, tenant.api_key), (unique("nowhere"), tenant.api_key)):
+        response = await api.post(f"/v1/namespaces/{ns}/disable", json={"reason": "x"},
+                                  headers={"Authorization": f"Bearer {key}"})
+        await assert_problem(response, 404, "namespace_not_found")
+    response = await api.post(f"/v1/namespaces/{tenant.namespace}/disable",
+                              json={"reason": "x"}, headers={"Authorization": f"Bearer {reader}"})
+    assert response.status == 200  # namespaces.* covers namespaces.manage

@@ -110,7 +110,7 @@ def test_every_operation_has_a_unique_id_and_responses() -> None:
 
 
 def test_public_paths_are_documented_without_security() -> None:
-    from orbit_api.middleware import PUBLIC_PATHS
+    from orbit_common.service.http.middleware import PUBLIC_PATHS
 
     for path, item in openapi.DOCUMENT["paths"].items():
         for method, operation in item.items():

@@ -29,7 +29,7 @@ from tests.integration.api.test_queues_support import (
     rows,
     url,
 )
-from tests.support import pulse
+from tests.support import held, pulse
 from tests.support.lease_fixtures import open_session
 
 __all__ = ["qwrites"]
@@ -76,7 +76,7 @@ async def _start(db: Database, tenant: Tenant, grants: list[Grant]) -> list[Any]
     refs = [AttemptRef(attempt_id=g.attempt_id, token=g.token, generation=g.generation)
             for g in grants]
     return await db.transaction("test.start",
-                                lambda cur: leases.start(cur, tenant.namespace_id, refs))
+                                lambda cur: held.start(cur, tenant.namespace_id, refs))
 
 
 # --- configuration ---------------------------------------------------------------------------
@@ -283,5 +283,6 @@ async def test_list_and_changes_answer_the_view_without_usage(
     response = await api.get(url(tenant.namespace), headers=tenant.auth)
     (item,) = [q for q in (await response.json())["items"] if q["name"] == name]
     assert item == created
-    response = await api.post(url(tenant.namespace, name, "pause"), headers=tenant.auth)
+    response = await api.post(url(tenant.namespace, name, "pause"), json={"reason": "test"},
+                              headers=tenant.auth)
     assert "usage" not in await response.json()

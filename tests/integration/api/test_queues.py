@@ -11,6 +11,7 @@ from typing import Any
 import pymysql
 from aiohttp.test_utils import TestClient
 
+from orbit_api.routes.queues import COLLECTION
 from tests.conftest import Tenant, make_tenant, unique
 from tests.integration.api.conftest import assert_problem
 from tests.integration.api.test_queues_support import (
@@ -24,6 +25,7 @@ from tests.integration.api.test_queues_support import (
     set_active_attempts,
     url,
 )
+from tests.support.contract import assert_documented
 
 __all__ = ["qwrites"]  # the fixture, imported for the tests below
 
@@ -32,8 +34,8 @@ ALL_SET = {
     "description": "payments, EU",
     "offer_lease_ms": 1500,
     "execution_lease_ms": 120000,
-    "retry": {"max_attempts": 7, "initial_ms": 250, "max_ms": 900000, "multiplier": "1.5",
-              "jitter": "0"},
+    "retry": {"max_attempts": 7, "initial_ms": 250, "max_ms": 900000, "multiplier": 1.5,
+              "jitter": 0},
     "max_concurrent_attempts": 4,
 }
 
@@ -91,13 +93,31 @@ async def test_create_with_every_field_set(api: TestClient[Any, Any], tenant: Te
     assert await get(api, tenant, name) == created
 
 
-async def test_decimals_come_back_in_their_shortest_spelling(
+async def test_decimals_come_back_as_numbers_in_their_shortest_spelling(
     api: TestClient[Any, Any], tenant: Tenant
 ) -> None:
-    created = await create(api, tenant, unique("dec"),
-                           retry={"multiplier": "2.500", "jitter": "1.0"})
-    assert created["retry"]["multiplier"] == "2.5"
-    assert created["retry"]["jitter"] == "1"
+    """docs/api/README.md "数值": decimals are JSON numbers, written in their shortest form;
+    a request may send numbers in any spelling (or, for compatibility, decimal strings)."""
+    for retry in ('{"multiplier": 2.500, "jitter": 1.0}',
+                  '{"multiplier": "2.500", "jitter": "1.0"}',
+                  '{"multiplier": 25e-1, "jitter": 1}'):
+        name = unique("dec")
+        body = f'{{"name": "{name}", "retry": {retry}}}'
+        response = await api.post(url(tenant.namespace), data=body.encode(),
+                                  headers={**tenant.auth, "Content-Type": "application/json"})
+        assert response.status == 201, await response.text()
+        text = await response.text()
+        assert '"multiplier":2.5,"jitter":1}' in text, text
+        assert_documented(COLLECTION, "post", 201, json.loads(text))
+        got = await api.get(url(tenant.namespace, name), headers=tenant.auth)
+        assert '"multiplier":2.5,"jitter":1}' in await got.text()
+        assert_documented(COLLECTION + "/{queue}", "get", 200, await got.json())
+        listed = await api.get(url(tenant.namespace), headers=tenant.auth)
+        assert '"multiplier":2.5,"jitter":1}' in await listed.text()
+    response = await api.post(url(tenant.namespace), json={"name": unique("dec"), "retry": {
+        "multiplier": 1.0005}}, headers=tenant.auth)
+    assert response.status == 400
+    assert (await response.json())["errors"][0]["path"] == "$.retry.multiplier"
 
 
 async def test_a_name_is_unique_per_namespace(
@@ -236,7 +256,8 @@ async def test_the_replay_is_the_original_snapshot(
     key, name = unique("key"), unique("snap")
     body = json.dumps({"name": name}).encode()
     first = await _post(api, tenant, body, key)
-    pause = await api.post(url(tenant.namespace, name, "pause"), headers=tenant.auth)
+    pause = await api.post(url(tenant.namespace, name, "pause"), json={"reason": "test"},
+                           headers=tenant.auth)
     assert pause.status == 200
     assert await _post(api, tenant, body, key) == first
     assert json.loads(first[1])["paused"] is False
@@ -340,8 +361,10 @@ async def test_patch_bumps_the_revision_and_never_touches_active_attempts(
                                " AND event_type = 'queue.updated'", queue_id)
     assert event["aggregate_revision"] == 2
     payload = json.loads(event["payload"])
-    assert payload["before"]["retry"] == DEFAULTS["retry"]
-    assert payload["after"]["retry"] == ALL_SET["retry"]
+    # The event keeps the internal form of the settings (decimals as strings, as in the
+    # request digest); the API's representation writes them as numbers.
+    assert payload["before"]["retry"] == {**DEFAULTS["retry"], "multiplier": "2", "jitter": "0.2"}
+    assert payload["after"]["retry"] == {**ALL_SET["retry"], "multiplier": "1.5", "jitter": "0"}
     (audit,) = rows(sync_conn, "SELECT * FROM orbit_audit_events WHERE resource_id = %s"
                                " AND action = 'queue.update'", queue_id)
     assert audit["resource_revision"] == 2
@@ -463,18 +486,20 @@ async def test_pause_and_resume_move_the_gate_and_are_audited(
     assert paused["updated_at"] == created["updated_at"]
     assert await get(api, tenant, name) == paused
 
-    response = await api.post(url(tenant.namespace, name, "resume"), headers=tenant.auth)
+    response = await api.post(url(tenant.namespace, name, "resume"),
+                              json={"reason": "incident 42 over"}, headers=tenant.auth)
     assert response.status == 200
     resumed = await response.json()
     assert resumed["paused"] is False
-    assert resumed["gate"] == {"state": "OPEN", "control_revision": 3, "reason": None}
+    assert resumed["gate"] == {"state": "OPEN", "control_revision": 3,
+                               "reason": "incident 42 over"}
 
     queue_id = bytes.fromhex(created["id"])
     audits = rows(sync_conn, "SELECT * FROM orbit_audit_events WHERE resource_id = %s"
                              " AND action IN ('queue.pause', 'queue.resume')"
                              " ORDER BY occurred_at, action", queue_id)
     assert [(a["action"], a["reason"]) for a in audits] == [
-        ("queue.pause", "incident 42"), ("queue.resume", None)]
+        ("queue.pause", "incident 42"), ("queue.resume", "incident 42 over")]
     credential = rows(sync_conn, "SELECT id FROM orbit_credentials WHERE application_id = %s",
                       tenant.application_id)[0]["id"]
     for audit in audits:
@@ -504,15 +529,21 @@ async def test_pausing_a_paused_queue_changes_nothing(
                               headers=tenant.auth)
     paused = await response.json()
     qwrites.reset()
-    for body in ({"reason": "second"}, {}, None):
+    response = await api.post(url(tenant.namespace, name, "pause"), json={"reason": "second"},
+                              headers=tenant.auth)
+    assert response.status == 200
+    assert await response.json() == paused  # the first reason stays
+    for body in ({}, None, {"reason": ""}):  # a repeat needs its reason too
         response = await api.post(url(tenant.namespace, name, "pause"), json=body,
                                   headers=tenant.auth)
-        assert response.status == 200
-        assert await response.json() == paused  # the first reason stays
+        assert response.status == 400
+        assert (await response.json())["errors"][0]["path"] == "$.reason"
     qwrites.assert_unchanged()
-    await api.post(url(tenant.namespace, name, "resume"), headers=tenant.auth)
+    await api.post(url(tenant.namespace, name, "resume"), json={"reason": "done"},
+                   headers=tenant.auth)
     qwrites.reset()
-    response = await api.post(url(tenant.namespace, name, "resume"), headers=tenant.auth)
+    response = await api.post(url(tenant.namespace, name, "resume"), json={"reason": "done"},
+                              headers=tenant.auth)
     assert (await response.json())["gate"]["control_revision"] == 3
     qwrites.assert_unchanged()
 
@@ -522,7 +553,8 @@ async def test_a_pause_survives_a_patch_and_a_patch_survives_a_pause(
 ) -> None:
     name = unique("both")
     await create(api, tenant, name)
-    await api.post(url(tenant.namespace, name, "pause"), headers=tenant.auth)
+    await api.post(url(tenant.namespace, name, "pause"), json={"reason": "test"},
+                   headers=tenant.auth)
     # Pausing does not move the configuration revision, so revision 1 is still current.
     response = await _patch(api, tenant, name, {"revision": 1, "offer_lease_ms": 5000})
     assert response.status == 200

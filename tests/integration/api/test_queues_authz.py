@@ -33,7 +33,7 @@ NO_QUEUES = [{"namespaces": ["*"], "actions": ["namespaces.read", "tasks.submit"
 WRITES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("patch", "", {"revision": 1, "description": "x"}),
     ("post", "pause", {"reason": "x"}),
-    ("post", "resume", None),
+    ("post", "resume", {"reason": "x"}),
 ]
 
 
@@ -105,7 +105,8 @@ async def test_a_manage_key_acts_only_inside_its_pattern(
     response = await api.patch(url(ns, mine["name"]), json={"revision": 1, "description": "ok"},
                                headers=key)
     assert response.status == 200
-    response = await api.post(url(ns, mine["name"], "pause"), headers=key)
+    response = await api.post(url(ns, mine["name"], "pause"), json={"reason": "x"},
+                              headers=key)
     assert response.status == 200
 
     qwrites.reset()
@@ -131,7 +132,8 @@ async def test_a_manage_only_key_may_change_but_not_read(
     await assert_problem(response, 403, "forbidden")
     response = await api.get(url(tenant.namespace), headers=key)
     await assert_problem(response, 403, "forbidden")
-    response = await api.post(url(tenant.namespace, name, "pause"), headers=key)
+    response = await api.post(url(tenant.namespace, name, "pause"), json={"reason": "x"},
+                              headers=key)
     assert response.status == 200
 
 
@@ -176,7 +178,7 @@ async def test_tenants_are_isolated(
         ("post", url(ns), {"name": unique("intruder")}),
         ("patch", url(ns, name), {"revision": 1, "description": "mine now"}),
         ("post", url(ns, name, "pause"), {"reason": "x"}),
-        ("post", url(ns, name, "resume"), None),
+        ("post", url(ns, name, "resume"), {"reason": "x"}),
     ]:
         response = await _call(api, method, target, body, other.auth)
         await assert_problem(response, 404, "namespace_not_found")

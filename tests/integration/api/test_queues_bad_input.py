@@ -73,7 +73,7 @@ CREATE_CASES: list[tuple[str, Any, str, list[str] | None]] = [
      "validation_failed", ["$.retry.max_ms"]),
     ("max-too-big", {"name": "a", "retry": {"max_ms": INT_TOO_BIG}}, "validation_failed",
      ["$.retry.max_ms"]),
-    ("multiplier-number", {"name": "a", "retry": {"multiplier": 2}}, "validation_failed",
+    ("multiplier-bool", {"name": "a", "retry": {"multiplier": True}}, "validation_failed",
      ["$.retry.multiplier"]),
     ("multiplier-below-1", {"name": "a", "retry": {"multiplier": "0.999"}}, "validation_failed",
      ["$.retry.multiplier"]),
@@ -91,7 +91,7 @@ CREATE_CASES: list[tuple[str, Any, str, list[str] | None]] = [
      ["$.retry.jitter"]),
     ("jitter-negative", {"name": "a", "retry": {"jitter": "-0.1"}}, "validation_failed",
      ["$.retry.jitter"]),
-    ("jitter-number", {"name": "a", "retry": {"jitter": 0.2}}, "validation_failed",
+    ("jitter-four-places", {"name": "a", "retry": {"jitter": 0.2001}}, "validation_failed",
      ["$.retry.jitter"]),
     ("concurrency-zero", {"name": "a", "max_concurrent_attempts": 0}, "validation_failed",
      ["$.max_concurrent_attempts"]),
@@ -206,6 +206,10 @@ GATE_CASES: list[tuple[str, Any, str, list[str] | None]] = [
     ("reason-int", {"reason": 42}, "validation_failed", ["$.reason"]),
     ("reason-too-long", {"reason": "r" * 1025}, "validation_failed", ["$.reason"]),
     ("unknown-field", {"reason": "x", "until": "tomorrow"}, "validation_failed", ["$"]),
+    ("no-reason", {}, "validation_failed", ["$.reason"]),
+    ("empty-reason", {"reason": ""}, "validation_failed", ["$.reason"]),
+    ("null-reason", {"reason": None}, "validation_failed", ["$.reason"]),
+    ("no-body", b"", "validation_failed", ["$.reason"]),
 ]
 
 
@@ -218,7 +222,7 @@ async def test_bad_pause_and_resume_bodies(
 ) -> None:
     name = existing["name"]
     if action == "resume":  # so that a resume would change something
-        assert (await api.post(url(tenant.namespace, name, "pause"),
+        assert (await api.post(url(tenant.namespace, name, "pause"), json={"reason": "x"},
                                headers=tenant.auth)).status == 200
     before = await get(api, tenant, name)
     qwrites.reset()
@@ -245,7 +249,7 @@ async def test_media_type_and_size_are_checked_on_every_body_route(
             headers={**tenant.auth, "Content-Type": "application/json",
                      "Content-Encoding": "compress"},
         )
-        await assert_problem(response, 415, "unsupported_media_type")
+        await assert_problem(response, 415, "unsupported_content_encoding")
         big = json.dumps({**body, "description": "d" * (2 * 1024 * 1024)})
         response = await api.request(method, target, data=io.BytesIO(big.encode()),
                                      headers={**tenant.auth, "Content-Type": "application/json"})

@@ -236,9 +236,11 @@ async def test_pause_resume_and_disable(
                                 {"reason": "quarter close"})
     assert status == 200, paused
     assert (paused["state"], paused["revision"]) == ("PAUSED", 2)
-    status, again = await call(api, "POST", url(tenant, "/nightly/pause"), tenant)
+    status, again = await call(api, "POST", url(tenant, "/nightly/pause"), tenant,
+                               {"reason": "still closing"})
     assert (status, again["state"], again["revision"]) == (200, "PAUSED", 2)  # a no-op
-    status, resumed = await call(api, "POST", url(tenant, "/nightly/resume"), tenant)
+    status, resumed = await call(api, "POST", url(tenant, "/nightly/resume"), tenant,
+                                 {"reason": "quarter closed"})
     assert (status, resumed["state"], resumed["revision"]) == (200, "ACTIVE", 3)
     assert resumed["check_at"] is not None
 
@@ -247,7 +249,8 @@ async def test_pause_resume_and_disable(
     assert status == 200, disabled
     assert (disabled["state"], disabled["revision"]) == ("DISABLED", 4)
     assert disabled["disabled_at"] is not None
-    status, again = await call(api, "DELETE", url(tenant, "/nightly"), tenant)
+    status, again = await call(api, "DELETE", url(tenant, "/nightly"), tenant,
+                               {"reason": "replaced"})
     assert (status, again["state"], again["revision"]) == (200, "DISABLED", 4)
 
     # History is kept: the schedule, its versions, and GET still answer.
@@ -261,7 +264,7 @@ async def test_pause_resume_and_disable(
 
     watch.reset()
     for method, suffix, body in (
-        ("POST", "/nightly/pause", None), ("POST", "/nightly/resume", None),
+        ("POST", "/nightly/pause", {"reason": "x"}), ("POST", "/nightly/resume", {"reason": "x"}),
         ("POST", "/nightly/trigger", None),
         ("POST", "/nightly/versions", {"revision": 4, "rule": DAILY, "template": TEMPLATE}),
         ("POST", "/nightly/backfill", {"start": "2030-01-01T00:00:00Z",
@@ -312,7 +315,7 @@ async def test_trigger_creates_one_task_and_one_trigger_occurrence(
     assert got["last_task_id"] == run["task_id"]
 
     # Without a key (or with another) a trigger is a new run, even while paused.
-    await call(api, "POST", url(tenant, "/nightly/pause"), tenant)
+    await call(api, "POST", url(tenant, "/nightly/pause"), tenant, {"reason": "x"})
     status, second = await call(api, "POST", url(tenant, "/nightly/trigger"), tenant)
     assert status == 201, second
     assert second["task_id"] != run["task_id"]
@@ -624,6 +627,9 @@ async def test_bad_publishes_write_nothing(
     ("/pause", b'{"why": "x"}'),
     ("/resume", b'{"reason": ""}'),
     ("/pause?now=1", None),
+    ("/pause", None),
+    ("/pause", b'{}'),
+    ("/resume", b'{"reason": null}'),
 ])
 async def test_bad_state_changes_write_nothing(
     api: TestClient[Any, Any], tenant: Tenant, queue: str, watch: WriteWatch,
@@ -728,7 +734,7 @@ async def test_the_sdk_drives_every_schedule_endpoint(
             await orbit.publish_schedule_version("sdk", revision=1, rule=EVERY_SECOND,
                                                  template={"handler": "h3"})
         assert (await orbit.pause_schedule("sdk", "maintenance")).state == "PAUSED"
-        assert (await orbit.resume_schedule("sdk")).state == "ACTIVE"
+        assert (await orbit.resume_schedule("sdk", "maintenance done")).state == "ACTIVE"
         run = await orbit.trigger_schedule("sdk")
         assert run.version == 2
         await _passed(db, 2.5)
@@ -744,5 +750,5 @@ async def test_the_sdk_drives_every_schedule_endpoint(
         assert len(backfill.created) == sum(o.covered_count for o in skipped)
         assert [s.name async for s in orbit.list_schedules(page_size=1)] == ["sdk"]
         assert (await orbit.get_schedule("sdk")).last_task_id == backfill.created[-1].task_id
-        disabled = await orbit.delete_schedule("sdk")
+        disabled = await orbit.delete_schedule("sdk", "replaced")
         assert (disabled.state, disabled.disabled_at is not None) == ("DISABLED", True)

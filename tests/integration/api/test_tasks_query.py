@@ -22,6 +22,7 @@ from orbit_common.db.pool import Database
 from tests.conftest import Tenant, make_key, make_tenant
 from tests.integration.api.conftest import assert_problem
 from tests.support import pulse
+from tests.support.contract import assert_documented
 
 
 def url(tenant: Tenant, suffix: str = "") -> str:
@@ -314,6 +315,9 @@ async def test_the_detail_shows_everything_with_exact_json(
     assert detail["completed_at"] is not None
     assert detail["retry"] == {"max_attempts": 3, "initial_ms": 1000, "max_ms": 60000,
                                "multiplier": 2, "jitter": 0.2}
+    # Decimals are JSON numbers in their shortest spelling, as in the queue (docs/api/README.md).
+    assert '"multiplier":2,"jitter":0.2}' in text
+    assert_documented("/v1/namespaces/{namespace}/tasks/{task_id}", "get", 200, detail)
 
 
 async def test_attempts_come_by_generation_without_token_digests(

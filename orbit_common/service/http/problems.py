@@ -1,4 +1,4 @@
-"""RFC 9457 problem documents: every error the API returns has this shape and a stable ``code``.
+"""RFC 9457 problem documents: every HTTP error Orbit returns has this shape and a stable ``code``.
 
 ``type`` is a relative URI ``/problems/<code>`` documented in docs/api/errors.md.
 """

@@ -1,8 +1,8 @@
 """Middlewares: request id, problem documents for every error, bearer authentication, metrics.
 
 Metrics: ``orbit_http_requests_total`` and ``orbit_http_request_seconds`` by route template;
-``orbit_backpressure_refusals_total{code}`` (defined in orbit_common/pulse/usage.py, shared with
-the dispatcher) for every 429 answer, by problem code.
+:data:`BACKPRESSURE_REFUSALS` (``orbit_backpressure_refusals_total{code}``) for every 429
+answer, by problem code (the dispatcher also counts its ``start_rate_limited`` refusals in it).
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from collections.abc import Awaitable, Callable
 import prometheus_client
 from aiohttp import web
 
-from orbit_api import problems
-from orbit_api.context import DB, PRINCIPAL, REQUEST_ID
 from orbit_common import errors
-from orbit_common.platform import credentials
-from orbit_common.pulse import usage
+from orbit_common.service.http import problems
+from orbit_common.service.http.body import ClientDisconnected
+from orbit_common.service.http.context import AUTHENTICATE, DB, PRINCIPAL, REQUEST_ID
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +34,11 @@ HTTP_SECONDS = prometheus_client.Histogram(
     "Time to answer an HTTP request, by route template and method.",
     ["route", "method"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+)
+BACKPRESSURE_REFUSALS = prometheus_client.Counter(
+    "orbit_backpressure_refusals_total",
+    "Requests refused by a flow-control limit (HTTP 429), by problem code.",
+    ["code"],
 )
 
 # Paths that need no credential. Everything else under /v1 does.
@@ -76,7 +80,7 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return await handler(request)
     except errors.OrbitError as exc:
         if exc.status == 429:  # a flow-control limit refused the request; nothing was written
-            usage.BACKPRESSURE_REFUSALS.labels(exc.code).inc()
+            BACKPRESSURE_REFUSALS.labels(exc.code).inc()
         if exc.status >= 500:
             log.warning("request failed: %s", exc, extra={"code": exc.code, "path": instance,
                                                           "request_id": request.get(REQUEST_ID)})
@@ -85,6 +89,15 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         if exc.status < 400:
             raise
         return problems.from_http(exc, instance)
+    except ClientDisconnected as exc:
+        # Not a server error: the client went away mid-body. Nothing was read, nothing written;
+        # the answer below is never delivered (aiohttp drops it with the connection).
+        log.info("client disconnected while sending the request body: %s", exc,
+                 extra={"path": instance, "request_id": request.get(REQUEST_ID)})
+        return problems.problem(
+            status=400, code="bad_request", title="Bad request",
+            detail="the client disconnected while sending the request body", instance=instance,
+        )
     except Exception:
         log.exception("unhandled error", extra={"path": instance,
                                                 "request_id": request.get(REQUEST_ID)})
@@ -105,8 +118,5 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         raise errors.Unauthenticated("send Authorization: Bearer <api key>")
     if scheme.lower() != "bearer" or not token.strip():
         raise errors.Unauthenticated("the Authorization header must be 'Bearer <api key>'")
-    db = request.app[DB]
-    request[PRINCIPAL] = await db.read(
-        "auth.authenticate", lambda cur: credentials.authenticate(cur, token.strip())
-    )
+    request[PRINCIPAL] = await request.app[AUTHENTICATE](request.app[DB], token.strip())
     return await handler(request)

@@ -1,4 +1,7 @@
-"""A private MariaDB/MySQL instance owned by Orbit (local stack and test runs).
+"""A private MariaDB/MySQL instance owned by Orbit (local stack, test runs and benchmarks).
+
+A development tool beside the daemons: ``orbit dev``, ``script/test``, the tests and ``bench``
+use it; it imports nothing of Orbit (``python -m orbit_devdb start|stop|url --dir DIR``).
 
 The instance lives in its own directory (data, socket, pid, error log), listens on 127.0.0.1 and
 a Unix socket only, and runs with durable settings (``innodb_flush_log_at_trx_commit=1``, no
@@ -261,10 +264,24 @@ def stop(root: Path, *, timeout_s: float = 60) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def create_database(instance: Instance, database: str) -> None:
+    """``CREATE DATABASE IF NOT EXISTS`` on the instance (utf8mb4); ``database`` must be a
+    validated name (it is an identifier, not a parameter)."""
+    conn = instance.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                f"CREATE DATABASE IF NOT EXISTS `{database}` "  # name validated by caller
+                "CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
+            )
+    finally:
+        conn.close()
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m orbit_cli.devdb")
+    parser = argparse.ArgumentParser(prog="python -m orbit_devdb")
     parser.add_argument("action", choices=["start", "stop", "url"])
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--database", default="")
@@ -278,7 +295,3 @@ def main(argv: list[str] | None = None) -> None:
         print(instance.url(args.database))
     else:
         stop(args.dir)
-
-
-if __name__ == "__main__":
-    main()

@@ -14,6 +14,14 @@ T = TypeVar("T")
 
 # aiohttp inflates these; anything else would reach the JSON parser as opaque bytes.
 ACCEPTED_ENCODINGS = frozenset({"identity", "gzip", "deflate"})
+UNSUPPORTED_ENCODING = (
+    "Content-Encoding {encoding!r} is not supported (use identity, gzip or deflate)"
+)
+CORRUPT_ENCODING = "the request body does not decode as Content-Encoding {encoding!r}"
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection while its request body was being read."""
 
 
 async def read_json(request: web.Request, cls: type[T]) -> tuple[T, Any]:
@@ -31,9 +39,7 @@ async def read_document(request: web.Request, **parse: Any) -> Any:
         )
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ACCEPTED_ENCODINGS:
-        raise errors.UnsupportedMediaType(
-            f"Content-Encoding {encoding!r} is not supported (use identity, gzip or deflate)"
-        )
+        raise errors.UnsupportedContentEncoding(UNSUPPORTED_ENCODING.format(encoding=encoding))
     limit = request.app[_LIMIT]
     if request.content_length is not None and request.content_length > limit:
         raise errors.PayloadTooLarge(f"the body may be at most {limit} bytes")
@@ -42,7 +48,9 @@ async def read_document(request: web.Request, **parse: Any) -> Any:
     except web.HTTPRequestEntityTooLarge as exc:
         raise errors.PayloadTooLarge(f"the body may be at most {limit} bytes") from exc
     except web.RequestPayloadError as exc:  # e.g. a gzip Content-Encoding that does not inflate
-        raise errors.BadRequest("the request body could not be read or decoded") from exc
+        raise errors.ContentEncodingInvalid(CORRUPT_ENCODING.format(encoding=encoding)) from exc
+    except ConnectionError as exc:  # the client went away before its body arrived in full
+        raise ClientDisconnected(str(exc) or type(exc).__name__) from exc
     if not raw:
         raise errors.MalformedJson("the request body is empty")
     return jsondoc.loads_strict(raw, **parse)

@@ -1,0 +1,42 @@
+"""Helpers the benchmark runners share: ports, readiness, posting JSON, percentiles."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - loopback
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} never became ready")
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def post_json(url: str, key: str, doc: dict[str, Any]) -> None:
+    request = urllib.request.Request(  # noqa: S310 - loopback
+        url, method="POST", data=json.dumps(doc).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).close()  # noqa: S310

@@ -1,0 +1,3 @@
+from orbit_devdb import main
+
+main()

@@ -1,6 +1,6 @@
 -- Pulse: the retry budget counts approved starts; consecutive lapsed offers are capped; a task
 -- may carry a second execution gate (its workflow's).
--- depends: 0011_application_usage_tracking
+-- depends: 0017_platform_controls
 -- transactional: false
 
 ALTER TABLE pulse_tasks

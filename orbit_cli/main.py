@@ -23,7 +23,7 @@ from orbit_common.platform import admin as admin_tx
 from orbit_common.platform import authz, commands
 from orbit_common.platform.audit import Actor
 from orbit_common.platform.namespaces import NamespaceState
-from orbit_common.pulse import quotas
+from orbit_common.pulse import control, quotas
 from orbit_common.service.config import ConfigError, OrbitConfig, load_config
 
 T = TypeVar("T")
@@ -160,7 +160,7 @@ def migrate_manifest(write: bool) -> None:
               help="Operator identity recorded in the audit log.")
 @click.pass_context
 def admin(ctx: click.Context, actor: str) -> None:
-    """Applications, namespaces and credentials."""
+    """Applications, namespaces, credentials, the dispatch freeze and worker sessions."""
     ctx.ensure_object(dict)["actor"] = Actor.operator(actor)
 
 
@@ -405,6 +405,60 @@ def credential_revoke(ctx: click.Context, prefix: str, reason: str) -> None:
     c = _with_db(ctx, lambda db: admin_tx.revoke_credential(
         db, prefix=prefix, actor=_actor(ctx), reason=reason))
     _echo_json(c.summary())
+
+
+@admin.group("dispatch")
+def admin_dispatch() -> None:
+    """The platform-wide dispatch freeze (docs/runbooks/restore.md)."""
+
+
+@admin_dispatch.command("status")
+@click.pass_context
+def dispatch_status(ctx: click.Context) -> None:
+    """Whether dispatch is frozen, since when, by whom and why; the last fence-all."""
+    _echo_json(_with_db(ctx, control.read).summary())
+
+
+@admin_dispatch.command("freeze")
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def dispatch_freeze(ctx: click.Context, reason: str) -> None:
+    """Stop dispatch everywhere: no claim grants, no start is approved (dispatch_frozen).
+
+    Renewals, finishes, the recovery scan and submits go on. Freezing a frozen platform
+    changes nothing.
+    """
+    controls, changed = _with_db(ctx, lambda db: control.freeze(db, actor=_actor(ctx),
+                                                                 reason=reason))
+    _echo_json({**controls.summary(), "changed": changed})
+
+
+@admin_dispatch.command("thaw")
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def dispatch_thaw(ctx: click.Context, reason: str) -> None:
+    """Resume dispatch after a freeze."""
+    controls, changed = _with_db(ctx, lambda db: control.thaw(db, actor=_actor(ctx),
+                                                               reason=reason))
+    _echo_json({**controls.summary(), "changed": changed})
+
+
+@admin.group("sessions")
+def admin_sessions() -> None:
+    """Worker sessions."""
+
+
+@admin_sessions.command("fence-all")
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def sessions_fence_all(ctx: click.Context, reason: str) -> None:
+    """Fence every worker session and expire every live lease (needs dispatch frozen).
+
+    The recovery scan then decides each task by the usual rules: back to WAITING only when
+    re-running is safe, else NEEDS_REVIEW. For after restoring a backup.
+    """
+    report = _with_db(ctx, lambda db: control.fence_all(db, actor=_actor(ctx), reason=reason))
+    _echo_json(report.to_json())
 
 
 # --- daemons ---------------------------------------------------------------------------------

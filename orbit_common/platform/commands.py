@@ -18,7 +18,7 @@ from orbit_common.platform import applications as apps
 from orbit_common.platform import credentials as creds
 from orbit_common.platform import namespaces as nss
 from orbit_common.platform.audit import Actor
-from orbit_common.platform.idempotency import Claim, IdempotencyRequest, Replay
+from orbit_common.platform.idempotency import IdempotencyRequest, Replay
 
 PAGE_MAX = 500
 
@@ -63,25 +63,20 @@ async def create_namespace(
 
     async def body(cur: Any) -> Replay:
         await creds.authorize_platform(cur, principal, authz.Action.NAMESPACES_CREATE, name)
-        claim: Claim | None = None
-        if idem is not None:
-            outcome = await idempotency.begin(cur, idem, ids.new_id())
-            if isinstance(outcome, Replay):
-                return outcome
-            claim = outcome
-        namespace = await nss.create_namespace(
-            cur,
-            namespace_id=namespace_id,
-            application_id=principal.application_id,
-            name=name,
-            description=description,
-            actor=principal.actor,
-            request_id=request_id,
-        )
-        view = namespace_view(namespace)
-        if claim is not None:
-            await idempotency.complete(cur, claim, status=201, body=view, resource_id=namespace.id)
-        return Replay(status=201, body=view, resource_id=namespace.id)
+
+        async def effect() -> Replay:
+            namespace = await nss.create_namespace(
+                cur,
+                namespace_id=namespace_id,
+                application_id=principal.application_id,
+                name=name,
+                description=description,
+                actor=principal.actor,
+                request_id=request_id,
+            )
+            return Replay(status=201, body=namespace_view(namespace), resource_id=namespace.id)
+
+        return await idempotency.once(cur, idem, effect)
 
     async def recheck(cur: Any) -> Replay | None:
         if idem is not None:

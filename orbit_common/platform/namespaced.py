@@ -16,7 +16,6 @@ from typing import Any
 import attrs
 
 from orbit_common.db.pool import Database
-from orbit_common.model import ids
 from orbit_common.platform import authz, credentials, idempotency, namespaces
 from orbit_common.platform.idempotency import IdempotencyRequest, Replay
 
@@ -43,18 +42,13 @@ async def run(db: Database, name: str, *, principal: credentials.Principal,
 
     async def body(cur: Any) -> Replay:
         ns = await credentials.authorize(cur, principal, action, namespace, queue=queue)
-        claim = None
-        if idem is not None:
-            outcome = await idempotency.begin(cur, attrs.evolve(idem, namespace_id=ns.id),
-                                              ids.new_id())
-            if isinstance(outcome, Replay):
-                return outcome
-            claim = outcome
-        status, view, resource = await act(cur, ns.id)
-        if claim is not None:
-            await idempotency.complete(cur, claim, status=status, body=view,
-                                       resource_id=resource)
-        return Replay(status=status, body=view, resource_id=resource)
+
+        async def effect() -> Replay:
+            status, view, resource = await act(cur, ns.id)
+            return Replay(status=status, body=view, resource_id=resource)
+
+        return await idempotency.once(
+            cur, None if idem is None else attrs.evolve(idem, namespace_id=ns.id), effect)
 
     async def recheck(cur: Any) -> Replay | None:
         assert idem is not None  # noqa: S101 - only passed when idem is set

@@ -3,8 +3,9 @@
 Protocol: a transaction that gives tasks an outcome (terminal or NEEDS_REVIEW) appends their
 raw state events and, in the same transaction, result events with a gap-free per-namespace
 sequence. The sequence is allocated under the namespace's stream row lock, taken **last** in the
-lock order and held only until commit, so producers serialise per namespace only for the few
-statements at the end of their transaction. A result event reuses the id of its raw state event.
+one lock order (docs/architecture.md) and held only until commit, so producers serialise
+per namespace only for the few statements at the end of their transaction. A result event
+reuses the id of its raw state event.
 """
 
 from __future__ import annotations

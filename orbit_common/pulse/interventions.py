@@ -25,7 +25,8 @@ Reasons (000 §1 invariant 8)
     credential: one that may also manage the task's queue (``queues.manage``, see
     :func:`is_operator`); a client credential may cancel without one.
 
-Lock order: idempotency → task → attempt → queue counter → result stream.
+Lock order: the one order of docs/architecture.md (here: idempotency record → task → attempt →
+queue counter → key rows and permits → application row → result stream).
 """
 
 from __future__ import annotations

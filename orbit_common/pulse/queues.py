@@ -30,8 +30,9 @@ Invariants kept here:
   may neither read nor manage is reported as ``404 queue_not_found``, exactly like one that does
   not exist.
 
-Lock order (DESIGN §5: idempotency → queue → …): create takes the idempotency identity, then the
-new gate row, then the new queue row; update takes the queue row; pause/resume take the gate row.
+Lock order: the one order of docs/architecture.md. Create takes the idempotency identity, then
+the new gate row, then the new queue row; update takes the queue row; pause/resume take the gate
+row only (a control row: read shared by claims and starts).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from orbit_common.platform import authz, idempotency
 from orbit_common.platform import credentials as creds
 from orbit_common.platform.audit import AuditRecord, append_audit
 from orbit_common.platform.events import append_event
-from orbit_common.platform.idempotency import Claim, IdempotencyRequest, Replay
+from orbit_common.platform.idempotency import IdempotencyRequest, Replay
 from orbit_common.platform.namespaces import Namespace
 from orbit_common.pulse import usage
 from orbit_common.pulse.model import GateState, Queue, RetryPolicy
@@ -663,27 +664,23 @@ async def create_queue(
         ns = await _authorize(cur, principal, authz.Action.QUEUES_MANAGE, namespace, name,
                               hide=False)
         resolved["namespace_id"] = ns.id
-        claim: Claim | None = None
-        if idem_template is not None:
-            outcome = await idempotency.begin(
-                cur, attrs.evolve(idem_template, namespace_id=ns.id), ids.new_id()
+
+        async def effect() -> Replay:
+            record = await insert_queue(cur, namespace_id=ns.id, queue_id=queue_id,
+                                        gate_id=gate_id, name=name, settings=settings)
+            view = record.view()
+            await append_event(
+                cur, namespace_id=ns.id, aggregate_type="queue", aggregate_id=queue_id,
+                aggregate_revision=record.queue.revision, event_type="queue.created",
+                from_state=None, to_state=record.gate.state.value, payload=view,
             )
-            if isinstance(outcome, Replay):
-                return outcome
-            claim = outcome
-        record = await insert_queue(cur, namespace_id=ns.id, queue_id=queue_id, gate_id=gate_id,
-                                    name=name, settings=settings)
-        view = record.view()
-        await append_event(
-            cur, namespace_id=ns.id, aggregate_type="queue", aggregate_id=queue_id,
-            aggregate_revision=record.queue.revision, event_type="queue.created",
-            from_state=None, to_state=record.gate.state.value, payload=view,
-        )
-        await append_audit(cur, _audit(principal, ns, "queue.create", record,
-                                       request_id=request_id))
-        if claim is not None:
-            await idempotency.complete(cur, claim, status=201, body=view, resource_id=queue_id)
-        return Replay(status=201, body=view, resource_id=queue_id)
+            await append_audit(cur, _audit(principal, ns, "queue.create", record,
+                                           request_id=request_id))
+            return Replay(status=201, body=view, resource_id=queue_id)
+
+        return await idempotency.once(
+            cur, None if idem_template is None else attrs.evolve(idem_template,
+                                                                 namespace_id=ns.id), effect)
 
     async def recheck(cur: Any) -> Replay | None:
         namespace_id = resolved["namespace_id"]  # set: the body ran up to COMMIT

@@ -29,8 +29,10 @@ covers the whole application may see or change it -- one grant whose ``namespace
 application_not_found``, exactly like a name that does not exist. Operators use ``orbit admin
 app resources`` (no credential; the actor is recorded in the audit event).
 
-Lock order: the resource row only (by the guarded UPDATE); counters lock it after the queue rows
-(resources.py), so a limit change cannot deadlock with them.
+Lock order: the one order of docs/architecture.md. A limit change locks the application's
+resource row only (by the guarded UPDATE; its recount reads the queue counters without locks),
+and every other transaction locks that row after its queue and key rows, so a limit change
+cannot deadlock with them.
 """
 
 from __future__ import annotations

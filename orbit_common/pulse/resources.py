@@ -22,14 +22,14 @@ refusal writes nothing: the whole transaction rolls back), ``max_concurrent_atte
 approval. Lowering a limit below the current usage refuses new work until usage falls; it never
 deletes tasks or revokes grants.
 
-Lock order (every transaction that takes more than one of these takes them in this order, which
-is why they do not deadlock): tasks / attempts → queue rows (by id) → concurrency-key rows (by
-digest) and their permits → the application's resource row → the result stream (last). The
+Lock order: the one order of docs/architecture.md (its part here: tasks / attempts → queue rows
+(by id) → concurrency-key rows (by digest) and their permits → the application's resource row →
+the result stream, last), with no exception, which is why these do not deadlock. The
 shared rows come after the tasks, and new rows (events, receipts) are written before them, so
 the hot rows are held only for the end of each transaction. An application without count limits
 is only share-locked (its counters are not kept), so the transactions of all its namespaces do
-not queue behind one row; with them, every transaction of the application updates the row. One
-exception, only for applications with claim-time limits: see :func:`application_room`.
+not queue behind one row; with them, every transaction of the application updates the row. A
+claim that must count its room under locks (:func:`grantable`) takes them in the same order.
 
 Keyed concurrency: a task may carry a ``concurrency_key`` (exact bytes). Its row in
 ``pulse_concurrency_limits`` (created at submit, never deleted) allows one valid permit. Each
@@ -140,7 +140,8 @@ async def apply(cur: Any, namespace_id: bytes, usage: Usage, *, admit: bool = Fa
                 between: Callable[[], Awaitable[Any]] | None = None,
                 cap_active: bool = False) -> None:
     """Apply ``usage`` to the queue rows (by id), run ``between`` (the concurrency-key work of
-    the same transaction), then update the application row: the lock order of this module.
+    the same transaction), then update the application row: the one lock order
+    (docs/architecture.md).
 
     With ``admit`` (submissions), an increase of unfinished tasks past a limit raises
     :class:`errors.QueueFull` or :class:`errors.ApplicationQuotaExceeded`; the caller's
@@ -289,47 +290,81 @@ async def _explain_queue_refusal(cur: Any, namespace_id: bytes, queue_id: bytes,
 
 # --- claim-time room ----------------------------------------------------------------------------
 
-
-@attrs.frozen(kw_only=True)
-class ApplicationRoom:
-    active: int | None  # None: unlimited
-    reserved: int | None
-
-    def allows(self) -> int | None:
-        values = [v for v in (self.active, self.reserved) if v is not None]
-        return max(0, min(values)) if values else None
-
-
+QUEUE_ROOM = """
+SELECT active_attempts, max_concurrent_attempts FROM pulse_queues
+WHERE namespace_id = %s AND id = %s
+"""
+QUEUE_ROOM_FOR_UPDATE = QUEUE_ROOM.rstrip() + " FOR UPDATE\n"
 APP_ROOM = (
     "SELECT active_attempts, max_active_attempts, reserved_attempts, max_reserved_attempts"
     " FROM orbit_application_resources WHERE application_id = %s"
 )
 
 
-async def application_room(cur: Any, namespace_id: bytes) -> ApplicationRoom:
-    """How many grants the application's claim-time limits allow.
+def _app_room(row: dict[str, Any]) -> int | None:
+    """How many grants the application's claim-time limits allow (None: unlimited)."""
+    values = [row[limit] - row[used] for limit, used in (
+        ("max_active_attempts", "active_attempts"),
+        ("max_reserved_attempts", "reserved_attempts")) if row[limit] is not None]
+    return max(0, min(values)) if values else None
 
-    Without such limits (the default) the row is only read, and locked later, last, by the
-    counter update. With them it is locked here (after the queue row, before the keys), so
-    concurrent claims of the application count against one another; that order differs from
-    the module's only for such applications, where a rare deadlock with a concurrent key
-    release is detected by the server and re-run by the transaction runner.
+
+async def grantable(cur: Any, namespace_id: bytes, queue_id: bytes,
+                    rows: list[dict[str, Any]]
+                    ) -> tuple[list[dict[str, Any]], dict[bytes, KeyGrant], bool]:
+    """Cut a claim's candidate tasks (locked already) to the room the queue, the keys and the
+    application have, one per concurrency key, and take the keys' permits. Returns the chosen
+    rows, the key grants by digest, and whether the queue row is locked here already.
+
+    The queue and application rows are first read without a lock. When nothing needs counting
+    under a lock, they are locked only at the end of the claim, by the counter update
+    (:func:`apply`), so claims and finishes do not queue behind a claim's whole transaction.
+    When the queue has ``max_concurrent_attempts``, a candidate has a concurrency key, or the
+    application has claim-time limits (``max_active_attempts`` / ``max_reserved_attempts``),
+    the rows are locked here, in the one lock order (docs/architecture.md): the queue row, then
+    the keys' rows (by digest), then the application's row -- the order every other
+    transaction takes them in, so there is no exception to deadlock on.
     """
+    await cur.execute(QUEUE_ROOM, (namespace_id, queue_id))
+    counters = await cur.fetchone()
     app = await application_of(cur, namespace_id)
     await cur.execute(APP_ROOM, (app,))
-    row = await cur.fetchone()
-    if row is not None and (row["max_active_attempts"] is not None
-                            or row["max_reserved_attempts"] is not None):
-        await cur.execute(APP_ROOM + " FOR UPDATE", (app,))
-        row = await cur.fetchone()
-    if row is None:
+    app_row = await cur.fetchone()
+    if app_row is None:
         raise CounterDrift(f"application {app.hex()} has no resource row")
-    return ApplicationRoom(
-        active=None if row["max_active_attempts"] is None
-        else row["max_active_attempts"] - row["active_attempts"],
-        reserved=None if row["max_reserved_attempts"] is None
-        else row["max_reserved_attempts"] - row["reserved_attempts"],
-    )
+    app_limited = _app_room(app_row) is not None
+    keyed_candidates = any(r["concurrency_key_digest"] is not None for r in rows)
+    locked = counters["max_concurrent_attempts"] is not None or keyed_candidates or app_limited
+    if locked:
+        await cur.execute(QUEUE_ROOM_FOR_UPDATE, (namespace_id, queue_id))
+        counters = await cur.fetchone()
+    room = len(rows)
+    if counters["max_concurrent_attempts"] is not None:
+        room = min(room, counters["max_concurrent_attempts"] - counters["active_attempts"])
+    chosen: list[dict[str, Any]] = []
+    seen: set[bytes] = set()
+    for row in rows:
+        if len(chosen) >= room:
+            break
+        digest = row["concurrency_key_digest"]
+        if digest is not None:
+            if digest in seen:
+                continue
+            seen.add(digest)
+        chosen.append(row)
+    free = await lock_keys(cur, namespace_id, sorted(seen & {r["concurrency_key_digest"]
+                                                             for r in chosen}))
+    chosen = [r for r in chosen
+              if r["concurrency_key_digest"] is None or r["concurrency_key_digest"] in free]
+    if app_limited and chosen:
+        await cur.execute(APP_ROOM + " FOR UPDATE", (app,))
+        allowed = _app_room(await cur.fetchone())
+        if allowed is not None:
+            chosen = chosen[:allowed]
+    keyed = await take_permits(cur, namespace_id, {
+        r["concurrency_key_digest"]: free[r["concurrency_key_digest"]]
+        for r in chosen if r["concurrency_key_digest"] is not None})
+    return chosen, keyed, locked
 
 
 # --- start windows ------------------------------------------------------------------------------
@@ -456,14 +491,11 @@ class KeyGrant:
     token: int
 
 
-async def acquire(cur: Any, namespace_id: bytes, digests_wanted: Sequence[bytes]
-                  ) -> dict[bytes, KeyGrant]:
-    """Lock the keys' rows (by digest) and take one permit on each free one.
-
-    Returns the grants by digest; a key that is held, missing, or whose token could not be
-    released without passing :data:`MAX_TOKEN` is left out. Permit rows are written by
-    :func:`record_permits` once the attempts exist.
-    """
+async def lock_keys(cur: Any, namespace_id: bytes, digests_wanted: Sequence[bytes]
+                    ) -> dict[bytes, KeyGrant]:
+    """Lock the keys' rows (by digest) and say which could be granted now, with the token a
+    grant would carry; :func:`take_permits` takes them. A key that is held, missing, or whose
+    token could not be released without passing :data:`MAX_TOKEN` is left out."""
     ordered = sorted(set(digests_wanted))
     if not ordered:
         return {}
@@ -471,20 +503,34 @@ async def acquire(cur: Any, namespace_id: bytes, digests_wanted: Sequence[bytes]
         "SELECT id, key_digest, held_permits, max_permits, revision FROM pulse_concurrency_limits"
         f" WHERE namespace_id = %s AND key_digest IN ({placeholders(len(ordered))})"
         " ORDER BY key_digest FOR UPDATE", (namespace_id, *ordered))
-    granted: dict[bytes, KeyGrant] = {}
+    free: dict[bytes, KeyGrant] = {}
     for row in await cur.fetchall():
         if row["held_permits"] >= row["max_permits"] or row["revision"] + 2 > MAX_TOKEN:
             continue
-        granted[row["key_digest"]] = KeyGrant(limit_id=row["id"], token=row["revision"] + 1)
-    for grant in granted.values():
+        free[row["key_digest"]] = KeyGrant(limit_id=row["id"], token=row["revision"] + 1)
+    return free
+
+
+async def take_permits(cur: Any, namespace_id: bytes, grants: Mapping[bytes, KeyGrant]
+                       ) -> dict[bytes, KeyGrant]:
+    """Take one permit on each key of ``grants`` (rows locked by :func:`lock_keys` in this
+    transaction). Permit rows are written by :func:`record_permits` once the attempts exist."""
+    for digest in sorted(grants):
         await cur.execute(
             "UPDATE pulse_concurrency_limits SET held_permits = held_permits + 1,"
             " revision = revision + 1, updated_at = UTC_TIMESTAMP(6)"
             " WHERE namespace_id = %s AND id = %s AND held_permits < max_permits",
-            (namespace_id, grant.limit_id))
+            (namespace_id, grants[digest].limit_id))
         if cur.rowcount != 1:
             raise CounterDrift("a concurrency key changed under its row lock")
-    return granted
+    return dict(grants)
+
+
+async def acquire(cur: Any, namespace_id: bytes, digests_wanted: Sequence[bytes]
+                  ) -> dict[bytes, KeyGrant]:
+    """Lock the keys' rows (by digest) and take one permit on each free one."""
+    return await take_permits(cur, namespace_id,
+                              await lock_keys(cur, namespace_id, digests_wanted))
 
 
 INSERT_PERMITS = (

@@ -29,9 +29,10 @@ Firing rules (:func:`plan`, pure; database time decides ``now``)
 Claiming
     The scheduler locks due ACTIVE schedules with ``FOR UPDATE SKIP LOCKED`` over
     ``ix_schedules_check (state, check_at)``: any number of replicas, no leader. Lock order:
-    schedule rows → the new tasks → queue and application counters (resources.py) → the
-    ledger rows. A limit refusal (``queue_full``) rolls that namespace's group back to a
-    savepoint and retries it a second later: a late fire is reported as lateness, not lost.
+    the one order of docs/architecture.md (schedule rows → the new tasks → queue, key and
+    application counters; the ledger rows are new rows). A limit refusal (``queue_full``)
+    rolls that namespace's group back to a savepoint and retries it a second later: a late
+    fire is reported as lateness, not lost.
     The schedules of a DISABLED namespace do not fire: their check is put off
     (``NAMESPACE_RECHECK``) and, once the namespace is enabled again, the instants they missed
     meet the misfire policy like those of a paused schedule.

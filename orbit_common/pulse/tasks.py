@@ -7,7 +7,7 @@ Identities
     identity is ``(namespace id, "tasks.submit", queue name bytes, key)``; the digest covers the
     normalised request (``delay_ms`` and ``not_before`` as given, never the computed times).
 
-Transaction (READ COMMITTED; lock order: idempotency → queue → task, per DESIGN §5)
+Transaction (READ COMMITTED; the one lock order of docs/architecture.md)
     1. Authorization: the credential, its application and the namespace are re-read
        (:func:`authorize`); every queue of the batch must be covered by a grant of
        ``tasks.submit``. An unknown queue and an uncovered one are both ``queue_not_found``.
@@ -20,9 +20,9 @@ Transaction (READ COMMITTED; lock order: idempotency → queue → task, per DES
        defaults, the deadline passing before the task is available, the ``not_before``
        horizon) fail the whole request with ``validation_failed`` before anything is written.
     5. The idempotency records are inserted *with their final response* in one statement, in
-       key order. A concurrent identical request blocks on the unique index until the other
-       transaction ends; its duplicate-key error (the other committed) makes us re-read those
-       identities with a locking read and replay them, then insert the rest again.
+       key order: the batch form of the one protocol (``idempotency.find_many`` in step 3,
+       ``idempotency.record_many`` here; platform/idempotency.py says how a concurrent first
+       use of a key is answered).
     6. The tasks (WAITING, revision 1) and their ``task.accepted`` events, one multi-row INSERT
        each. A batch is a handful of statements, however many items it holds.
     7. The counters (resources.py), after the task rows: each queue's ``unfinished_tasks`` and
@@ -51,14 +51,13 @@ from typing import Any
 import attrs
 
 from orbit_common import errors
-from orbit_common.db import errors as dberrors
 from orbit_common.db.batch import placeholders
 from orbit_common.db.clock import UTC, db_now, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc, names
-from orbit_common.platform import authz
+from orbit_common.platform import authz, idempotency
 from orbit_common.platform import credentials as creds
-from orbit_common.platform.idempotency import IdempotencyRequest
+from orbit_common.platform.idempotency import IdempotencyRequest, Replay
 from orbit_common.platform.namespaces import Namespace
 from orbit_common.pulse import queues, resources
 from orbit_common.pulse.model import Queue, RetryPolicy, TaskState
@@ -477,17 +476,6 @@ def make_items(
     return items
 
 
-SELECT_IDENTITIES = """
-SELECT scope, idem_key, request_digest, response_status, response_body, resource_id
-FROM orbit_idempotency_keys
-WHERE namespace_id = %s AND operation = %s AND ({})
-"""
-IDENTITY_GROUP = "(scope = %s AND idem_key IN ({}))"
-INSERT_IDENTITIES = """
-INSERT INTO orbit_idempotency_keys (namespace_id, id, operation, scope, idem_key, request_digest,
-  credential_id, resource_id, response_status, response_body, created_at, expires_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-"""
 # Only placeholders in VALUES: executemany then sends one multi-row INSERT (split only when a
 # statement would exceed the driver's max_stmt_length), not one statement per row.
 INSERT_TASKS = """
@@ -507,37 +495,13 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 TASK_EXISTS = "SELECT id FROM pulse_tasks WHERE namespace_id = %s AND id = %s LOCK IN SHARE MODE"
 
 
-def _identity_where(items: Sequence[Item]) -> tuple[str, list[Any]]:
-    """``(scope = … AND idem_key IN (…)) OR …``, one group per queue (index range reads)."""
-    by_scope: dict[bytes, list[bytes]] = {}
-    for item in items:
-        if item.idem is not None:
-            by_scope.setdefault(item.idem.scope, []).append(item.idem.key)
-    groups, params = [], []
-    for scope, keys in by_scope.items():
-        groups.append(IDENTITY_GROUP.format(placeholders(len(keys))))
-        params += [scope, *keys]
-    return " OR ".join(groups), params
-
-
-async def _read_identities(cur: Any, namespace_id: bytes, items: Sequence[Item], *,
-                           lock: bool) -> dict[tuple[bytes, bytes], dict[str, Any]]:
-    where, params = _identity_where(items)
-    sql = SELECT_IDENTITIES.format(where) + (" FOR UPDATE" if lock else "")
-    await cur.execute(sql, (namespace_id, OPERATION, *params))
-    return {(row["scope"], row["idem_key"]): row for row in await cur.fetchall()}
-
-
-def _replay(item: Item, row: dict[str, Any]) -> Accepted:
-    if item.idem is None or row["request_digest"] != item.idem.request_digest:
-        raise errors.IdempotencyConflict(
-            f"{item.path}: this idempotency key was already used with a different request"
-        )
-    if row["response_status"] != 201 or row["resource_id"] is None:
-        # A placeholder (102) is never visible to another transaction (idempotency.py).
-        raise errors.DatabaseError("an idempotency record of tasks.submit has no receipt")
-    return Accepted(task_id=row["resource_id"], replayed=True,
-                    receipt=jsondoc.loads_strict(row["response_body"]))
+def _accepted(item: Item, replay: Replay) -> Accepted:
+    """An earlier submission's receipt, replayed by the idempotency protocol."""
+    if replay.status != 201 or replay.resource_id is None:
+        # Recorded with its final receipt in one statement: never a placeholder.
+        raise errors.DatabaseError(f"{item.path}: an idempotency record of tasks.submit has"
+                                   " no receipt")
+    return Accepted(task_id=replay.resource_id, replayed=True, receipt=replay.body)
 
 
 @attrs.frozen(kw_only=True)
@@ -594,51 +558,30 @@ def _plan(item: Item, queue: Queue, now: dt.datetime, problems: list[dict[str, s
     return _Row(item=item, queue=queue, receipt=receipt, task=task)
 
 
-async def _claim_identities(cur: Any, namespace_id: bytes, rows: list[_Row], now: dt.datetime,
+async def _claim_identities(cur: Any, rows: list[_Row],
                             replays: dict[bytes, Accepted]) -> list[_Row]:
-    """Insert the idempotency records of the keyed new rows (with their receipts); rows that a
-    concurrent request committed first become replays. Returns the rows still to insert."""
-    while True:
-        # Key order, so concurrent batches with overlapping keys lock them in the same order.
-        keyed = sorted(((r.item.idem.scope, r.item.idem.key), r.item.idem, r)
-                       for r in rows if r.item.idem is not None)
-        if not keyed:
-            return rows
-        params = [
-            (namespace_id, r.item.record_id, OPERATION, idem.scope, idem.key,
-             idem.request_digest, idem.credential_id, r.item.task_id, 201,
-             jsondoc.dumps(r.receipt), to_db(now), to_db(now + dt.timedelta(seconds=idem.ttl_s)))
-            for _, idem, r in keyed
-        ]
-        try:
-            await cur.executemany(INSERT_IDENTITIES, params)
-            return rows
-        except Exception as exc:
-            if not dberrors.is_duplicate(exc, "uq_idempotency_identity"):
-                raise
-        # Someone committed one of these identities first: the failed statement was rolled
-        # back; replay whatever now exists (a locking read sees the latest commit) and retry.
-        found = await _read_identities(cur, namespace_id, [r.item for *_, r in keyed], lock=True)
-        remaining = []
-        for r in rows:
-            idem = r.item.idem
-            row = None if idem is None else found.get((idem.scope, idem.key))
-            if row is None:
-                remaining.append(r)
-            else:
-                replays[r.item.task_id] = _replay(r.item, row)
-        if len(remaining) == len(rows):  # the duplicate is gone again (retention): re-run
-            raise errors.TransactionRetriesExhausted(
-                "an idempotency record vanished while it was being claimed"
-            )
-        rows = remaining
+    """Record the idempotency identities of the keyed new rows with their receipts (the one
+    protocol's batch form, platform/idempotency.py); rows that a concurrent request committed
+    first become replays. Returns the rows still to insert."""
+    keyed = [r for r in rows if r.item.idem is not None]
+    if not keyed:
+        return rows
+    outcomes = await idempotency.record_many(cur, [
+        idempotency.Entry(request=r.item.idem, record_id=r.item.record_id,
+                          response=Replay(status=201, body=r.receipt,
+                                          resource_id=r.item.task_id))
+        for r in keyed if r.item.idem is not None], where=[r.item.path for r in keyed])
+    for r, outcome in zip(keyed, outcomes, strict=True):
+        if isinstance(outcome, Replay):
+            replays[r.item.task_id] = _accepted(r.item, outcome)
+    return [r for r in rows if r.item.task_id not in replays]
 
 
 async def _insert_rows(cur: Any, namespace_id: bytes, rows: Sequence[_Row],
                        now: dt.datetime) -> None:
     await cur.executemany(INSERT_TASKS, [r.task for r in rows])
-    # Counters after the task rows (lock order); a limit refusal rolls everything back.
-    # Counters after the task rows (lock order: queues, the new keys' rows, the application);
+    # Counters after the task rows (the one lock order: queues, the new keys' rows, the
+    # application);
     # a limit refusal rolls everything back.
     keys = [r.item.spec.concurrency_key for r in rows if r.item.spec.concurrency_key is not None]
     await resources.apply(cur, namespace_id, resources.Usage(
@@ -696,12 +639,11 @@ async def submit(
         scoped = [attrs.evolve(i, idem=attrs.evolve(i.idem, namespace_id=ns.id))
                   if i.idem is not None else i for i in items]
         replays: dict[bytes, Accepted] = {}
-        if any(i.idem is not None for i in scoped):
-            found = await _read_identities(cur, ns.id, scoped, lock=False)
-            for item in scoped:
-                row = None if item.idem is None else found.get((item.idem.scope, item.idem.key))
-                if row is not None:
-                    replays[item.task_id] = _replay(item, row)
+        keyed = [i for i in scoped if i.idem is not None]
+        found = await idempotency.find_many(cur, [i.idem for i in keyed if i.idem is not None],
+                                            where=[i.path for i in keyed])
+        for index, replay in found.items():
+            replays[keyed[index].task_id] = _accepted(keyed[index], replay)
         now = await db_now(cur)
         problems: list[dict[str, str]] = []
         rows = [_plan(item, queues[item.spec.queue], now, problems)
@@ -709,7 +651,7 @@ async def submit(
         if problems:
             raise errors.ValidationFailed(problems)
         if rows:
-            rows = await _claim_identities(cur, ns.id, rows, now, replays)
+            rows = await _claim_identities(cur, rows, replays)
         if rows:
             await _insert_rows(cur, ns.id, rows, now)
         created = {r.item.task_id: r.receipt for r in rows}

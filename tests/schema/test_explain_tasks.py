@@ -257,8 +257,8 @@ def test_the_batch_idempotency_read_uses_the_identity_index(
 ) -> None:
     url, s = seeded
     namespace_id, key = s.idempotency_identity
-    where = " OR ".join([tasks.IDENTITY_GROUP.format(placeholders(3))] * 2)
-    sql = tasks.SELECT_IDENTITIES.format(where)
+    where = " OR ".join([idempotency.IDENTITY_GROUP.format(placeholders(3))] * 2)
+    sql = idempotency.SELECT_IDENTITIES.format(where)
     params = (namespace_id, "tasks.submit", b"queue-0", key, b"k2", b"k3",
               b"queue-1", b"k4", b"k5", b"k6")
     used, plan = _plan(url, sql, params)

@@ -3,7 +3,8 @@
 Codes come from two places: the ``code`` of every :class:`orbit_common.errors.OrbitError`
 subclass (all modules of the server packages are imported, so every subclass is seen), and code
 literals written where a problem document or a worker ``error`` frame is built by hand
-(``code="…"``, ``"code": "…"``, the HTTP fallback table of ``orbit_api/problems.py``).
+(``code="…"``, ``"code": "…"``, the HTTP fallback table
+of ``orbit_common/service/http/problems.py``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import pkgutil
 import re
 from pathlib import Path
 
-from orbit_api import problems
 from orbit_common import errors
+from orbit_common.service.http import problems
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("orbit_common", "orbit_api", "orbit_dispatcher", "orbit_scheduler")

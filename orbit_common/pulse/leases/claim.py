@@ -16,12 +16,15 @@ Rules
       starts) and before their deadlines.
     * At most the session's ``max_in_flight`` live attempts (OFFERED or RUNNING) per session:
       the claim locks the session row, so two claims of one session count against each other.
-    * The queue's, the application's and the concurrency keys' limits (:func:`_grantable`).
+    * The queue's, the application's and the concurrency keys' limits (``resources.grantable``).
+    * Nothing while the platform's dispatch is frozen (``control.dispatch_frozen``: after a
+      restore, docs/runbooks/restore.md).
 
-Locks: the session row (exclusive), the queue's gate (shared), due WAITING tasks (SKIP LOCKED,
-in claim order), their workflow gates (shared), then the queue row only if the queue has a
-concurrency limit or a candidate has a concurrency key, the application's resource row only if
-it has claim-time limits, the concurrency keys' rows; the counters at the end.
+Locks (the lock order of docs/architecture.md): the session row (exclusive), the queue's gate
+and the platform control row (shared), due WAITING tasks (SKIP LOCKED, in claim order), their
+workflow gates (shared), then -- only when something must be counted under a lock
+(``resources.grantable``) -- the queue row, the concurrency keys' rows, the application's row;
+the counters at the end.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from orbit_common.db.pool import Database
 from orbit_common.model import ids
 from orbit_common.platform import authz, credentials
 from orbit_common.platform.events import append_events
-from orbit_common.pulse import resources
+from orbit_common.pulse import control, resources
 from orbit_common.pulse.leases.common import (
     MAX_BATCH,
     expect_rows,
@@ -132,11 +135,6 @@ FOR UPDATE SKIP LOCKED
 """
 
 
-QUEUE_READ = """
-SELECT active_attempts, max_concurrent_attempts FROM pulse_queues
-WHERE namespace_id = %s AND id = %s
-"""
-QUEUE_FOR_UPDATE = QUEUE_READ.rstrip() + " FOR UPDATE\n"
 INSERT_ATTEMPTS = (
     "INSERT INTO pulse_attempts (namespace_id, id, task_id, queue_id, generation, token_digest,"
     " concurrency_token, worker_instance_id, worker_session_id, state, offered_at,"
@@ -173,50 +171,6 @@ async def _open_workflow_gates(cur: Any, namespace_id: bytes,
             if r["workflow_gate_id"] is None or states[r["workflow_gate_id"]] == "OPEN"]
 
 
-async def _grantable(cur: Any, session: Session, queue: QueueRef, rows: list[dict[str, Any]]
-                     ) -> tuple[list[dict[str, Any]], dict[bytes, resources.KeyGrant], bool]:
-    """Cut the candidates to the room the queue and the application have, one per concurrency
-    key, and take the keys' permits. Returns the chosen rows, the key grants, and whether the
-    queue row is locked here already.
-
-    The queue row is read without a lock and updated only at the end of the claim (the
-    counter update, ``resources.apply``), so claims and finishes do not queue behind a claim's
-    whole transaction -- unless the queue has ``max_concurrent_attempts`` (the room must be
-    counted under the lock) or a candidate has a concurrency key (the key rows come after the
-    queue row in the lock order)."""
-    await cur.execute(QUEUE_READ, (session.namespace_id, queue.id))
-    counters = await cur.fetchone()
-    keyed_candidates = any(r["concurrency_key_digest"] is not None for r in rows)
-    locked = counters["max_concurrent_attempts"] is not None or keyed_candidates
-    if locked:
-        await cur.execute(QUEUE_FOR_UPDATE, (session.namespace_id, queue.id))
-        counters = await cur.fetchone()
-    room = len(rows)
-    if counters["max_concurrent_attempts"] is not None:
-        room = min(room, counters["max_concurrent_attempts"] - counters["active_attempts"])
-    app_room = (await resources.application_room(cur, session.namespace_id)).allows()
-    if app_room is not None:
-        room = min(room, app_room)
-    if room <= 0:
-        return [], {}, locked
-    chosen, seen = [], set()
-    for row in rows:
-        digest = row["concurrency_key_digest"]
-        if digest is not None:
-            if digest in seen:
-                continue
-            seen.add(digest)
-        chosen.append(row)
-        if len(chosen) >= room:
-            break
-    keyed = await resources.acquire(cur, session.namespace_id,
-                                    [r["concurrency_key_digest"] for r in chosen
-                                     if r["concurrency_key_digest"] is not None])
-    return [r for r in chosen
-            if r["concurrency_key_digest"] is None or r["concurrency_key_digest"] in keyed], \
-        keyed, locked
-
-
 async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list[Grant]:
     """Grant up to ``limit`` due tasks of ``queue`` to ``session`` (the module docstring).
 
@@ -233,7 +187,7 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     await _session_may_work(cur, session, queue)
     await cur.execute(GATE_SHARED, (session.namespace_id, queue.gate_id))
     gate = await cur.fetchone()
-    if gate is None or gate["state"] != "OPEN":
+    if gate is None or gate["state"] != "OPEN" or await control.dispatch_frozen(cur):
         return []
     now = await db_now(cur)
     when = to_db(now)
@@ -244,7 +198,7 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     rows = await _open_workflow_gates(cur, session.namespace_id, list(await cur.fetchall()))
     if not rows:
         return []
-    rows, keyed, locked = await _grantable(cur, session, queue, rows)
+    rows, keyed, locked = await resources.grantable(cur, session.namespace_id, queue.id, rows)
     if not rows:
         return []
 

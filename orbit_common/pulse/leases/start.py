@@ -17,12 +17,13 @@ Refusals that end the offer at once (through the ending writer, in this transact
       withdrawn and the task ends FAILED (NEEDS_REVIEW when it carries uncertainty).
 Other refusals change nothing: ``invalid_attempt``, ``session_mismatch``, ``session_fenced``,
 ``attempt_finished``, ``offer_expired`` (recovery decides), ``lease_expired``,
-``cancel_requested``, ``start_rate_limited`` (with ``retry_after_ms``; the offer stays valid).
+``cancel_requested``, ``dispatch_frozen`` (the platform's dispatch is frozen after a restore; the
+offer stays), ``start_rate_limited`` (with ``retry_after_ms``; the offer stays valid).
 
 Locks (the lock order of ``docs/architecture.md``): the session (shared), tasks, attempts, the
-gates (shared); when offers end here, every queue row of the batch (by id) before the writer's
-keys, application row and result stream; the start windows' queue rows and the application's
-row, the result stream last.
+gates and the platform control row (shared); when offers end here, every queue row of the batch
+(by id) before the writer's keys, application row and result stream; the start windows' queue
+rows and the application's row, the result stream last.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import attrs
 from orbit_common.db.batch import placeholders, values_table
 from orbit_common.db.clock import as_utc, db_now, to_db
 from orbit_common.platform.events import EventRecord, append_events
-from orbit_common.pulse import resources
+from orbit_common.pulse import control, resources
 from orbit_common.pulse.leases import decisions, endings
 from orbit_common.pulse.leases.common import (
     AttemptRef,
@@ -110,8 +111,8 @@ async def _queue_gates(cur: Any, namespace_id: bytes, queue_ids: set[bytes]
             {row["id"] for row in rows if row["max_starts_per_second"] is not None})
 
 
-def _refusal(lk: Locked, now: dt.datetime, gates: dict[bytes, str],
-             gate_of: dict[bytes, bytes]) -> tuple[str | None, decisions.Decision | None]:
+def _refusal(lk: Locked, now: dt.datetime, gates: dict[bytes, str], gate_of: dict[bytes, bytes],
+             frozen: bool) -> tuple[str | None, decisions.Decision | None]:
     """Why a valid-looking OFFERED attempt may not start, and the ending that refusal writes."""
     task, attempt = lk.task, lk.attempt
     if attempt["state"] != AttemptState.OFFERED or not lk.is_live():
@@ -127,6 +128,8 @@ def _refusal(lk: Locked, now: dt.datetime, gates: dict[bytes, str],
         return "queue_paused", decisions.decide_withdrawal(task)
     if task["workflow_gate_id"] is not None and gates.get(task["workflow_gate_id"]) != "OPEN":
         return "workflow_paused", decisions.decide_withdrawal(task)
+    if frozen:  # the offer stays: a thaw lets the worker start it while the offer is valid
+        return control.FROZEN_REASON, None
     return None, None
 
 
@@ -153,6 +156,7 @@ async def start(cur: Any, session: SessionIdentity,
         *gate_of.values(),
         *(lk.task["workflow_gate_id"] for lk in locked.values()
           if lk.task["workflow_gate_id"] is not None)])
+    frozen = bool(locked) and await control.dispatch_frozen(cur)
     batch = _Batch()
     ended: set[bytes] = set()
     for index, ref in enumerate(refs):
@@ -175,7 +179,7 @@ async def start(cur: Any, session: SessionIdentity,
                 if lease <= now else
                 StartOutcome(attempt_id=ref.attempt_id, approved=True, lease_expires_at=lease))
             continue
-        reason, decision = _refusal(lk, now, gates, gate_of)
+        reason, decision = _refusal(lk, now, gates, gate_of, frozen)
         if ref.attempt_id in ended:
             reason, decision = "attempt_finished", None
         if reason is not None:

@@ -1,5 +1,5 @@
 -- Platform: the platform-wide control row (dispatch freeze, session fencing after a restore).
--- depends: 0011_application_usage_tracking
+-- depends: 0016_dispatch_heartbeats
 -- transactional: false
 
 -- One row for the whole platform (scope = 'PLATFORM'). Claims and starts read it with a shared

@@ -13,6 +13,14 @@ same worker (each answer carries its request's ``id``; ``ready`` frames take eff
 since they complete without waiting). Nothing in memory is authoritative: a killed dispatcher
 loses only connections and the pool's order; leases it granted expire and the recovery scan
 (here too, on every replica, SKIP LOCKED) resolves them.
+
+Liveness (docs/runbooks/liveness.md): renewals and session heartbeats run on their own small
+connection pool (the *renewal lane*), so they never wait for a connection behind claims and
+finishes held up by a lock; renewals touch only attempt and task rows, never a counter row. The
+heartbeat (``orbit_dispatcher/heartbeat.py``) detects database outages and extends live leases by
+their length; start, renew, finish and the recovery scan run only after a fresh heartbeat. A
+database error in a connection's heartbeat or cancel loop is logged and retried: the WebSocket
+stays open through an outage, so the worker keeps its handlers running and retries its calls.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import prometheus_client
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from orbit_common import errors
-from orbit_common.db.pool import Database
+from orbit_common.db.pool import Database, open_database
 from orbit_common.model import ids, jsondoc
 from orbit_common.platform import principals
 from orbit_common.platform.principals import principal_of
@@ -43,6 +51,7 @@ from orbit_common.service.http.body import read_document
 from orbit_common.service.http.middleware import BACKPRESSURE_REFUSALS
 from orbit_common.service.http.server import ServiceRunner, service_app
 from orbit_dispatcher import openapi, protocol
+from orbit_dispatcher.heartbeat import Heartbeat
 from orbit_dispatcher.pool import ClaimPool, ProbeCache
 
 log = logging.getLogger(__name__)
@@ -73,6 +82,7 @@ class Connection:
         self.demand = service.pool.open_stream(session, deliver=self.deliver,
                                                fail=self.claim_failed)
         self.in_flight = asyncio.Semaphore(OPS_IN_FLIGHT)
+        self.renewals_in_flight = asyncio.Semaphore(OPS_IN_FLIGHT)
         self.frames: set[asyncio.Task[None]] = set()
 
     @property
@@ -130,15 +140,23 @@ class Connection:
         while not self.closing:
             await asyncio.sleep(HEARTBEAT_S)
             try:
-                await dispatch.heartbeat(self.service.db, self.session)
+                await dispatch.heartbeat(self.service.lane, self.session)
             except workers.SessionLost:
                 await self.lost()
                 return
+            except errors.OrbitError as exc:
+                # The database is away: keep the socket (the worker's handlers keep running and
+                # its calls are answered with transient errors); an outage extends the session.
+                log.warning("session heartbeat not written: %s", exc, extra={"code": exc.code})
 
     async def cancel_notices(self) -> None:
         while not self.closing:
             await asyncio.sleep(CANCEL_SCAN_S)
-            found = await dispatch.cancel_requested(self.service.db, self.session)
+            try:
+                found = await dispatch.cancel_requested(self.service.db, self.session)
+            except errors.OrbitError as exc:
+                log.warning("cancel scan failed: %s", exc, extra={"code": exc.code})
+                continue
             fresh = [a for a in found if a not in self.notified]
             if fresh:
                 self.notified.update(fresh)
@@ -147,33 +165,42 @@ class Connection:
 
     async def receive(self, text: str) -> None:
         """Start handling one client frame; waits (so the socket is not read further) while
-        :data:`OPS_IN_FLIGHT` frames are running."""
-        await self.in_flight.acquire()
-        task = asyncio.create_task(self._run_frame(text), name="ws-frame")
+        :data:`OPS_IN_FLIGHT` frames of its kind are running. Renewals have a budget of their
+        own: a renewal never waits behind finishes stuck on a lock."""
+        try:
+            doc: Any = jsondoc.loads_strict(text)
+        except errors.OrbitError as exc:
+            doc = exc
+        renewal = isinstance(doc, dict) and doc.get("type") == "renew"
+        budget = self.renewals_in_flight if renewal else self.in_flight
+        await budget.acquire()
+        task = asyncio.create_task(self._run_frame(doc, budget), name="ws-frame")
         self.frames.add(task)
         task.add_done_callback(self.frames.discard)
 
-    async def _run_frame(self, text: str) -> None:
+    async def _run_frame(self, doc: Any, budget: asyncio.Semaphore) -> None:
         try:
-            await self.handle(text)
+            await self.handle(doc)
         except (ConnectionError, RuntimeError) as exc:
             log.info("a worker frame's answer was not delivered: %s", exc)
         except Exception:
             log.exception("a worker frame failed; closing the connection")
             await self.ws.close()
         finally:
-            self.in_flight.release()
+            budget.release()
 
     async def settle(self) -> None:
         """Wait for the frames still running (their transactions are short)."""
         if self.frames:
             await asyncio.gather(*self.frames, return_exceptions=True)
 
-    async def handle(self, text: str) -> None:
-        """One client frame; a malformed one gets an ``error`` frame and changes nothing."""
+    async def handle(self, doc: Any) -> None:
+        """One parsed client frame (or the error that parsing it raised); a malformed one gets
+        an ``error`` frame and changes nothing."""
         request_id = None
         try:
-            doc = jsondoc.loads_strict(text)
+            if isinstance(doc, errors.OrbitError):
+                raise doc
             if not isinstance(doc, dict) or not isinstance(doc.get("type"), str):
                 raise errors.ValidationFailed([{"path": "$.type", "message": "required"}])
             request_id = doc.get("id")
@@ -229,6 +256,11 @@ class DispatcherService:
             ready=lambda: gate.is_ready, error_pause_ms=dispatcher.idle_poll_max_ms)
         self.runner: ServiceRunner | None = None
         self.recovery: asyncio.Task[None] | None = None
+        self.beating: asyncio.Task[None] | None = None
+        # The renewal lane: its own small pool, opened with the application (_lane_ctx).
+        self.lane: Database = db
+        self.beats = Heartbeat(self.lane, self.node, interval_s=dispatcher.heartbeat_interval_s,
+                               threshold_s=dispatcher.outage_threshold_s)
         self.app = self._make_app()
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -239,6 +271,7 @@ class DispatcherService:
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.config.dispatcher.host, self.config.dispatcher.port)
         await site.start()
+        self.beating = asyncio.create_task(self.beats.run(), name="dispatch-heartbeat")
         self.recovery = asyncio.create_task(self._recovery_loop(), name="dispatch-recovery")
         log.info("dispatcher listening", extra={"host": self.config.dispatcher.host,
                                                 "port": self.config.dispatcher.port,
@@ -260,11 +293,12 @@ class DispatcherService:
             conn.closing = True
             await conn.ws.close(code=1001, message=b"dispatcher draining")
         await self.pool.close()
-        if self.recovery is not None:
-            self.recovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.recovery
-            self.recovery = None
+        for loop_task in (self.recovery, self.beating):
+            if loop_task is not None:
+                loop_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop_task
+        self.recovery = self.beating = None
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
@@ -288,11 +322,24 @@ class DispatcherService:
         yield
         await self.pool.close()
 
+    async def _lane_ctx(self, _app: web.Application) -> AsyncIterator[None]:
+        """The renewal lane's pool lives as long as the application."""
+        lane = await open_database(self.db.url, minsize=1,
+                                   maxsize=max(1, self.config.dispatcher.renew_pool_size),
+                                   session=self.config.database.session())
+        self.lane = self.beats.db = lane
+        try:
+            yield
+        finally:
+            self.lane = self.beats.db = self.db
+            await lane.close()
+
     def operations(self) -> dict[str, Callable[[Session, Any], Awaitable[list[dict[str, Any]]]]]:
         return {"start": self.op_start, "renew": self.op_renew, "finish": self.op_finish}
 
     async def op_start(self, session: Session, doc: Any) -> list[dict[str, Any]]:
         refs = protocol.parse_refs(doc)
+        await self.beats.fresh()
         out = await dispatch.start(self.db, session, refs)
         limited = sum(1 for o in out if o.reason == "start_rate_limited")
         if limited:
@@ -301,11 +348,13 @@ class DispatcherService:
 
     async def op_renew(self, session: Session, doc: Any) -> list[dict[str, Any]]:
         refs = protocol.parse_refs(doc)
-        out = await dispatch.renew(self.db, session, refs)
+        await self.beats.fresh()
+        out = await dispatch.renew(self.lane, session, refs)
         return [protocol.renew_json(o) for o in out]
 
     async def op_finish(self, session: Session, doc: Any) -> list[dict[str, Any]]:
         reports = protocol.parse_finish(doc)
+        await self.beats.fresh()
         out = await dispatch.finish(self.db, session, reports)
         return [protocol.finish_json(o) for o in out]
 
@@ -328,22 +377,35 @@ class DispatcherService:
                     log.warning("usage gauges not refreshed: %s", exc, extra={"code": exc.code})
             try:
                 while True:
-                    n = await dispatch.recover_leases(
-                        self.db, 128, self.config.dispatcher.max_offer_lapses)
-                    RECOVERED.labels("lease").inc(n)
-                    if n < 128:
+                    handled = await self._recover_leases()
+                    if handled is None:
                         break
+                    RECOVERED.labels("lease").inc(handled)
+                    if handled < 128:
+                        break
+                if handled is None:
+                    continue  # an outage not yet compensated: no session expires either
                 n = await dispatch.expire_waiting(self.db, 128)
                 RECOVERED.labels("deadline").inc(n)
                 await dispatch.expire_sessions(self.db, 500)
             except errors.OrbitError as exc:
                 log.warning("recovery pass failed: %s", exc, extra={"code": exc.code})
 
+    async def _recover_leases(self) -> int | None:
+        """One lease-recovery transaction, after a fresh heartbeat of this node (which
+        compensates an outage that just ended); it decides nothing (None) while the fleet's
+        heartbeat shows a gap no beat has compensated yet (outages.recover_expired)."""
+        await self.beats.fresh()
+        return await dispatch.recover_leases(
+            self.db, 128, outage_threshold=self.beats.threshold,
+            max_offer_lapses=self.config.dispatcher.max_offer_lapses)
+
     # --- HTTP -------------------------------------------------------------------------------
 
     def _make_app(self) -> web.Application:
         app = service_app(self.config, self.db, self.gate,
                           authenticate=principals.authenticate)
+        app.cleanup_ctx.append(self._lane_ctx)
         app.cleanup_ctx.append(self._pool_ctx)
         app.router.add_get("/v1/openapi.json", openapi.openapi)
         base = "/v1/namespaces/{namespace}/worker/sessions"  # documented in openapi.py
@@ -452,7 +514,7 @@ class DispatcherService:
                 or not isinstance(wait_ms, int) or not 0 <= wait_ms <= MAX_POLL_WAIT_MS:
             raise errors.ValidationFailed([{"path": "$", "message": "max 1-256, wait_ms "
                                             f"0-{MAX_POLL_WAIT_MS}, no other fields"}])
-        await dispatch.heartbeat(self.db, session)
+        await dispatch.heartbeat(self.lane, session)
         grants = await self.pool.poll(session, max_, wait_ms / 1000)
         cancels = await dispatch.cancel_requested(self.db, session)
         body = ('{"grants": [' + ", ".join(protocol.grant_json(g) for g in grants) + '],'
@@ -470,7 +532,7 @@ class DispatcherService:
 
     async def http_heartbeat(self, request: web.Request) -> web.Response:
         session = await self._load(request, live=False)
-        await dispatch.heartbeat(self.db, session)
+        await dispatch.heartbeat(self.lane, session)
         return web.json_response({"session_id": session.id.hex(), "alive": True})
 
     async def http_close(self, request: web.Request) -> web.Response:

@@ -5,7 +5,18 @@ Every connection, async or sync, is opened with the same session settings:
 * ``time_zone = '+00:00'``: DATETIME(6) values are UTC and ``NOW(6)`` is UTC time.
 * the MySQL 8.4 default ``sql_mode`` list, so MariaDB behaves as strictly as production.
 * ``innodb_lock_wait_timeout``: short, because a queue-like transaction that waits long is a bug
-  and the runner re-runs it anyway.
+  and the runner re-runs it anyway (jittered backoff, bounded attempts). The daemons' pools use
+  :class:`SessionSettings` from ``[database]`` (2 s by default); tools and tests keep 10 s.
+* on MariaDB only, ``idle_transaction_timeout`` (daemon pools, ``[database]
+  idle_transaction_timeout_s``): the server rolls back a transaction whose client went silent
+  (a frozen, paused or stopped process) and closes its connection, so a frozen holder cannot
+  keep a shared counter row locked for the whole pause. Any transaction, not only writing ones
+  (``idle_write_transaction_timeout``): a claim holds a limited queue's row through a locking
+  read before it writes anything. The setting is sent inside a
+  MariaDB executable comment (``/*M!100300 … */``): MariaDB 10.3+ runs it, MySQL skips it as a
+  comment, so the same init command detects the server flavour on each connection (also after
+  a failover to the other flavour) and never fails on MySQL 8.4, which has no such variable
+  (docs/runbooks/liveness.md: what to run there instead).
 * the ``FOUND_ROWS`` client flag. Deliberate: with it, ``cursor.rowcount`` after an UPDATE is the
   number of rows the ``WHERE`` clause *matched*, not the number whose values changed. Guarded
   updates put the whole condition in ``WHERE`` (``… AND revision = %s``), so "matched" is exactly
@@ -33,11 +44,38 @@ SQL_MODE = (
     "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION"
 )
 LOCK_WAIT_TIMEOUT_S = 10
-INIT_COMMAND = (
-    f"SET time_zone = '+00:00', sql_mode = '{SQL_MODE}', "
-    f"innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}"
-)
 CLIENT_FLAGS = CLIENT.FOUND_ROWS
+
+
+@attrs.frozen(kw_only=True)
+class SessionSettings:
+    """Per-connection lock and idle limits (whole seconds: both servers take integers).
+
+    ``idle_transaction_timeout_s`` 0 leaves the server's default (never roll back an idle
+    transaction).
+    """
+
+    lock_wait_timeout_s: int = LOCK_WAIT_TIMEOUT_S
+    idle_transaction_timeout_s: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        if not 1 <= self.lock_wait_timeout_s <= 3600:
+            raise ValueError("lock_wait_timeout_s must be 1-3600 seconds")
+        if not 0 <= self.idle_transaction_timeout_s <= 3600:
+            raise ValueError("idle_transaction_timeout_s must be 0-3600 seconds")
+
+    def init_command(self) -> str:
+        command = (f"SET time_zone = '+00:00', sql_mode = '{SQL_MODE}', "
+                   f"innodb_lock_wait_timeout = {self.lock_wait_timeout_s}")
+        if self.idle_transaction_timeout_s:
+            # MariaDB-only executable comment: MySQL treats it as a comment (module docstring).
+            command += (f" /*M!100300 , idle_transaction_timeout ="
+                        f" {self.idle_transaction_timeout_s} */")
+        return command
+
+
+DEFAULT_SESSION = SessionSettings()
+INIT_COMMAND = DEFAULT_SESSION.init_command()
 
 
 @attrs.frozen(kw_only=True)
@@ -84,13 +122,13 @@ class DatabaseUrl:
         database = urllib.parse.quote(self.database, safe="")
         return f"mysql://{auth}@{self.host}:{self.port}/{database}{query}"
 
-    def connect_kwargs(self) -> dict[str, Any]:
+    def connect_kwargs(self, session: SessionSettings = DEFAULT_SESSION) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "user": self.user,
             "password": self.password,
             "charset": "utf8mb4",
             "autocommit": False,
-            "init_command": INIT_COMMAND,
+            "init_command": session.init_command(),
             "client_flag": CLIENT_FLAGS,
         }
         if self.unix_socket:
@@ -136,15 +174,17 @@ class Database:
 
 
 async def open_database(
-    url: DatabaseUrl | str, *, minsize: int = 1, maxsize: int = 10, pool_recycle: int = 3600
+    url: DatabaseUrl | str, *, minsize: int = 1, maxsize: int = 10, pool_recycle: int = 3600,
+    session: SessionSettings = DEFAULT_SESSION,
 ) -> Database:
-    """Open a pool with Orbit's session settings (see the module docstring)."""
+    """Open a pool with Orbit's session settings (see the module docstring); ``session``
+    bounds its lock waits and idle write transactions."""
     parsed = DatabaseUrl.parse(url) if isinstance(url, str) else url
     pool = await aiomysql.create_pool(
         minsize=minsize,
         maxsize=maxsize,
         pool_recycle=pool_recycle,
         db=parsed.database or None,
-        **parsed.connect_kwargs(),
+        **parsed.connect_kwargs(session),
     )
     return Database(pool, parsed)

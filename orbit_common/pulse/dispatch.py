@@ -14,12 +14,13 @@ Sessions: :func:`register`, :func:`load_session`, :func:`heartbeat`, :func:`clos
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
 from orbit_common.db.pool import Database
 from orbit_common.platform.credentials import Principal
-from orbit_common.pulse import leases, workers
+from orbit_common.pulse import leases, outages, workers
 from orbit_common.pulse.workers import QueueRef, Session
 
 # Running attempts of a session whose task has a cancel request (the dispatcher pushes notices).
@@ -99,11 +100,13 @@ async def cancel_requested(db: Database, session: Session) -> list[bytes]:
 # --- recovery ------------------------------------------------------------------------------
 
 
-async def recover_leases(db: Database, limit: int,
-                         max_offer_lapses: int = leases.DEFAULT_MAX_OFFER_LAPSES) -> int:
-    """Resolve up to ``limit`` expired offer and execution leases; returns how many."""
-    return await db.transaction("recovery.leases", lambda cur: leases.recover_expired(
-        cur, limit, max_offer_lapses))
+async def recover_leases(db: Database, limit: int, *, outage_threshold: dt.timedelta,
+                         max_offer_lapses: int = leases.DEFAULT_MAX_OFFER_LAPSES) -> int | None:
+    """Resolve up to ``limit`` expired offer and execution leases; returns how many, or None
+    while the fleet's heartbeat shows an outage no beat has compensated yet (it decides nothing
+    then: :func:`outages.recover_expired`)."""
+    return await db.transaction("recovery.leases", lambda cur: outages.recover_expired(
+        cur, outage_threshold, limit, max_offer_lapses))
 
 
 async def expire_waiting(db: Database, limit: int) -> int:
@@ -116,3 +119,9 @@ async def expire_sessions(db: Database, limit: int) -> int:
     """Mark up to ``limit`` lapsed sessions expired; returns how many."""
     return await db.transaction("recovery.sessions",
                                 lambda cur: workers.expire_lapsed(cur, limit))
+
+
+async def beat(db: Database, node: str, threshold: dt.timedelta) -> outages.Beat:
+    """This dispatcher's heartbeat (``dispatch.beat``): compensates an outage its gap shows
+    (:func:`outages.beat`)."""
+    return await db.transaction("dispatch.beat", lambda cur: outages.beat(cur, node, threshold))

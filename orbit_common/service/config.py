@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from orbit_common.db.pool import DatabaseUrl
+from orbit_common.db.pool import DatabaseUrl, SessionSettings
 
 
 @attrs.frozen(kw_only=True)
@@ -23,11 +23,25 @@ class DatabaseConfig:
     url: str = attrs.field(default="", repr=False)
     pool_min: int = 1
     pool_max: int = 20
+    # The daemons' sessions (docs/runbooks/liveness.md): a lock wait longer than this fails
+    # with 1205 and the transaction runner re-runs the transaction (jittered, bounded); a write
+    # transaction whose client stays silent this long is rolled back by the server (MariaDB;
+    # 0 turns it off). Orbit's transactions never wait on anything but the database between two
+    # statements, so a writer silent for a whole second is a frozen process.
+    lock_wait_timeout_s: int = 2
+    idle_transaction_timeout_s: int = 1
 
     def parsed(self) -> DatabaseUrl:
         if not self.url:
             raise ConfigError("no database configured: set ORBIT_DATABASE_URL or [database].url")
         return DatabaseUrl.parse(self.url)
+
+    def session(self) -> SessionSettings:
+        try:
+            return SessionSettings(lock_wait_timeout_s=self.lock_wait_timeout_s,
+                                   idle_transaction_timeout_s=self.idle_transaction_timeout_s)
+        except ValueError as exc:
+            raise ConfigError(f"invalid [database] setting: {exc}") from exc
 
 
 @attrs.frozen(kw_only=True)
@@ -54,6 +68,14 @@ class DispatcherConfig:
     recovery_interval_s: float = 1.0  # lease-expiry / deadline / session scan period
     max_offer_lapses: int = 10  # consecutive lapsed offers of one task, then FAILED
     gauge_interval_s: float = 15.0  # usage gauges (queue lag, permits held) refresh period
+    # Renewals and session heartbeats run on their own small pool, so they never queue for a
+    # connection behind claims and finishes (docs/runbooks/liveness.md).
+    renew_pool_size: int = 2
+    # Every dispatcher writes a heartbeat row this often (database time); a gap longer than
+    # outage_threshold_s in the fleet's heartbeats is an outage, and live leases are extended
+    # by its length before anything decides on them (docs/runbooks/liveness.md).
+    heartbeat_interval_s: float = 1.0
+    outage_threshold_s: float = 2.0
     node: str = ""  # observability label; defaults to host:pid
 
 

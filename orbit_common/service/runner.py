@@ -68,7 +68,8 @@ async def serve(
         loop.add_signal_handler(signum, on_signal, signum)
 
     db = await open_database(
-        config.database.parsed(), minsize=config.database.pool_min, maxsize=config.database.pool_max
+        config.database.parsed(), minsize=config.database.pool_min,
+        maxsize=config.database.pool_max, session=config.database.session(),
     )
     gate = ReadinessGate(SchemaChecker(db), config.service.readiness_interval_s)
     service = factory(config, db, gate)

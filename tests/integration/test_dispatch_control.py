@@ -135,15 +135,15 @@ async def test_fence_all_fences_sessions_and_recovery_decides_every_lease(
                         " AND id = %s", tenant.namespace_id, session.id) == "FENCED"
     with pytest.raises(SessionLost):
         await db.transaction("test.claim", lambda cur: leases.claim(cur, session, queue, 1))
-    # The fenced holders' calls no longer count: a renewal finds its lease expired, a finish
-    # becomes late evidence.
+    # The fenced holders' calls no longer count: their session is fenced (the execution
+    # identity), so a renewal is refused and a finish becomes late evidence.
     renewed = await db.transaction("test.renew", lambda cur: held.renew(
         cur, tenant.namespace_id, [ref(by_task[safe[0]])]))
-    assert (renewed[0].renewed, renewed[0].reason) == (False, "lease_expired")
+    assert (renewed[0].renewed, renewed[0].reason) == (False, "session_fenced")
     (finished,) = await db.transaction("test.finish", lambda cur: held.finish(
         cur, tenant.namespace_id, [FinishReport(ref=ref(by_task[unsafe[0]]), report_id=b"r",
                                                 outcome="succeeded", result="{}")]))
-    assert (finished.accepted, finished.reason) == (False, "lease_expired")
+    assert (finished.accepted, finished.reason) == (False, "session_fenced")
 
     # The recovery scan decides every lease by the usual rules, while dispatch stays frozen.
     await db.transaction("test.recover", lambda cur: leases.recover_expired(cur, 1000))

@@ -14,11 +14,12 @@ from aiohttp.test_utils import TestClient
 from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.db.schema import SchemaChecker
 from orbit_common.service.health import ReadinessGate
-from orbit_dispatcher.service import DispatcherService
+from orbit_dispatcher.service import OPS_IN_FLIGHT, DispatcherService
 from tests.conftest import Tenant, api_config
 from tests.support.database import connect_sync
 from tests.support.lease_fixtures import add_tasks, make_queue, scalar, task_row
 from tests.support.servers import ServiceTestServer
+from tests.support.waiting import statements_waiting, until
 
 
 @pytest.fixture
@@ -127,6 +128,47 @@ async def test_a_slow_request_does_not_hold_up_the_next_one_on_the_same_socket(
         assert reply["id"] == "slow"
         assert reply["items"][0]["accepted"] is True
     assert (await task_row(db, tenant, first))["state"] == "SUCCEEDED"
+
+
+async def test_a_renewal_never_waits_behind_finishes_stuck_on_a_counter_row(
+    dispatcher: TestClient[Any, Any], db: Database, db_url: DatabaseUrl, tenant: Tenant
+) -> None:
+    """A frozen process holding the queue's counter row blocks finishes (they update it); the
+    socket's whole frame budget may be finishes waiting there, and a renewal sent after them is
+    still answered at once: renewals have their own budget and their own connection lane, and
+    touch no counter row (docs/runbooks/liveness.md)."""
+    queue = await make_queue(db, tenant)
+    tasks = await add_tasks(db, tenant, queue, OPS_IN_FLIGHT + 1)
+    session_id = await register(dispatcher, tenant, queue.name)
+    async with dispatcher.ws_connect(f"{base(tenant)}/{session_id}/ws",
+                                     headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "slots": len(tasks)})
+        grants: dict[str, dict[str, Any]] = {}
+        while len(grants) < len(tasks):
+            grants.update({g["task_id"]: g for g in (await next_frame(ws, "grants"))["grants"]})
+        refs = [{k: grants[t.hex()][k] for k in ("attempt_id", "token", "generation")}
+                for t in tasks]
+        await ws.send_json({"type": "start", "id": "s", "items": refs})
+        assert all(i["approved"] for i in (await next_frame(ws, "reply"))["items"])
+        blocker = connect_sync(db_url, autocommit=False)
+        try:
+            with blocker.cursor() as cur:  # the frozen holder of the queue's counter row
+                cur.execute("SELECT id FROM pulse_queues WHERE namespace_id = %s AND id = %s"
+                            " FOR UPDATE", (tenant.namespace_id, queue.id))
+            for n, ref in enumerate(refs[:OPS_IN_FLIGHT]):
+                await ws.send_json({"type": "finish", "id": f"finish-{n}", "items": [
+                    {**ref, "report_id": f"rep-{n}", "outcome": "succeeded", "result": None}]})
+            await until(lambda: statements_waiting(blocker, "%UPDATE pulse_queues%")
+                        == OPS_IN_FLIGHT, message="every finish waiting on the counter row")
+            await ws.send_json({"type": "renew", "id": "renew", "items": [refs[-1]]})
+            reply = await next_frame(ws, "reply")
+            assert reply["id"] == "renew"  # answered while all the finishes still wait
+            assert reply["items"][0]["renewed"] is True
+        finally:
+            blocker.rollback()
+            blocker.close()
+        answered = {(await next_frame(ws, "reply"))["id"] for _ in range(OPS_IN_FLIGHT)}
+        assert answered == {f"finish-{n}" for n in range(OPS_IN_FLIGHT)}
 
 
 async def test_the_grant_carries_the_input_byte_exact(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from orbit_common.db.pool import INIT_COMMAND, SessionSettings
 from orbit_common.service.config import (
     ApiConfig,
     ConfigError,
@@ -124,3 +125,26 @@ def test_an_empty_environment_variable_counts_as_unset(tmp_path: Path) -> None:
     config = load_config(path, {"ORBIT_DATABASE_URL": "", "ORBIT_API_PORT": ""})
     assert config.database.url == "mysql://u:p@db/from_file"
     assert config.api.port == 8080
+
+
+def test_daemon_sessions_bound_lock_waits_and_idle_transactions() -> None:
+    defaults = load_config(None, {}).database.session()
+    assert defaults == SessionSettings(lock_wait_timeout_s=2, idle_transaction_timeout_s=1)
+    assert "innodb_lock_wait_timeout = 2" in defaults.init_command()
+    # MariaDB runs the executable comment, MySQL skips it (docs/runbooks/liveness.md).
+    assert defaults.init_command().endswith(
+        " /*M!100300 , idle_transaction_timeout = 1 */")
+    off = load_config(None, {"ORBIT_DATABASE_IDLE_TRANSACTION_TIMEOUT_S": "0",
+                             "ORBIT_DATABASE_LOCK_WAIT_TIMEOUT_S": "5"}).database.session()
+    assert "idle_transaction_timeout" not in off.init_command()
+    assert "innodb_lock_wait_timeout = 5" in off.init_command()
+    # Tools and tests keep the plain settings.
+    assert "idle_transaction_timeout" not in INIT_COMMAND
+
+
+@pytest.mark.parametrize(("name", "value"), [("ORBIT_DATABASE_LOCK_WAIT_TIMEOUT_S", "0"),
+                                             ("ORBIT_DATABASE_IDLE_TRANSACTION_TIMEOUT_S", "-1")])
+def test_out_of_range_session_limits_are_errors(name: str, value: str) -> None:
+    config = load_config(None, {name: value})
+    with pytest.raises(ConfigError, match="invalid \\[database\\] setting"):
+        config.database.session()

@@ -144,12 +144,17 @@ async def lock_by_attempts(cur: Any, namespace_id: bytes,
 
 
 async def lock_tasks(cur: Any, namespace_id: bytes, task_ids: Sequence[bytes],
-                     *, states: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """Lock tasks by id (FOR UPDATE, in id order), optionally only those in ``states``."""
+                     *, states: Iterable[str] | None = None,
+                     skip_locked: bool = False) -> list[dict[str, Any]]:
+    """Lock tasks by id (FOR UPDATE, in id order), optionally only those in ``states``; with
+    ``skip_locked`` a task another transaction holds is left out (scans)."""
     if not task_ids:
         return []
     ordered = sorted(set(task_ids))
-    await cur.execute(LOCK_TASKS.format(placeholders(len(ordered))), (namespace_id, *ordered))
+    sql = LOCK_TASKS.format(placeholders(len(ordered)))
+    if skip_locked:
+        sql += " SKIP LOCKED"
+    await cur.execute(sql, (namespace_id, *ordered))
     rows = list(await cur.fetchall())
     if states is not None:
         wanted = set(states)

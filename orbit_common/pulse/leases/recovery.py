@@ -9,7 +9,8 @@ Database time decides. Safe with any number of dispatcher replicas: candidates a
 guards re-check revision, state and the live attempt. Decisions: :func:`decisions.decide_expiry`
 and :func:`decisions.decide_waiting_deadline`.
 
-Locks: lapsed tasks (SKIP LOCKED, then by id), their attempts, then the ending writer's queue
+Locks: lapsed tasks (found by a plain read, then locked by primary key with SKIP LOCKED and
+re-checked), their attempts, then the ending writer's queue
 rows, keys, application row and result stream.
 """
 
@@ -23,22 +24,24 @@ from orbit_common.pulse.leases import decisions, endings
 from orbit_common.pulse.leases.common import lock_attempts, lock_tasks
 from orbit_common.pulse.model import AttemptState
 
+# Candidates are read without a lock, then locked by primary key with SKIP LOCKED: a locking
+# scan of the secondary index would also hold index entries it skipped, which deadlocked with
+# starts and claims (InnoDB's deadlock report, the lock-order load test).
 EXPIRED_LEASES = """
 SELECT namespace_id, id FROM pulse_tasks
 WHERE state IN ('LEASED', 'RUNNING') AND lease_expires_at <= %s
 ORDER BY lease_expires_at
 LIMIT %s
-FOR UPDATE SKIP LOCKED
 """
 WAITING_PAST_DEADLINE = """
 SELECT namespace_id, id FROM pulse_tasks
 WHERE state = 'WAITING' AND deadline_at <= %s
-ORDER BY deadline_at LIMIT %s FOR UPDATE SKIP LOCKED
+ORDER BY deadline_at LIMIT %s
 """
 WAITING_PAST_START_DEADLINE = """
 SELECT namespace_id, id FROM pulse_tasks
 WHERE state = 'WAITING' AND start_deadline_at <= %s AND first_started_at IS NULL
-ORDER BY start_deadline_at LIMIT %s FOR UPDATE SKIP LOCKED
+ORDER BY start_deadline_at LIMIT %s
 """
 
 
@@ -57,7 +60,7 @@ async def recover_expired(cur: Any, limit: int = 128,
     handled = 0
     for namespace_id, task_ids in _by_namespace(list(await cur.fetchall())):
         tasks = [t for t in await lock_tasks(cur, namespace_id, task_ids,
-                                             states=("LEASED", "RUNNING"))
+                                             states=("LEASED", "RUNNING"), skip_locked=True)
                  if as_utc(t["lease_expires_at"]) <= now]
         if not tasks:
             continue
@@ -91,9 +94,20 @@ async def expire_waiting(cur: Any, limit: int = 128) -> int:
     return handled
 
 
+def _past(task: dict[str, Any], reason: str, now: dt.datetime) -> bool:
+    """Re-checked under the row lock: the deadline really passed (a retry or an edit between
+    the unlocked read and the lock cannot end a task early)."""
+    if reason == "deadline_exceeded":
+        return task["deadline_at"] is not None and as_utc(task["deadline_at"]) <= now
+    return (task["start_deadline_at"] is not None and task["first_started_at"] is None
+            and as_utc(task["start_deadline_at"]) <= now)
+
+
 async def _end_waiting(cur: Any, namespace_id: bytes, task_ids: list[bytes], reason: str,
                        now: dt.datetime) -> int:
-    tasks = await lock_tasks(cur, namespace_id, task_ids, states=("WAITING",))
+    tasks = [t for t in await lock_tasks(cur, namespace_id, task_ids, states=("WAITING",),
+                                         skip_locked=True)
+             if _past(t, reason, now)]
     await endings.write(cur, namespace_id, [
         endings.Ending(task=task, attempt=None,
                        decision=decisions.decide_waiting_deadline(task, reason),

@@ -630,9 +630,13 @@ class Worker:
                 await self._renew(channel, running[start:start + MAX_BATCH])
 
     async def _renew(self, channel: Channel, batch: list[_Attempt]) -> None:
-        retry_at = time.monotonic() + 1.0
+        now = time.monotonic()
+        retry_at = now + 1.0
         for attempt in batch:  # unless an answer says otherwise, try again in a second
-            attempt.renew_due = min(attempt.lease_deadline, retry_at)
+            # (sooner when the lease runs out before that, but never in a tight loop: during a
+            # database outage the dispatcher refuses every renewal while the handler runs on,
+            # and the first renewal after it finds the lease extended by the outage)
+            attempt.renew_due = min(max(attempt.lease_deadline, now + 0.25), retry_at)
         try:
             answers = await channel.request("renew", [a.grant.ref() for a in batch])
         except ChannelDown:

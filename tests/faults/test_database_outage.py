@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orbit_cli import devdb
+import orbit_devdb as devdb
 from orbit_common.db.pool import DatabaseUrl
 from tests.support.invariants import check
 from tests.support.processes import wait_until

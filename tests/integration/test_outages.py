@@ -15,6 +15,7 @@ from orbit_common.pulse import leases, outages
 from orbit_common.pulse.leases import AttemptRef, Grant
 from orbit_common.pulse.workers import QueueRef, Session
 from tests.conftest import Tenant
+from tests.support import held
 from tests.support.lease_fixtures import (
     add_tasks,
     db_time,
@@ -50,7 +51,7 @@ async def _running(db: Database, tenant: Tenant, session: Session, queue: QueueR
     refs = [AttemptRef(attempt_id=g.attempt_id, token=g.token, generation=g.generation)
             for g in grants]
     started = await db.transaction("test.start",
-                                   lambda cur: leases.start(cur, tenant.namespace_id, refs))
+                                   lambda cur: held.start(cur, tenant.namespace_id, refs))
     assert all(s.approved for s in started)
     return grants
 
@@ -134,7 +135,7 @@ async def test_recovery_never_expires_a_lease_that_lapsed_during_an_outage(
     assert row["state"] == "RUNNING"
     # The lease has back the time it had left when the outage began.
     assert row["lease_expires_at"] > await db_time(db)
-    renewed = await db.transaction("test.renew", lambda cur: leases.renew(
+    renewed = await db.transaction("test.renew", lambda cur: held.renew(
         cur, tenant.namespace_id,
         [AttemptRef(attempt_id=grant.attempt_id, token=grant.token,
                     generation=grant.generation)]))

@@ -1,5 +1,5 @@
 -- Pulse: dispatcher heartbeats and the database outages compensated from their gaps.
--- depends: 0011_application_usage_tracking
+-- depends: 0015_task_owner
 -- transactional: false
 
 -- Every dispatcher writes its row each second in database time. The newest beat_at over all

@@ -252,3 +252,12 @@ class AttemptNotFound(NotFound):
 
     code = "attempt_not_found"
     title = "No such attempt of this task"
+
+
+class SourceLinkMissing(Conflict):
+    """The task's source names a row that is gone or does not agree (its schedule, the ledger
+    row that made it, that version, or the task it retries): reported as such, never read as
+    a plain submission."""
+
+    code = "source_link_missing"
+    title = "The task's source link is missing"

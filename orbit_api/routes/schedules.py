@@ -407,7 +407,9 @@ OPENAPI_PATHS: dict[str, Any] = {
         "post": _post("Run once now with the current version (source TRIGGER)",
                       "triggerSchedule", "ScheduleTriggerRequest", "201",
                       "ScheduleTriggerResult",
-                      conflicts="schedule_disabled, or idempotency_conflict", required=False,
+                      conflicts="schedule_disabled, occurrence_already_ran (a run of this "
+                                "instant is already recorded), or idempotency_conflict",
+                      required=False,
                       more={"429": TOO_MANY_REQUESTS}),
     },
     ITEM + "/backfill": {
@@ -415,7 +417,8 @@ OPENAPI_PATHS: dict[str, Any] = {
         "post": _post("Run the planned instants of [start, end) that never ran; idempotent",
                       "backfillSchedule", "ScheduleBackfillRequest", "200",
                       "ScheduleBackfillResult",
-                      conflicts="schedule_disabled, or idempotency_conflict",
+                      conflicts="schedule_disabled, occurrence_already_ran (runs kept "
+                                "racing it), or idempotency_conflict",
                       more={"400": _problem("validation_failed, range_too_large (more than "
                                             f"{schedule_commands.MAX_BACKFILL} instants), "
                                             "malformed_json"),

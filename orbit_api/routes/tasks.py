@@ -110,6 +110,14 @@ async def get_task(request: web.Request) -> web.Response:
     return json_response(view)
 
 
+async def get_task_source(request: web.Request) -> web.Response:
+    query_params(request, ())
+    task_id = _task_id(request)
+    view = await queries.task_source(request.app[DB], principal_of(request),
+                                     namespace=request.match_info["namespace"], task_id=task_id)
+    return json_response(view)
+
+
 async def list_attempts(request: web.Request) -> web.Response:
     params = query_params(request, {"limit", "cursor"})
     limit = _limit(params)
@@ -150,6 +158,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(BASE, list_tasks)
     app.router.add_post(BASE + "/batch", submit_batch)
     app.router.add_get(BASE + "/{task_id}", get_task)
+    app.router.add_get(BASE + "/{task_id}/source", get_task_source)
     app.router.add_get(BASE + "/{task_id}/attempts", list_attempts)
     app.router.add_get(BASE + "/{task_id}/events", list_events)
     app.router.add_get(BASE + "/{task_id}/attempts/{attempt_id}/evidence", list_evidence)
@@ -281,6 +290,16 @@ OPENAPI_PATHS: dict[str, Any] = {
                 "parameters": [_NAMESPACE, _TASK_ID],
                 "responses": {"200": _json("TaskDetail", "The task"), **_READ_ERRORS}},
     },
+    BASE + "/{task_id}/source": {
+        "get": {"summary": "The task's direct source: submitted, a retry, a schedule or a "
+                           "workflow", "operationId": "getTaskSource",
+                "parameters": [_NAMESPACE, _TASK_ID],
+                "responses": {"200": _json("TaskSource", "The direct source, every link "
+                                                         "verified"),
+                              **_READ_ERRORS,
+                              "409": _problem("source_link_missing: the task names a source "
+                                              "row that is gone or does not agree")}},
+    },
     BASE + "/{task_id}/attempts": {
         "get": {"summary": "A task's attempts by generation", "operationId": "listTaskAttempts",
                 "parameters": [_NAMESPACE, _TASK_ID, _LIMIT, _CURSOR],
@@ -356,6 +375,24 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "first_started_at": _nullable(TIME),
         },
     },
+    "TaskSource": {"oneOf": [
+        {"type": "object", "additionalProperties": False, "required": ["kind"],
+         "description": "Submitted by a client (single or batch)",
+         "properties": {"kind": {"const": "submitted"}}},
+        {"type": "object", "additionalProperties": False, "required": ["kind", "retry_of"],
+         "description": "A manual retry of another task of the namespace",
+         "properties": {"kind": {"const": "retry"}, "retry_of": ID}},
+        {"type": "object", "additionalProperties": False,
+         "required": ["kind", "schedule_id", "schedule_name", "version", "occurrence_id",
+                      "fire_at"],
+         "description": "Made by a schedule's occurrence (rule, backfill or trigger)",
+         "properties": {"kind": {"const": "schedule"}, "schedule_id": ID,
+                        "schedule_name": NAME, "version": {"type": "integer", "minimum": 1},
+                        "occurrence_id": ID, "fire_at": TIME}},
+        {"type": "object", "additionalProperties": False, "required": ["kind", "workflow_id"],
+         "description": "Made by a workflow instance",
+         "properties": {"kind": {"const": "workflow"}, "workflow_id": ID}},
+    ]},
     "TaskAttempt": {
         "type": "object",
         "properties": {

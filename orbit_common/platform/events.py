@@ -16,6 +16,32 @@ INSERT INTO orbit_events (namespace_id, id, aggregate_type, aggregate_id, aggreg
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))
 """
 
+# Readers of the stream, keyset-paged by ``(occurred_at, id)`` and EXPLAIN-checked
+# (tests/schema/test_explain_events.py). ``workflow_id`` is the generated column decoded from
+# the payload's ``$.workflow_id`` (migration 0014): a workflow's timeline is every event that
+# names the workflow, whatever its aggregate (the instance, its steps, its tasks).
+# Parameters: namespace id, workflow id, position occurred_at (twice), position id, limit.
+SELECT_WORKFLOW_TIMELINE = """
+SELECT id, aggregate_type, aggregate_id, aggregate_revision, event_type, from_state, to_state,
+       payload, occurred_at
+FROM orbit_events
+WHERE namespace_id = %s AND workflow_id = %s
+  AND (occurred_at > %s OR (occurred_at = %s AND id > %s))
+ORDER BY occurred_at, id
+LIMIT %s
+"""
+# The sampler's read: events of one type across namespaces, oldest first from a position.
+# Parameters: event type, position occurred_at (twice), position id, limit.
+SELECT_BY_TYPE = """
+SELECT namespace_id, id, aggregate_type, aggregate_id, aggregate_revision, from_state, to_state,
+       payload, occurred_at
+FROM orbit_events
+WHERE event_type = %s
+  AND (occurred_at > %s OR (occurred_at = %s AND id > %s))
+ORDER BY occurred_at, id
+LIMIT %s
+"""
+
 
 async def append_event(
     cur: Any,

@@ -206,6 +206,8 @@ class Task:
     updated_at: dt.datetime
     first_started_at: dt.datetime | None
     completed_at: dt.datetime | None
+    owner_kind: str | None = None  # SCHEDULE | WORKFLOW: who made the task (migration 0015)
+    owner_id: bytes | None = None
 
     COLUMNS = (
         "t.namespace_id, t.id, t.queue_id, t.handler, t.input, t.state, t.revision, t.priority,"
@@ -217,7 +219,7 @@ class Task:
         " t.lease_expires_at,"
         " t.cancel_requested_at, t.cancel_reason, t.effect_uncertain, t.outcome_reason,"
         " t.result, t.error, t.retry_of, t.created_at, t.updated_at, t.first_started_at,"
-        " t.completed_at"
+        " t.completed_at, t.owner_kind, t.owner_id"
     )
 
     @classmethod
@@ -246,6 +248,7 @@ class Task:
             updated_at=as_utc(row["updated_at"]),
             first_started_at=_opt_time(row["first_started_at"]),
             completed_at=_opt_time(row["completed_at"]),
+            owner_kind=row["owner_kind"], owner_id=row["owner_id"],
         )
 
 

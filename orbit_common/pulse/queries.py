@@ -1,5 +1,5 @@
-"""Task queries: the list with filters and cursors, a task's detail, attempts, events and late
-evidence.
+"""Task queries: the list with filters and cursors, a task's detail, its direct source, attempts,
+events and late evidence.
 
 Authorization
     Every read re-checks the credential in its own transaction (``tasks.read`` in the
@@ -365,6 +365,114 @@ async def get_task(db: Database, principal: creds.Principal, *, namespace: str,
         return detail_view(task, queue)
 
     return await db.read("tasks.get", body)
+
+
+# --- the direct source ------------------------------------------------------------------------
+
+# The ledger row that made a task (uq_occurrences_task), its schedule (primary key) and that
+# version (primary key); the retry parent (primary key). Plain reads in the caller's
+# transaction, after the task was found readable.
+SELECT_SOURCE_OCCURRENCE = """
+SELECT id, schedule_id, version, fire_at, source, outcome
+FROM pulse_schedule_occurrences
+WHERE namespace_id = %s AND task_id = %s
+"""
+SELECT_SOURCE_SCHEDULE = """
+SELECT s.name, s.queue_id, v.version
+FROM pulse_schedules s
+LEFT JOIN pulse_schedule_versions v
+  ON v.namespace_id = s.namespace_id AND v.schedule_id = s.id AND v.version = %s
+WHERE s.namespace_id = %s AND s.id = %s
+"""
+SELECT_SOURCE_PARENT = "SELECT id FROM pulse_tasks WHERE namespace_id = %s AND id = %s"
+
+
+def _missing(task: Task, what: str) -> errors.SourceLinkMissing:
+    return errors.SourceLinkMissing(f"task {task.id.hex()}: {what}")
+
+
+async def source_of(cur: Any, namespace_id: bytes, task: Task) -> dict[str, Any]:
+    """The task's direct source, every link verified in the caller's transaction (specification
+    001 "任务直接来源视图"). In order:
+
+    - ``retry_of`` set: ``{"kind": "retry", "retry_of"}``, the parent task existing in the
+      namespace (a retry is the direct child of the task it retries, whoever made that one);
+    - ``owner_kind = 'SCHEDULE'``: ``{"kind": "schedule", "schedule_id", "schedule_name",
+      "version", "occurrence_id", "fire_at"}``: the ledger row that references the task names
+      the owner schedule, which exists, holds that version and fires into the task's queue;
+    - ``owner_kind = 'WORKFLOW'``: ``{"kind": "workflow", "workflow_id"}`` (the workflow tables
+      do not exist yet: the link is reported as stored);
+    - neither: ``{"kind": "submitted"}``, after checking that no ledger row references the task
+      (a schedule's task that lost its owner is not passed off as a submission).
+
+    Anything that does not hold is :class:`errors.SourceLinkMissing`.
+    """
+    if task.retry_of is not None:
+        await cur.execute(SELECT_SOURCE_PARENT, (namespace_id, task.retry_of))
+        if await cur.fetchone() is None:
+            raise _missing(task, f"the task it retries ({task.retry_of.hex()}) is gone")
+        return {"kind": "retry", "retry_of": task.retry_of.hex()}
+    if task.owner_kind == "WORKFLOW":
+        assert task.owner_id is not None  # noqa: S101 - ck_tasks_owner
+        return {"kind": "workflow", "workflow_id": task.owner_id.hex()}
+    await cur.execute(SELECT_SOURCE_OCCURRENCE, (namespace_id, task.id))
+    occurrence = await cur.fetchone()
+    if task.owner_kind is None:
+        if occurrence is not None:
+            raise _missing(task, "a schedule occurrence made it but the task names no owner")
+        return {"kind": "submitted"}
+    if occurrence is None:
+        raise _missing(task, "no schedule occurrence references it")
+    if occurrence["schedule_id"] != task.owner_id:
+        raise _missing(task, "its schedule occurrence belongs to another schedule")
+    await cur.execute(SELECT_SOURCE_SCHEDULE,
+                      (occurrence["version"], namespace_id, occurrence["schedule_id"]))
+    schedule = await cur.fetchone()
+    if schedule is None:
+        raise _missing(task, f"its schedule {occurrence['schedule_id'].hex()} is gone")
+    if schedule["version"] is None:
+        raise _missing(task, f"version {occurrence['version']} of its schedule is gone")
+    if schedule["queue_id"] != task.queue_id:
+        raise _missing(task, "its schedule fires into another queue")
+    return {
+        "kind": "schedule", "schedule_id": occurrence["schedule_id"].hex(),
+        "schedule_name": schedule["name"], "version": occurrence["version"],
+        "occurrence_id": occurrence["id"].hex(), "fire_at": iso(as_utc(occurrence["fire_at"])),
+    }
+
+
+async def task_source(db: Database, principal: creds.Principal, *, namespace: str,
+                      task_id: bytes) -> dict[str, Any]:
+    """``GET …/tasks/{id}/source``: authorized like the task's detail (another namespace's
+    task, or one of a queue the credential may not read, is ``task_not_found``)."""
+    async def body(cur: Any) -> dict[str, Any]:
+        ns, task, _ = await _readable_task(cur, principal, namespace, task_id)
+        return await source_of(cur, ns.id, task)
+
+    return await db.read("tasks.source", body)
+
+
+# --- scans by state ----------------------------------------------------------------------------
+
+# Every task in one state across namespaces, keyset-paged by the time that matters for that
+# state: ``available_at`` for the waiting backlog (samplers, due-time reports),
+# ``completed_at`` for terminal tasks (retention, completion samplers). EXPLAIN-checked in
+# tests/schema/test_explain_events.py against ix_tasks_state_available and
+# ix_tasks_state_completed. Parameters: state, position time (twice), position id, limit.
+SELECT_BY_STATE_AVAILABLE = """
+SELECT namespace_id, id, queue_id, state, available_at
+FROM pulse_tasks
+WHERE state = %s AND (available_at > %s OR (available_at = %s AND id > %s))
+ORDER BY available_at, id
+LIMIT %s
+"""
+SELECT_BY_STATE_COMPLETED = """
+SELECT namespace_id, id, queue_id, state, completed_at
+FROM pulse_tasks
+WHERE state = %s AND (completed_at > %s OR (completed_at = %s AND id > %s))
+ORDER BY completed_at, id
+LIMIT %s
+"""
 
 
 # --- attempts -----------------------------------------------------------------------------------

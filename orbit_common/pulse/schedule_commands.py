@@ -48,6 +48,14 @@ class ScheduleDisabled(errors.Conflict):
     title = "Schedule disabled"
 
 
+class OccurrenceAlreadyRan(errors.Conflict):
+    """A run of this (schedule, fire time) is already in the ledger (uq_occurrences_run):
+    at most one run per instant, whatever its source."""
+
+    code = "occurrence_already_ran"
+    title = "Occurrence already ran"
+
+
 class RangeTooLarge(errors.BadRequest):
     code = "range_too_large"
     title = "Range too large"
@@ -401,7 +409,8 @@ async def _create_runs(cur: Any, namespace_id: bytes, row: dict[str, Any],  # no
     planned, payloads, ledger = [], [], []
     for at, version in instants:
         spec = schedules.template_spec(namespace_id, row["id"], version, queue.name)
-        item = tasks.Item(spec=spec, path="$.template")
+        item = tasks.Item(spec=spec, path="$.template", owner_kind="SCHEDULE",
+                          owner_id=row["id"])
         planned.append((item, queue))
         payloads.append({"schedule": {"id": row["id"].hex(), "name": row["name"],
                                       "version": version.version, "source": source,
@@ -413,7 +422,16 @@ async def _create_runs(cur: Any, namespace_id: bytes, row: dict[str, Any],  # no
         return []
     await tasks.insert_generated(cur, namespace_id, planned, now, payloads)
     sql, params = multi_insert(schedules.INSERT_OCCURRENCES, schedules.OCCURRENCE_ROW, ledger)
-    await cur.execute(sql, params)
+    try:
+        await cur.execute(sql, params)
+    except Exception as exc:
+        # Another run of one of these instants committed first (any source), or this source
+        # already has a row for it: the statement was rolled back, and so is the command.
+        if dberrors.is_duplicate(exc, schedules.RUN_KEY) or dberrors.is_duplicate(
+                exc, "uq_occurrences_fire"):
+            raise OccurrenceAlreadyRan(
+                "a run of this schedule instant is already recorded") from exc
+        raise
     await cur.execute("UPDATE pulse_schedules SET last_task_id = %s, last_fired_at = %s"
                       " WHERE namespace_id = %s AND id = %s",
                       (ledger[-1][10], to_db(now), namespace_id, row["id"]))
@@ -492,9 +510,17 @@ async def backfill(db: Database, principal: credentials.Principal, *, namespace:
                 if len(instants) > MAX_BACKFILL:
                     raise RangeTooLarge(f"the range holds more than {MAX_BACKFILL} planned"
                                         " instants; backfill it in smaller ranges")
-        ran = await _ran(cur, namespace_id, row["id"], start, upper)
-        todo = [(at, v) for at, v in instants if not _covered(at, ran)]
-        runs = await _create_runs(cur, namespace_id, row, todo, "BACKFILL", now)
+        # A run committed by another writer between the read of the ledger and the insert
+        # (the insert waits on uq_occurrences_run, then fails) is read again and counted as
+        # already ran, like every other run found in the ledger.
+        await cur.execute("SAVEPOINT backfill_runs")
+        try:
+            todo, runs = await _backfill_runs(cur, namespace_id, row, instants, start, upper,
+                                              now)
+        except OccurrenceAlreadyRan:
+            await cur.execute("ROLLBACK TO SAVEPOINT backfill_runs")
+            todo, runs = await _backfill_runs(cur, namespace_id, row, instants, start, upper,
+                                              now)
         await _record(cur, principal, namespace_id, row["id"], row["revision"],
                       "schedule.backfilled", row["state"], row["state"],
                       {"start": start.isoformat(), "end": end.isoformat(), "reason": reason,
@@ -507,6 +533,17 @@ async def backfill(db: Database, principal: credentials.Principal, *, namespace:
     return await namespaced.run(
         db, "schedules.backfill", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
         namespace=namespace, queue=None, idem=idem, act=act)
+
+
+async def _backfill_runs(cur: Any, namespace_id: bytes, row: dict[str, Any],  # noqa: PLR0917
+                         instants: list[tuple[dt.datetime, schedules.Version]],
+                         start: dt.datetime, upper: dt.datetime, now: dt.datetime,
+                         ) -> tuple[list[tuple[dt.datetime, schedules.Version]],
+                                    list[dict[str, Any]]]:
+    """The instants of ``instants`` that never ran, and the runs created for them."""
+    ran = await _ran(cur, namespace_id, row["id"], start, upper)
+    todo = [(at, v) for at, v in instants if not _covered(at, ran)]
+    return todo, await _create_runs(cur, namespace_id, row, todo, "BACKFILL", now)
 
 
 async def _ran(cur: Any, namespace_id: bytes, schedule_id: bytes, start: dt.datetime,

@@ -2,7 +2,8 @@
 
 The ledger (``pulse_schedule_occurrences``) has one row per (schedule, planned UTC fire time):
 fired (with its task), skipped, or merged (one run for a range, ``[fire_at, covered_until)``).
-The row, the task it creates (``tasks.insert_generated``: counters and limits included) and the
+The row, the task it creates (``tasks.insert_generated``: counters and limits included; the task
+is owned by the schedule, ``owner_kind = 'SCHEDULE'``, ``owner_id`` = the schedule) and the
 schedule's progress (``covered_until``, ``processing_version``, ``next_fire_at``, ``check_at``)
 commit in one transaction, so a scheduler killed at any point neither loses nor repeats a fire:
 either the whole step committed (the next claim starts after it) or none of it did.
@@ -35,6 +36,14 @@ Claiming
     The schedules of a DISABLED namespace do not fire: their check is put off
     (``NAMESPACE_RECHECK``) and, once the namespace is enabled again, the instants they missed
     meet the misfire policy like those of a paused schedule.
+
+One run per instant
+    The unique key ``uq_occurrences_run (namespace_id, schedule_id, run_fire_at)`` admits one
+    FIRED or MERGED row per (schedule, UTC fire time) whatever its source (``run_fire_at`` is
+    NULL for SKIPPED rows). A planned instant that a TRIGGER or BACKFILL run already holds is
+    recorded as SKIPPED (``already_ran``) and creates no task; one committed by a concurrent
+    writer after that check (the insert waits on the key, then fails with 1062) rolls the
+    namespace's group back to its savepoint and plans it again, now seeing the run.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from typing import Any
 import attrs
 
 from orbit_common import errors
+from orbit_common.db import errors as dberrors
 from orbit_common.db.batch import multi_insert, placeholders, values_table
 from orbit_common.db.clock import as_utc, db_now, to_db
 from orbit_common.model import ids, jsondoc, strict
@@ -269,6 +279,15 @@ INSERT_OCCURRENCES = (
     " source, outcome, reason, covered_until, covered_count, task_id, fired_at, lateness_ms)"
 )
 OCCURRENCE_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+# The unique key that admits one run (FIRED or MERGED) per (schedule, fire time), any source.
+RUN_KEY = "uq_occurrences_run"
+# Runs of one schedule between two fire times (inclusive), over uq_occurrences_run; one group
+# per schedule, joined with OR. Parameters per group: schedule id, first and last fire time.
+RUNS_BETWEEN = (
+    "SELECT schedule_id, run_fire_at FROM pulse_schedule_occurrences"
+    " WHERE namespace_id = %s AND ({})"
+)
+RUNS_GROUP = "(schedule_id = %s AND run_fire_at BETWEEN %s AND %s)"
 SAVE_PROGRESS = (
     "UPDATE {table} v STRAIGHT_JOIN pulse_schedules s"
     " ON s.namespace_id = %s AND s.id = v.id"
@@ -366,7 +385,7 @@ async def fire_due(cur: Any, limit: int = 64) -> FireStats:
         savepoint = f"ns{n}"
         await cur.execute(f"SAVEPOINT {savepoint}")  # generated identifier
         try:
-            stats = await _fire_group(cur, namespace_id, group, now)
+            stats = await _fire_group_once_per_instant(cur, namespace_id, group, now, savepoint)
         except (errors.QueueFull, errors.ApplicationQuotaExceeded):
             await cur.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
             await _postpone(cur, namespace_id, [r["id"] for r in group], now + LIMIT_RETRY)
@@ -377,6 +396,37 @@ async def fire_due(cur: Any, limit: int = 64) -> FireStats:
             refused=totals.refused + stats.refused,
             lateness_ms=totals.lateness_ms + stats.lateness_ms)
     return totals
+
+
+async def _fire_group_once_per_instant(cur: Any, namespace_id: bytes,
+                                       group: list[dict[str, Any]], now: dt.datetime,
+                                       savepoint: str) -> FireStats:
+    """:func:`_fire_group`; when a run of one of its instants was committed by another writer
+    between its check and its insert (1062 on :data:`RUN_KEY`), the group is rolled back to
+    ``savepoint`` and planned once more (the check then sees that run)."""
+    try:
+        return await _fire_group(cur, namespace_id, group, now)
+    except Exception as exc:
+        if not dberrors.is_duplicate(exc, RUN_KEY):
+            raise
+    await cur.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")  # generated identifier
+    return await _fire_group(cur, namespace_id, group, now)
+
+
+async def runs_at(cur: Any, namespace_id: bytes,
+                  instants: dict[bytes, list[dt.datetime]]) -> set[tuple[bytes, dt.datetime]]:
+    """Which of ``{schedule id: fire times}`` already have a run (FIRED or MERGED, any source)
+    in the ledger, as ``(schedule id, fire time)``."""
+    wanted = {k: v for k, v in instants.items() if v}
+    if not wanted:
+        return set()
+    groups, params = [], []
+    for schedule_id, times in sorted(wanted.items()):
+        groups.append(RUNS_GROUP)
+        params += [schedule_id, to_db(min(times)), to_db(max(times))]
+    await cur.execute(RUNS_BETWEEN.format(" OR ".join(groups)), (namespace_id, *params))
+    found = {(row["schedule_id"], as_utc(row["run_fire_at"])) for row in await cur.fetchall()}
+    return {(sid, at) for sid, times in wanted.items() for at in times if (sid, at) in found}
 
 
 async def _disabled_namespaces(cur: Any, namespace_ids: list[bytes]) -> list[bytes]:
@@ -424,21 +474,31 @@ async def _fire_group(cur: Any, namespace_id: bytes, group: list[dict[str, Any]]
     progress_rows: list[tuple[Any, ...]] = []
     stats = {"fired": 0, "skipped": 0, "merged": 0}
     lateness: list[int] = []
+    steps = []
     for row in group:
         versions = await load_versions(cur, namespace_id, row["id"], row["processing_version"],
                                    row["current_version"])
-        step = plan(row["id"], versions, Progress(
+        steps.append((row, versions, plan(row["id"], versions, Progress(
             covered_until=as_utc(row["covered_until"]),
             processing_version=row["processing_version"],
             buffered_fire_at=as_utc(row["buffered_fire_at"]) if row["buffered_fire_at"] else None,
-            previous_unfinished=row["last_task_id"] in busy), now)
+            previous_unfinished=row["last_task_id"] in busy), now)))
+    # Instants a TRIGGER or BACKFILL already ran: skipped, never a second run.
+    ran = await runs_at(cur, namespace_id, {
+        row["id"]: [o.fire_at for o in step.occurrences if o.outcome != "SKIPPED"]
+        for row, _, step in steps})
+    for row, versions, step in steps:
         queue = queues[row["queue_id"]]
         last_task = None
-        for occ in step.occurrences:
+        for planned_occ in step.occurrences:
+            occ = planned_occ
+            if occ.outcome != "SKIPPED" and (row["id"], occ.fire_at) in ran:
+                occ = attrs.evolve(occ, outcome="SKIPPED", reason="already_ran")
             task_id = None
             if occ.outcome != "SKIPPED":
                 spec = template_spec(namespace_id, row["id"], versions[occ.version], queue.name)
-                item = tasks.Item(spec=spec, path="$.template")
+                item = tasks.Item(spec=spec, path="$.template", owner_kind="SCHEDULE",
+                                  owner_id=row["id"])
                 task_id = last_task = item.task_id
                 planned.append((item, queue))
                 payloads.append({"schedule": {

@@ -500,7 +500,15 @@ def c_missing_outcome_event(conn: Any, sc: Scenario) -> None:
         _set_task(conn, sc, "WAITING", "state = 'FAILED', completed_at = UTC_TIMESTAMP(6)")
 
 
+def _deletable_result_events(conn: Any) -> None:
+    """The append-only trigger makes deleting a result event impossible on a sound schema
+    (migration 0012): this scratch database's table stops refusing DELETE (as
+    f_two_valid_permits drops a unique index), so the checker can be shown the damage."""
+    sql(conn, "DROP TRIGGER IF EXISTS trg_orbit_result_events_no_delete")
+
+
 def c_missing_result_event(conn: Any, sc: Scenario) -> None:
+    _deletable_result_events(conn)
     sql(conn, "DELETE FROM orbit_result_events WHERE namespace_id = %s AND task_id = %s",
         sc.tenant.namespace_id, sc.task["SUCCEEDED"])
 
@@ -518,6 +526,7 @@ def c_result_without_state_event(conn: Any, sc: Scenario) -> None:
 
 
 def c_sequence_gap(conn: Any, sc: Scenario) -> None:
+    _deletable_result_events(conn)
     sql(conn, "DELETE FROM orbit_result_events WHERE namespace_id = %s AND sequence = 1",
         sc.tenant.namespace_id)
 
@@ -952,9 +961,88 @@ async def test_application_counters_are_checked_over_all_its_namespaces(
         "application_counter", "queue_counter", "queue_unfinished"}
 
 
+async def test_two_runs_of_one_schedule_instant_are_reported(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any]
+) -> None:
+    """A schedule fired by the real scheduler is clean; a second run of one of its instants
+    (another source) is ``one_run_per_instant``. uq_occurrences_run makes that row impossible on
+    a sound schema, so this scratch database's ledger stops enforcing it first (as
+    f_two_valid_permits does for uq_permits_held); a SKIPPED row of the instant stays clean."""
+    from orbit_common.pulse import schedules
+    from tests.integration.test_schedule_firing import fire_until_idle, make_schedule
+
+    tenants = []
+    for _ in range(2):
+        sc = await build_scenario(scratch_db)
+        schedule_id = await make_schedule(
+            scratch_db, sc.tenant, sc.queue.id, rule={"cron": "*/10 * * * *", "timezone": "UTC"},
+            since=dt.timedelta(minutes=25), misfire="EACH")
+        tenants.append((sc.tenant, schedule_id))
+    await fire_until_idle(scratch_db)
+    (damaged, schedule_id), (bystander, _) = tenants
+    ((fire_at,),) = sql(scratch_conn, "SELECT MIN(fire_at) FROM pulse_schedule_occurrences"
+                                      " WHERE namespace_id = %s AND outcome = 'FIRED'",
+                        damaged.namespace_id)
+    assert fire_at is not None
+    assert check(scratch_conn, [damaged.namespace_id]) == []
+    insert = schedules.INSERT_OCCURRENCES + " VALUES " + schedules.OCCURRENCE_ROW
+
+    def occurrence(source: str, outcome: str) -> tuple[Any, ...]:
+        return (damaged.namespace_id, ids.new_id(), schedule_id, fire_at, 1, source, outcome,
+                None, None, 1, None if outcome == "SKIPPED" else ids.new_id(), fire_at, 0)
+
+    sql(scratch_conn, insert, *occurrence("TRIGGER", "SKIPPED"))
+    assert check(scratch_conn, [damaged.namespace_id]) == []
+    ((present,),) = sql(scratch_conn, "SELECT COUNT(*) FROM information_schema.statistics"
+                                      " WHERE table_schema = DATABASE()"
+                                      " AND table_name = 'pulse_schedule_occurrences'"
+                                      " AND index_name = 'uq_occurrences_run'")
+    if present:
+        sql(scratch_conn, "ALTER TABLE pulse_schedule_occurrences DROP INDEX uq_occurrences_run")
+    sql(scratch_conn, insert, *occurrence("BACKFILL", "FIRED"))
+    found = check(scratch_conn, [damaged.namespace_id])
+    assert codes(found) == {"one_run_per_instant"}, found
+    assert "ran 2 times" in found[0]
+    assert check(scratch_conn, [bystander.namespace_id]) == []
+    assert "one_run_per_instant" in codes(await check_db(scratch_db, [damaged.namespace_id]))
+
+
+async def test_a_schedule_task_and_its_owner_must_agree(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any]
+) -> None:
+    """Tasks fired by the real scheduler are owned by their schedule (clean); a task that lost
+    its owner, or names another schedule than the ledger row that made it, is ``task_owner``."""
+    from tests.integration.test_schedule_firing import fire_until_idle, make_schedule
+
+    tenants = []
+    for _ in range(2):
+        sc = await build_scenario(scratch_db)
+        await make_schedule(
+            scratch_db, sc.tenant, sc.queue.id, rule={"cron": "*/10 * * * *", "timezone": "UTC"},
+            since=dt.timedelta(minutes=25), misfire="EACH")
+        tenants.append(sc.tenant)
+    await fire_until_idle(scratch_db)
+    damaged, bystander = tenants
+    fired = [task_id for (task_id,) in sql(
+        scratch_conn, "SELECT task_id FROM pulse_schedule_occurrences WHERE namespace_id = %s"
+                      " AND outcome = 'FIRED' ORDER BY fire_at", damaged.namespace_id)]
+    assert len(fired) >= 2
+    assert check(scratch_conn, [damaged.namespace_id]) == []
+    sql(scratch_conn, "UPDATE pulse_tasks SET owner_kind = NULL, owner_id = NULL"
+                      " WHERE namespace_id = %s AND id = %s", damaged.namespace_id, fired[0])
+    found = check(scratch_conn, [damaged.namespace_id])
+    assert codes(found) == {"task_owner"}, found
+    assert "owned by nobody" in found[0]
+    sql(scratch_conn, "UPDATE pulse_tasks SET owner_id = %s WHERE namespace_id = %s AND id = %s",
+        ids.new_id(), damaged.namespace_id, fired[1])
+    assert len(check(scratch_conn, [damaged.namespace_id])) == 3  # both ends of the second
+    assert check(scratch_conn, [bystander.namespace_id]) == []
+    assert "task_owner" in codes(await check_db(scratch_db, [damaged.namespace_id]))
+
+
 def test_every_code_has_a_corruption_test() -> None:
     from tests.support.invariants import CODES
 
     covered = ({code for code, _ in CORRUPTIONS} | {code for code, _ in FLOW_CORRUPTIONS}
-               | {"stuck", "missing_task"})
+               | {"stuck", "missing_task", "one_run_per_instant", "task_owner"})
     assert covered == set(CODES)

@@ -1,7 +1,9 @@
 """Append-only tables refuse UPDATE and DELETE with a trigger (SIGNAL SQLSTATE '45000').
 
-Later issues add their append-only tables (definition versions, schedule versions, …) to
-``APPEND_ONLY`` with a statement that inserts one valid row.
+``APPEND_ONLY`` names every append-only table with a statement that inserts one valid row; the
+list is checked complete against the tables that have triggers in a fresh install, so a table
+that gains a trigger (or loses one) fails here until it is listed and both UPDATE and DELETE
+are proven refused. Later issues add their append-only tables (definition versions, …) here.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class AppendOnlyTable:
     insert: str
     # A column UPDATE tries to change.
     column: str
+    # Random 16-byte ids the insert takes after the key columns (other id columns).
+    extra_ids: int = 0
 
 
 APPEND_ONLY = (
@@ -41,6 +45,7 @@ VALUES (%s, %s, 'namespace', %s, 1, 'namespace.created', NULL, 'ACTIVE', '{"a": 
   UTC_TIMESTAMP(6))
 """,
         column="payload",
+        extra_ids=1,
     ),
     AppendOnlyTable(
         name="orbit_audit_events",
@@ -52,6 +57,41 @@ VALUES (%s, NULL, NULL, 'operator', 'pytest', 'credential.revoke', 'credential',
   'because', UTC_TIMESTAMP(6))
 """,
         column="reason",
+    ),
+    AppendOnlyTable(
+        name="orbit_result_events",
+        key_columns=("namespace_id", "id"),
+        insert="""
+INSERT INTO orbit_result_events (namespace_id, id, sequence, task_id, queue_id, task_revision,
+  state, snapshot, committed_at)
+VALUES (%s, %s, 1, %s, %s, 3, 'SUCCEEDED', '{"a": 1}', UTC_TIMESTAMP(6))
+""",
+        column="snapshot",
+        extra_ids=2,
+    ),
+    AppendOnlyTable(
+        name="pulse_schedule_versions",
+        # with version 1 below: the primary key
+        key_columns=("namespace_id", "schedule_id"),
+        insert="""
+INSERT INTO pulse_schedule_versions (namespace_id, schedule_id, version, rule, template,
+  misfire_policy, overlap_policy, catchup_window_ms, grace_ms, effective_from, created_by,
+  created_at)
+VALUES (%s, %s, 1, '{"every_ms": 1000}', '{"handler": "h"}', 'SKIP', 'ALLOW', 0, 0,
+  UTC_TIMESTAMP(6), 'pytest', UTC_TIMESTAMP(6))
+""",
+        column="rule",
+    ),
+    AppendOnlyTable(
+        name="pulse_schedule_occurrences",
+        key_columns=("namespace_id", "id"),
+        insert="""
+INSERT INTO pulse_schedule_occurrences (namespace_id, id, schedule_id, fire_at, version, source,
+  outcome, reason, covered_until, covered_count, task_id, fired_at, lateness_ms)
+VALUES (%s, %s, %s, UTC_TIMESTAMP(6), 1, 'RULE', 'FIRED', NULL, NULL, 1, %s, UTC_TIMESTAMP(6), 0)
+""",
+        column="reason",
+        extra_ids=2,
     ),
 )
 IDS = [t.name for t in APPEND_ONLY]
@@ -68,7 +108,7 @@ def conn(fresh_install: DatabaseUrl) -> Iterator[pymysql.connections.Connection[
 
 def _insert(cur: Any, table: AppendOnlyTable) -> tuple[bytes, ...]:
     key = tuple(secrets.token_bytes(16) for _ in table.key_columns)
-    params = key + ((secrets.token_bytes(16),) if table.name == "orbit_events" else ())
+    params = key + tuple(secrets.token_bytes(16) for _ in range(table.extra_ids))
     cur.execute(table.insert, params)
     assert cur.rowcount == 1
     return key
@@ -154,13 +194,27 @@ def test_a_rejected_change_rolls_back_inside_a_transaction(
         assert _row(cur, table, committed) == before
 
 
-def test_every_append_only_table_has_both_triggers(fresh_install: DatabaseUrl) -> None:
+def _triggers(url: DatabaseUrl) -> set[tuple[str, str, str]]:
     rows = migrations.query(
-        fresh_install,
+        url,
         "SELECT EVENT_OBJECT_TABLE AS table_name, ACTION_TIMING AS timing,"
         " EVENT_MANIPULATION AS event FROM information_schema.TRIGGERS"
         " WHERE TRIGGER_SCHEMA = DATABASE()",
     )
-    found = {(r["table_name"], r["timing"], r["event"]) for r in rows}
+    return {(r["table_name"], r["timing"], r["event"]) for r in rows}
+
+
+def test_every_append_only_table_has_both_triggers(fresh_install: DatabaseUrl) -> None:
+    found = _triggers(fresh_install)
     expected = {(t.name, "BEFORE", event) for t in APPEND_ONLY for event in ("UPDATE", "DELETE")}
-    assert expected <= found
+    missing = sorted(expected - found)
+    assert not missing, f"append-only tables without a refusing trigger: {missing}"
+
+
+def test_the_list_names_every_table_with_a_trigger(fresh_install: DatabaseUrl) -> None:
+    """Triggers exist here only to make tables append-only: every table that has one is in
+    ``APPEND_ONLY`` (so the tests above prove both refusals for it), and every listed table
+    exists."""
+    with_triggers = {table for table, _, _ in _triggers(fresh_install)}
+    assert with_triggers == {t.name for t in APPEND_ONLY}
+    assert {t.name for t in APPEND_ONLY} <= set(migrations.tables(fresh_install))

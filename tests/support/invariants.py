@@ -85,6 +85,12 @@ Invariants (code: what must hold)
     stuck                 (``quiescent=True`` only) no LEASED/RUNNING task whose lease lapsed,
                           and no WAITING task past its deadline, longer than ``grace`` ago
     missing_task          every ``(namespace_id, task_id)`` in ``expected_tasks`` exists
+    one_run_per_instant   at most one run (a FIRED or MERGED occurrence, any source) per
+                          (schedule, fire_at); SKIPPED rows do not count (read from ``outcome``,
+                          not from the generated column the unique key uses)
+    task_owner            a task owned by a schedule (owner_kind SCHEDULE) is referenced by a
+                          ledger row of that schedule, and a task a ledger row references is
+                          owned by that row's schedule
 """
 
 from __future__ import annotations
@@ -120,7 +126,7 @@ CODES = (
     "success_overwritten", "transition", "event_revisions", "stuck", "missing_task",
     "queue_unfinished", "application_counter", "start_window", "key_row", "attempt_token",
     "permit_count", "permit_held", "permit_holder", "permit_missing", "permit_tokens",
-    "permit_revision", "start_budget", "session_binding",
+    "permit_revision", "start_budget", "session_binding", "one_run_per_instant", "task_owner",
 )
 
 
@@ -745,6 +751,44 @@ def _event_revisions_render(row: dict[str, Any], s: Scope) -> str:
             f" contiguous run ending at the task's revision")
 
 
+# --- schedules -------------------------------------------------------------------------------
+
+def _one_run_sql(s: Scope) -> str:
+    return f"""
+SELECT o.namespace_id, o.schedule_id, o.fire_at, COUNT(*) AS n,
+       GROUP_CONCAT(CONCAT(o.source, ' ', o.outcome) ORDER BY o.source SEPARATOR ', ') AS runs
+FROM pulse_schedule_occurrences o
+WHERE o.outcome <> 'SKIPPED'{s.ns('o')}
+GROUP BY o.namespace_id, o.schedule_id, o.fire_at
+HAVING COUNT(*) > 1"""
+
+
+def _one_run_render(row: dict[str, Any], _s: Scope) -> str:
+    return (f"schedule {_h(row['namespace_id'])}/{_h(row['schedule_id'])} ran"
+            f" {row['n']} times for {row['fire_at']} ({row['runs']})")
+
+
+def _task_owner_sql(s: Scope) -> str:
+    return f"""
+SELECT t.namespace_id, t.id AS task_id, t.owner_kind, t.owner_id, o.schedule_id
+FROM pulse_tasks t
+LEFT JOIN pulse_schedule_occurrences o ON o.namespace_id = t.namespace_id AND o.task_id = t.id
+WHERE t.owner_kind = 'SCHEDULE' AND (o.id IS NULL OR o.schedule_id <> t.owner_id){s.ns('t')}
+UNION ALL
+SELECT t.namespace_id, t.id, t.owner_kind, t.owner_id, o.schedule_id
+FROM pulse_schedule_occurrences o
+JOIN pulse_tasks t ON t.namespace_id = o.namespace_id AND t.id = o.task_id
+WHERE (t.owner_kind IS NULL OR t.owner_kind <> 'SCHEDULE'
+       OR t.owner_id <> o.schedule_id){s.ns('o')}"""
+
+
+def _task_owner_render(row: dict[str, Any], _s: Scope) -> str:
+    ledger = ("no ledger row" if row["schedule_id"] is None
+              else f"the ledger row of schedule {_h(row['schedule_id'])}")
+    return (f"{_task(row)} is owned by {row['owner_kind'] or 'nobody'}"
+            f" {_h(row['owner_id'])}, but {ledger} made it")
+
+
 # --- quiescence and acknowledged tasks -------------------------------------------------------
 
 def _stuck_sql(s: Scope) -> str:
@@ -869,6 +913,8 @@ PROBES: tuple[Probe, ...] = (
     Probe("session_binding", _session_binding_sql,
           lambda r, s: f"{_task(r)}: live attempt {_h(r['attempt_id'])} ({r['state']}) is"
                        f" recorded on a session of instance {_h(r['instance_id'])}, not its own"),
+    Probe("one_run_per_instant", _one_run_sql, _one_run_render),
+    Probe("task_owner", _task_owner_sql, _task_owner_render),
     Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),
     Probe("missing_task", _expected_sql,
           lambda r, s: f"acknowledged {_task(r)} does not exist",

@@ -38,6 +38,7 @@ from orbit_sdk.models import (
     RetryPolicy,
     Task,
     TaskEvent,
+    TaskSource,
     Whoami,
 )
 from orbit_sdk.schedules import (
@@ -88,6 +89,7 @@ __all__ = [
     "Task",
     "TaskEvent",
     "TaskRequest",
+    "TaskSource",
     "TooManyRequests",
     "Unauthorized",
     "ValidationError",

@@ -31,6 +31,7 @@ from orbit_sdk.models import (
     RetryPolicy,
     Task,
     TaskEvent,
+    TaskSource,
     Whoami,
 )
 from orbit_sdk.schedules import (
@@ -418,6 +419,12 @@ class Client:
             params["limit"] = str(page_size)
         async for item in self._pages(self._ns("/tasks"), params):
             yield Task.from_json(item)
+
+    async def task_source(self, task_id: str) -> TaskSource:
+        """Who made the task: a submission, a retry of another task, a schedule's occurrence or
+        a workflow. A source link that is gone is :class:`~orbit_sdk.Conflict`
+        (``source_link_missing``)."""
+        return TaskSource.from_json(await self._get(self._ns(f"/tasks/{_seg(task_id)}/source")))
 
     async def task_attempts(self, task_id: str) -> list[Attempt]:
         """Every attempt of a task, by generation."""

@@ -23,6 +23,7 @@ __all__ = [
     "RetryPolicy",
     "Task",
     "TaskEvent",
+    "TaskSource",
     "Whoami",
     "parse_time",
 ]
@@ -362,6 +363,40 @@ class TaskEvent:
             revision=_int(raw, "revision"), from_state=_str(raw, "from_state"),
             to_state=_str(raw, "to_state"), payload=raw.get("payload"),
             occurred_at=parse_time(raw.get("occurred_at")), raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class TaskSource:
+    """A task's direct source (``GET …/tasks/{id}/source``). ``kind`` says which fields are set:
+
+    - ``"submitted"``: a client's submission; no other field;
+    - ``"retry"``: a manual retry; ``retry_of`` is the task it retries;
+    - ``"schedule"``: a schedule's occurrence (rule, backfill or trigger): ``schedule_id``,
+      ``schedule_name``, ``version``, ``occurrence_id`` and its planned ``fire_at``;
+    - ``"workflow"``: a workflow instance's step; ``workflow_id``.
+
+    Fields of the other kinds are ``None``.
+    """
+
+    kind: str
+    retry_of: str | None = None
+    schedule_id: str | None = None
+    schedule_name: str | None = None
+    version: int | None = None
+    occurrence_id: str | None = None
+    fire_at: dt.datetime | None = None
+    workflow_id: str | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> TaskSource:
+        return cls(
+            kind=_str(raw, "kind") or "", retry_of=_str(raw, "retry_of"),
+            schedule_id=_str(raw, "schedule_id"), schedule_name=_str(raw, "schedule_name"),
+            version=_int(raw, "version"), occurrence_id=_str(raw, "occurrence_id"),
+            fire_at=parse_time(raw.get("fire_at")), workflow_id=_str(raw, "workflow_id"),
+            raw=dict(raw),
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
@@ -442,3 +443,35 @@ async def test_concurrency_keys_are_sent_and_read_back(api: tuple[FakeApi, Clien
     assert json.loads(fake.seen[1].body)["tasks"][0]["concurrency_key"] == "k"
     attempts = await client.task_attempts("ab" * 16)
     assert [a.concurrency_token for a in attempts] == [9, None]
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    ({"kind": "submitted"}, {"kind": "submitted"}),
+    ({"kind": "retry", "retry_of": "ab" * 16}, {"kind": "retry", "retry_of": "ab" * 16}),
+    ({"kind": "schedule", "schedule_id": "cd" * 16, "schedule_name": "nightly", "version": 3,
+      "occurrence_id": "ef" * 16, "fire_at": "2030-01-02T09:00:00.000000+00:00"},
+     {"kind": "schedule", "schedule_id": "cd" * 16, "schedule_name": "nightly", "version": 3,
+      "occurrence_id": "ef" * 16,
+      "fire_at": dt.datetime(2030, 1, 2, 9, tzinfo=dt.UTC)}),
+    ({"kind": "workflow", "workflow_id": "01" * 16}, {"kind": "workflow",
+                                                      "workflow_id": "01" * 16}),
+], ids=["submitted", "retry", "schedule", "workflow"])
+async def test_task_source_reads_each_kind(
+        api: tuple[FakeApi, Client], doc: dict[str, Any], expected: dict[str, Any]) -> None:
+    fake, client = api
+    fake.on("GET", f"{NS}/tasks/{'cd' * 16}/source", ok(doc))
+    found = await client.task_source("cd" * 16)
+    fields = ("kind", "retry_of", "schedule_id", "schedule_name", "version", "occurrence_id",
+              "fire_at", "workflow_id")
+    assert {f: getattr(found, f) for f in fields} == {f: expected.get(f) for f in fields}
+    assert found.raw == doc
+    assert fake.seen[-1].method == "GET"
+
+
+async def test_a_missing_source_link_is_a_conflict(api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    fake.on("GET", f"{NS}/tasks/{'cd' * 16}/source",
+            problem(409, "source_link_missing", "its schedule is gone"))
+    with pytest.raises(Conflict) as caught:
+        await client.task_source("cd" * 16)
+    assert caught.value.code == "source_link_missing"

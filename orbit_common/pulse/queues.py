@@ -653,8 +653,11 @@ async def create_queue(
     idem_template = None
     if idempotency_key is not None:
         # The namespace id is resolved inside the transaction; the digest does not depend on it.
+        # The scope is the queue's name, the unit of authorization: a receipt or a conflict is
+        # only seen by a caller that may manage that queue.
         idem_template = IdempotencyRequest.build(
-            namespace_id=bytes(16), operation="queues.create", scope=b"", key=idempotency_key,
+            namespace_id=bytes(16), operation="queues.create", scope=name.encode(),
+            key=idempotency_key,
             request={"name": name, **settings.request_json()},
             credential_id=principal.credential_id,
         )

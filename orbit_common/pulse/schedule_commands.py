@@ -185,6 +185,22 @@ async def _locked(cur: Any, namespace_id: bytes, name: str) -> dict[str, Any]:
     return dict(row)
 
 
+def _locate(principal: credentials.Principal, action: authz.Action, namespace: str,
+            name: str) -> namespaced.Locate:
+    """The authorization of the schedule before any idempotency replay (a plain read, see
+    platform/namespaced.py): the same 404 or 403 as the command itself would give."""
+
+    async def locate(cur: Any, namespace_id: bytes) -> None:
+        await cur.execute(f"SELECT {COLUMNS}{FROM} WHERE s.namespace_id = %s AND s.name = %s",
+                          (namespace_id, name))
+        row = await cur.fetchone()
+        if row is None:
+            raise ScheduleNotFound(f"no schedule named {name!r} in this namespace")
+        await _in_scope(cur, principal, action, namespace, dict(row))
+
+    return locate
+
+
 async def _in_scope(cur: Any, principal: credentials.Principal, action: authz.Action,
                     namespace: str, row: dict[str, Any]) -> None:
     """Schedule actions are scoped by the schedule's queue (the namespace-level check passed
@@ -347,7 +363,8 @@ async def publish_version(db: Database, principal: credentials.Principal, *, nam
 
     return await namespaced.run(
         db, "schedules.publish", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
-        namespace=namespace, queue=None, idem=idem, act=act)
+        namespace=namespace, queue=None, idem=idem, act=act,
+        locate=_locate(principal, authz.Action.SCHEDULES_MANAGE, namespace, name))
 
 
 async def set_state(db: Database, principal: credentials.Principal, *, namespace: str,
@@ -391,7 +408,8 @@ async def set_state(db: Database, principal: credentials.Principal, *, namespace
 
     return await namespaced.run(
         db, "schedules.state", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
-        namespace=namespace, queue=None, idem=idem, act=act)
+        namespace=namespace, queue=None, idem=idem, act=act,
+        locate=_locate(principal, authz.Action.SCHEDULES_MANAGE, namespace, name))
 
 
 async def _create_runs(cur: Any, namespace_id: bytes, row: dict[str, Any],  # noqa: PLR0917
@@ -451,7 +469,8 @@ async def trigger_now(db: Database, principal: credentials.Principal, *, namespa
 
     return await namespaced.run(
         db, "schedules.trigger", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
-        namespace=namespace, queue=None, idem=idem, act=act)
+        namespace=namespace, queue=None, idem=idem, act=act,
+        locate=_locate(principal, authz.Action.SCHEDULES_MANAGE, namespace, name))
 
 
 async def backfill(db: Database, principal: credentials.Principal, *, namespace: str,
@@ -506,7 +525,8 @@ async def backfill(db: Database, principal: credentials.Principal, *, namespace:
 
     return await namespaced.run(
         db, "schedules.backfill", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
-        namespace=namespace, queue=None, idem=idem, act=act)
+        namespace=namespace, queue=None, idem=idem, act=act,
+        locate=_locate(principal, authz.Action.SCHEDULES_MANAGE, namespace, name))
 
 
 async def _ran(cur: Any, namespace_id: bytes, schedule_id: bytes, start: dt.datetime,

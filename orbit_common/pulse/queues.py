@@ -493,7 +493,7 @@ async def find_queue(cur: Any, namespace_id: bytes, name: str) -> QueueRecord | 
     """The queue named ``name`` with its gate, read without locks."""
     await cur.execute(SELECT_BY_NAME, (namespace_id, name))
     row = await cur.fetchone()
-    return None if row is None else QueueRecord.from_row(row)
+    return QueueRecord.from_row(row) if names.found(row, "name", name) else None
 
 
 async def get_queue_by_id(cur: Any, namespace_id: bytes, queue_id: bytes) -> QueueRecord:

@@ -180,7 +180,7 @@ async def _locked(cur: Any, namespace_id: bytes, name: str) -> dict[str, Any]:
     await cur.execute(f"SELECT {COLUMNS}{FROM} WHERE s.namespace_id = %s AND s.name = %s"
                       " FOR UPDATE", (namespace_id, name))
     row = await cur.fetchone()
-    if row is None:
+    if not names.found(row, "name", name):
         raise ScheduleNotFound(f"no schedule named {name!r} in this namespace")
     return dict(row)
 
@@ -194,7 +194,7 @@ def _locate(principal: credentials.Principal, action: authz.Action, namespace: s
         await cur.execute(f"SELECT {COLUMNS}{FROM} WHERE s.namespace_id = %s AND s.name = %s",
                           (namespace_id, name))
         row = await cur.fetchone()
-        if row is None:
+        if not names.found(row, "name", name):
             raise ScheduleNotFound(f"no schedule named {name!r} in this namespace")
         await _in_scope(cur, principal, action, namespace, dict(row), submits=submits)
 
@@ -587,7 +587,7 @@ async def get_schedule(db: Database, principal: credentials.Principal, *, namesp
         await cur.execute(f"SELECT s.id, s.name, q.name AS queue_name{FROM}"
                           " WHERE s.namespace_id = %s AND s.name = %s", (ns.id, name))
         row = await cur.fetchone()
-        if row is None:
+        if not names.found(row, "name", name):
             raise ScheduleNotFound(f"no schedule named {name!r} in this namespace")
         await _in_scope(cur, principal, authz.Action.SCHEDULES_READ, namespace, row)
         return await _reload(cur, ns.id, row["id"], with_versions=True)
@@ -634,7 +634,7 @@ async def list_occurrences(db: Database, principal: credentials.Principal, *, na
         await cur.execute(f"SELECT s.id, s.name, q.name AS queue_name{FROM}"
                           " WHERE s.namespace_id = %s AND s.name = %s", (ns.id, name))
         row = await cur.fetchone()
-        if row is None:
+        if not names.found(row, "name", name):
             raise ScheduleNotFound(f"no schedule named {name!r} in this namespace")
         await _in_scope(cur, principal, authz.Action.SCHEDULES_READ, namespace, row)
         start = to_db(after) if after else "1000-01-01"

@@ -18,10 +18,7 @@ def _record(msg: str, *args: object, exc: BaseException | None = None,
     record = logging.makeLogRecord({"name": "aiohttp.server", "levelno": logging.ERROR,
                                     "levelname": "ERROR", "msg": msg, "args": args, **extra})
     if exc is not None:
-        try:
-            raise exc
-        except BaseException as raised:  # noqa: BLE001 - the record carries it
-            record.exc_info = (type(raised), raised, raised.__traceback__)
+        record.exc_info = (type(exc), exc, None)
     return record
 
 

@@ -118,3 +118,29 @@ async def test_task_intervention_replays_stay_inside_the_queue_scope(
                 response = await _post(api, f"{base}/{path}", api_key, idem, body)
                 await assert_problem(response, status, code)
     watch.assert_unchanged()
+
+
+async def test_submission_replays_stay_inside_the_queue_scope(
+    api: TestClient[Any, Any], db: Database, tenant: Tenant, watch: WriteWatch,
+) -> None:
+    """Submissions already authorized every queue before their replays; kept so."""
+    await make_queue(db, tenant, name="qa1")
+    await make_queue(db, tenant, name="qa2")
+    owner = tenant.auth["Authorization"].removeprefix("Bearer ")
+    base = f"/v1/namespaces/{tenant.namespace}/tasks"
+    item = {"queue": "qa2", "handler": "h"}
+    assert (await _post(api, base, owner, "victim-submit", item)).status == 201
+    assert (await _post(api, f"{base}/batch", owner, None,
+                        {"tasks": [{**item, "idempotency_key": "victim-item"}]})).status == 201
+    hidden = await make_key(db, tenant, [{"namespaces": ["*"], "actions": ["*"],
+                                          "queues": ["qa1"]}])
+    watch.reset()
+    for body in (item, {**item, "handler": "other"}):
+        for key in ("victim-submit", None):
+            await assert_problem(await _post(api, base, hidden, key, body), 404,
+                                 "queue_not_found")
+        for key in ("victim-item", "victim-submit"):
+            response = await _post(api, f"{base}/batch", hidden, None,
+                                   {"tasks": [{**body, "idempotency_key": key}]})
+            await assert_problem(response, 404, "queue_not_found")
+    watch.assert_unchanged()

@@ -152,9 +152,12 @@ DOCUMENT: dict[str, Any] = {
                     "code": {"type": "string"}, "instance": {"type": "string"},
                     "retry_after_s": {"type": "integer", "minimum": 0,
                                       "description": "429 only: the Retry-After header's value"},
-                    "errors": {"type": "array", "items": {
+                    "errors": {"type": "array", "maxItems": 100, "items": {
                         "type": "object", "properties": {"path": {"type": "string"},
                                                          "message": {"type": "string"}}}},
+                    "errors_omitted": {
+                        "type": "integer", "minimum": 1,
+                        "description": "validation_failed only: problems beyond the 100 listed"},
                 },
             },
             "Grant": {

@@ -47,14 +47,23 @@ class JsonTooDeep(BadRequest):
     title = "The request body nests too deeply"
 
 
+MAX_LISTED_ERRORS = 100
+
+
 class ValidationFailed(BadRequest):
+    """``errors`` lists at most :data:`MAX_LISTED_ERRORS` problems (the answer's size is bounded
+    whatever the request); when there were more, ``errors_omitted`` says how many were left
+    out."""
+
     code = "validation_failed"
     title = "The request does not match the expected shape"
 
     def __init__(self, errors: list[dict[str, str]], detail: str | None = None) -> None:
         first = errors[0] if errors else {"path": "$", "message": "invalid"}
-        super().__init__(detail or f"{first['path']}: {first['message']}")
-        self.errors = errors
+        omitted = max(0, len(errors) - MAX_LISTED_ERRORS)
+        extra = {"errors_omitted": omitted} if omitted else {}
+        super().__init__(detail or f"{first['path']}: {first['message']}", **extra)
+        self.errors = errors[:MAX_LISTED_ERRORS]
 
 
 class InvalidCursor(BadRequest):

@@ -32,16 +32,16 @@ def _input_of(exact: Any) -> Any:
 async def submit_task(request: web.Request) -> web.Response:
     query_params(request, ())
     key = idempotency_key(request)
+    principal = principal_of(request)
+    namespace = request.match_info["namespace"]
+    await tasks.authorize_submission(request.app[DB], principal, namespace)
     dto, _ = await read_json(request, tasks.SubmitRequest)
     exact = jsondoc.loads_strict(await request.read(), keep_number_text=True)
     spec, problems = tasks.validate(dto, _input_of(exact), "$")
     if spec is None:
         raise errors.ValidationFailed(problems)
-    principal = principal_of(request)
     items = tasks.make_items(principal, [(spec, key, "$", "Idempotency-Key")])
-    (accepted,) = await tasks.submit(
-        request.app[DB], principal, namespace=request.match_info["namespace"], items=items
-    )
+    (accepted,) = await tasks.submit(request.app[DB], principal, namespace=namespace, items=items)
     return json_response(accepted.receipt, status=201)
 
 
@@ -52,7 +52,12 @@ async def submit_batch(request: web.Request) -> web.Response:
             "path": "Idempotency-Key",
             "message": "a batch takes one idempotency_key per item ($.tasks[i].idempotency_key)",
         }])
-    dto, _ = await read_json(request, tasks.BatchRequest)
+    principal = principal_of(request)
+    namespace = request.match_info["namespace"]
+    # The path first (authorization), then the size of the batch while its array is read,
+    # and only then the items themselves.
+    await tasks.authorize_submission(request.app[DB], principal, namespace)
+    dto, _ = await read_json(request, tasks.BatchRequest, precheck=tasks.check_batch_size)
     if not 1 <= len(dto.tasks) <= tasks.MAX_BATCH:
         raise errors.ValidationFailed(
             [{"path": "$.tasks", "message": f"1-{tasks.MAX_BATCH} items"}]
@@ -68,11 +73,8 @@ async def submit_batch(request: web.Request) -> web.Response:
             specs.append((spec, item.idempotency_key, path, f"{path}.idempotency_key"))
     if problems:
         raise errors.ValidationFailed(problems)
-    principal = principal_of(request)
     items = tasks.make_items(principal, specs)
-    accepted = await tasks.submit(
-        request.app[DB], principal, namespace=request.match_info["namespace"], items=items
-    )
+    accepted = await tasks.submit(request.app[DB], principal, namespace=namespace, items=items)
     return json_response(
         {"tasks": [{**a.receipt, "replayed": a.replayed} for a in accepted]}, status=201
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import decimal
 import json
+import re
 from typing import Any
 
 from orbit_common import errors
@@ -50,26 +51,87 @@ def _refuse_constant(name: str) -> Any:
     raise errors.MalformedJson(f"{name} is not valid JSON")
 
 
-def _depth(text: str) -> int:
-    """Maximum nesting depth of arrays/objects, ignoring brackets inside strings."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")
+_WS = re.compile(r"[ \t\n\r]*")
+_PLAIN = json.JSONDecoder()
+
+
+def _depth(text: str, limit: int = MAX_DEPTH) -> int:
+    """Maximum nesting depth of arrays/objects, ignoring brackets inside strings; at most
+    ``limit + 1`` (deeper is not measured). Every step is a regular-expression pass (C speed):
+    strings are removed (an unterminated one hides the rest, as the parser will refuse it),
+    then each pass removes the innermost ``[]``/``{}`` pairs, at most ``limit + 1`` passes."""
+    brackets = _STRING.sub("", text)
+    quote = brackets.find('"')
+    if quote >= 0:
+        brackets = brackets[:quote]
+    brackets = _NOT_BRACKET.sub("", brackets)
+    depth = 0
+    while brackets and depth <= limit:
+        inner = _INNERMOST.sub("", brackets)
+        if inner == brackets:  # unbalanced: the parser reports it
+            break
+        brackets, depth = inner, depth + 1
+    return depth + (1 if brackets and depth > limit else 0)
+
+
+def _skip(text: str, at: int) -> int:
+    """The index of the first non-whitespace character at or after ``at``."""
+    match = _WS.match(text, at)
+    return at if match is None else match.end()
+
+
+def array_longer_than(data: bytes, member: str, limit: int) -> bool:
+    """Whether the top-level object's ``member`` is an array of more than ``limit`` items.
+
+    Reads the array one item at a time and stops at item ``limit + 1``, so an oversized batch
+    is refused after materialising at most ``limit + 1`` items (not 350,000). A document that is
+    not such an object, or is not valid JSON, answers False: the strict parse reports it."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    try:
+        at = _skip(text, 0)
+        if text[at:at + 1] != "{":
+            return False
+        at = _skip(text, at + 1)
+        while text[at:at + 1] == '"':
+            name, at = _PLAIN.raw_decode(text, at)
+            at = _skip(text, at)
+            if text[at:at + 1] != ":":
+                return False
+            at = _skip(text, at + 1)
+            if name == member:
+                return _items_over(text, at, limit)
+            _, at = _PLAIN.raw_decode(text, at)
+            at = _skip(text, at)
+            if text[at:at + 1] != ",":
+                return False
+            at = _skip(text, at + 1)
+    except (ValueError, RecursionError):
+        return False
+    return False
+
+
+def _items_over(text: str, at: int, limit: int) -> bool:
+    if text[at:at + 1] != "[":
+        return False
+    at = _skip(text, at + 1)
+    if text[at:at + 1] == "]":
+        return False
+    count = 0
+    while True:
+        _, at = _PLAIN.raw_decode(text, at)
+        count += 1
+        if count > limit:
+            return True
+        at = _skip(text, at)
+        if text[at:at + 1] != ",":
+            return False
+        at = _skip(text, at + 1)
 
 
 def loads_strict(
@@ -87,7 +149,7 @@ def loads_strict(
             raise errors.MalformedJson("the body is not valid UTF-8") from exc
     else:
         text = data
-    if _depth(text) > max_depth:
+    if _depth(text, max_depth) > max_depth:
         raise errors.JsonTooDeep(f"JSON nests deeper than {max_depth} levels")
     numbers: dict[str, Any] = (
         {"parse_float": JsonNumber, "parse_int": JsonNumber}

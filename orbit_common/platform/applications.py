@@ -117,7 +117,7 @@ async def get_application(cur: Any, app_id: bytes) -> Application:
 async def find_application(cur: Any, name: str, *, for_update: bool = False) -> Application:
     await cur.execute(SELECT_BY_NAME_FOR_UPDATE if for_update else SELECT_BY_NAME, (name,))
     row = await cur.fetchone()
-    if row is None:
+    if not names.found(row, "name", name):
         raise errors.ApplicationNotFound(f"no application named {name!r}")
     return Application.from_row(row)
 

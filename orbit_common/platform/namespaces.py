@@ -17,7 +17,7 @@ import attrs
 from orbit_common import errors
 from orbit_common.db import errors as dberrors
 from orbit_common.db.clock import as_utc
-from orbit_common.model import ids
+from orbit_common.model import ids, names
 from orbit_common.platform.applications import check_name
 from orbit_common.platform.audit import Actor, AuditRecord, append_audit
 from orbit_common.platform.events import append_event
@@ -132,7 +132,7 @@ async def get_namespace(cur: Any, namespace_id: bytes) -> Namespace:
 async def find_namespace(cur: Any, name: str) -> Namespace | None:
     await cur.execute(SELECT_BY_NAME, (name,))
     row = await cur.fetchone()
-    return None if row is None else Namespace.from_row(row)
+    return Namespace.from_row(row) if names.found(row, "name", name) else None
 
 
 async def list_namespaces(
@@ -164,7 +164,8 @@ async def set_namespace_state(
             [{"path": "$.reason", "message": f"required, 1-{REASON_MAX} characters"}])
     await cur.execute(SELECT_BY_NAME_FOR_UPDATE, (name,))
     row = await cur.fetchone()
-    if row is None or (application_id is not None and row["application_id"] != application_id):
+    if not names.found(row, "name", name) or (
+            application_id is not None and row["application_id"] != application_id):
         raise errors.NamespaceNotFound(f"no namespace {name!r} for this credential")
     before = Namespace.from_row(row)
     if before.state is to:

@@ -102,16 +102,41 @@ async def _locked_task(cur: Any, principal: credentials.Principal, action: authz
     if row is None:
         raise TaskNotFound()
     task = Task.from_row(row)
+    queue = await _task_scope(cur, principal, action, namespace, ns.id, task.queue_id)
+    return task, queue, ns.id
+
+
+async def _task_scope(cur: Any, principal: credentials.Principal, action: authz.Action,  # noqa: PLR0917
+                      namespace: str, namespace_id: bytes, queue_id: bytes) -> str:
+    """The task's queue name, once the grants allow ``action`` there: a queue the grants cover
+    for neither reading tasks nor ``action`` hides the task (404), one they cover for reading
+    only is forbidden."""
     await cur.execute("SELECT name FROM pulse_queues WHERE namespace_id = %s AND id = %s",
-                      (ns.id, task.queue_id))
-    queue = (await cur.fetchone())["name"]
+                      (namespace_id, queue_id))
+    queue: str = (await cur.fetchone())["name"]
     grants = await credentials.recheck_principal(cur, principal)
     if not authz.allowed(grants, authz.Action.TASKS_READ.value, namespace, queue) and \
             not authz.allowed(grants, action.value, namespace, queue):
         raise TaskNotFound()
     if not authz.allowed(grants, action.value, namespace, queue):
         raise errors.Forbidden(f"the credential may not {action.value} in queue {queue!r}")
-    return task, queue, ns.id
+    return queue
+
+
+def _locate_task(principal: credentials.Principal, action: authz.Action, namespace: str,
+                 task_id: bytes) -> namespaced.Locate:
+    """The authorization of the task before any idempotency replay (a plain read, see
+    platform/namespaced.py): the same 404 or 403 as the command itself would give."""
+
+    async def locate(cur: Any, namespace_id: bytes) -> None:
+        await cur.execute("SELECT queue_id FROM pulse_tasks WHERE namespace_id = %s AND id = %s",
+                          (namespace_id, task_id))
+        row = await cur.fetchone()
+        if row is None:
+            raise TaskNotFound()
+        await _task_scope(cur, principal, action, namespace, namespace_id, row["queue_id"])
+
+    return locate
 
 
 def _check_reason(reason: str | None, *, required: bool) -> None:
@@ -182,7 +207,8 @@ async def cancel_task(db: Database, principal: credentials.Principal, *, namespa
 
     return await namespaced.run(
         db, "tasks.cancel", principal=principal, action=authz.Action.TASKS_CANCEL,
-        namespace=namespace, idem=idem, act=act)
+        namespace=namespace, idem=idem, act=act,
+        locate=_locate_task(principal, authz.Action.TASKS_CANCEL, namespace, task_id))
 
 
 async def _cancel_now(cur: Any, namespace_id: bytes, task: Task, reason: str | None,
@@ -272,7 +298,8 @@ async def review_task(db: Database, principal: credentials.Principal, *, namespa
 
     return await namespaced.run(
         db, "tasks.review", principal=principal, action=authz.Action.TASKS_REVIEW,
-        namespace=namespace, idem=idem, act=act)
+        namespace=namespace, idem=idem, act=act,
+        locate=_locate_task(principal, authz.Action.TASKS_REVIEW, namespace, task_id))
 
 
 # --- manual retry ----------------------------------------------------------------------------
@@ -334,7 +361,8 @@ async def retry_task(db: Database, principal: credentials.Principal, *, namespac
 
     return await namespaced.run(
         db, "tasks.retry", principal=principal, action=authz.Action.TASKS_RETRY,
-        namespace=namespace, idem=idem, act=act)
+        namespace=namespace, idem=idem, act=act,
+        locate=_locate_task(principal, authz.Action.TASKS_RETRY, namespace, task_id))
 
 
 # The successor copies the original's work and frozen policies; deadlines keep their relative

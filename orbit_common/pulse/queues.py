@@ -493,7 +493,7 @@ async def find_queue(cur: Any, namespace_id: bytes, name: str) -> QueueRecord | 
     """The queue named ``name`` with its gate, read without locks."""
     await cur.execute(SELECT_BY_NAME, (namespace_id, name))
     row = await cur.fetchone()
-    return None if row is None else QueueRecord.from_row(row)
+    return QueueRecord.from_row(row) if names.found(row, "name", name) else None
 
 
 async def get_queue_by_id(cur: Any, namespace_id: bytes, queue_id: bytes) -> QueueRecord:
@@ -653,8 +653,11 @@ async def create_queue(
     idem_template = None
     if idempotency_key is not None:
         # The namespace id is resolved inside the transaction; the digest does not depend on it.
+        # The scope is the queue's name, the unit of authorization: a receipt or a conflict is
+        # only seen by a caller that may manage that queue.
         idem_template = IdempotencyRequest.build(
-            namespace_id=bytes(16), operation="queues.create", scope=b"", key=idempotency_key,
+            namespace_id=bytes(16), operation="queues.create", scope=name.encode(),
+            key=idempotency_key,
             request={"name": name, **settings.request_json()},
             credential_id=principal.credential_id,
         )

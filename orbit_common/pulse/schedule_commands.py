@@ -188,19 +188,59 @@ async def _locked(cur: Any, namespace_id: bytes, name: str) -> dict[str, Any]:
     await cur.execute(f"SELECT {COLUMNS}{FROM} WHERE s.namespace_id = %s AND s.name = %s"
                       " FOR UPDATE", (namespace_id, name))
     row = await cur.fetchone()
-    if row is None:
+    if not names.found(row, "name", name):
         raise ScheduleNotFound(f"no schedule named {name!r} in this namespace")
     return dict(row)
 
 
+def _locate(principal: credentials.Principal, action: authz.Action, namespace: str,
+            name: str, *, submits: bool = False) -> namespaced.Locate:
+    """The authorization of the schedule before any idempotency replay (a plain read, see
+    platform/namespaced.py): the same 404 or 403 as the command itself would give."""
+
+    async def locate(cur: Any, namespace_id: bytes) -> None:
+        await cur.execute(f"SELECT {COLUMNS}{FROM} WHERE s.namespace_id = %s AND s.name = %s",
+                          (namespace_id, name))
+        row = await cur.fetchone()
+        if not names.found(row, "name", name):
+            raise ScheduleNotFound(f"no schedule named {name!r} in this namespace")
+        await _in_scope(cur, principal, action, namespace, dict(row), submits=submits)
+
+    return locate
+
+
+def _locate_queue(principal: credentials.Principal, namespace: str,
+                  queue: str) -> namespaced.Locate:
+    """Creating a schedule also needs ``tasks.submit`` on its queue (see :func:`_may_submit`)."""
+
+    async def locate(cur: Any, namespace_id: bytes) -> None:
+        grants = await credentials.recheck_principal(cur, principal)
+        _may_submit(grants, namespace, queue)
+
+    return locate
+
+
+def _may_submit(grants: Any, namespace: str, queue: str) -> None:
+    """A command that makes tasks — create, a new version, trigger, backfill — needs
+    ``tasks.submit`` on the schedule's queue besides ``schedules.manage``: ``schedules.manage``
+    alone must not be a way to create tasks (docs/authentication.md)."""
+    if not authz.allowed(grants, authz.Action.TASKS_SUBMIT.value, namespace, queue):
+        raise errors.Forbidden(
+            f"the credential may not tasks.submit in queue {queue!r}, which this schedule's"
+            " tasks go to")
+
+
 async def _in_scope(cur: Any, principal: credentials.Principal, action: authz.Action,
-                    namespace: str, row: dict[str, Any]) -> None:
+                    namespace: str, row: dict[str, Any], *, submits: bool = False) -> None:
     """Schedule actions are scoped by the schedule's queue (the namespace-level check passed
     ``queue=None``): a schedule whose queue the grants cover for no schedule action is not
-    found (no existence leak); one they cover for reading but not for ``action`` is forbidden."""
+    found (no existence leak); one they cover for reading but not for ``action`` is forbidden,
+    and so is a command that makes tasks (``submits``) without ``tasks.submit`` there."""
     grants = await credentials.recheck_principal(cur, principal)
     queue = row["queue_name"]
     if authz.allowed(grants, action.value, namespace, queue):
+        if submits:
+            _may_submit(grants, namespace, queue)
         return
     if not any(authz.allowed(grants, seen.value, namespace, queue)
                for seen in (authz.Action.SCHEDULES_READ, authz.Action.SCHEDULES_MANAGE)):
@@ -297,7 +337,8 @@ async def create_schedule(db: Database, principal: credentials.Principal, *, nam
 
     return await namespaced.run(
         db, "schedules.create", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
-        namespace=namespace, queue=queue, idem=idem, act=act)
+        namespace=namespace, queue=queue, idem=idem, act=act,
+        locate=_locate_queue(principal, namespace, queue))
 
 
 async def _record(cur: Any, principal: credentials.Principal, namespace_id: bytes,  # noqa: PLR0917
@@ -331,7 +372,8 @@ async def publish_version(db: Database, principal: credentials.Principal, *, nam
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         row = await _locked(cur, namespace_id, name)
-        await _in_scope(cur, principal, authz.Action.SCHEDULES_MANAGE, namespace, row)
+        await _in_scope(cur, principal, authz.Action.SCHEDULES_MANAGE, namespace, row,
+                        submits=True)
         if row["state"] == "DISABLED":
             raise ScheduleDisabled(f"schedule {name!r} is disabled")
         if row["revision"] != revision:
@@ -355,7 +397,9 @@ async def publish_version(db: Database, principal: credentials.Principal, *, nam
 
     return await namespaced.run(
         db, "schedules.publish", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
-        namespace=namespace, queue=None, idem=idem, act=act)
+        namespace=namespace, queue=None, idem=idem, act=act,
+        locate=_locate(principal, authz.Action.SCHEDULES_MANAGE, namespace, name,
+                       submits=True))
 
 
 async def set_state(db: Database, principal: credentials.Principal, *, namespace: str,
@@ -399,7 +443,8 @@ async def set_state(db: Database, principal: credentials.Principal, *, namespace
 
     return await namespaced.run(
         db, "schedules.state", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
-        namespace=namespace, queue=None, idem=idem, act=act)
+        namespace=namespace, queue=None, idem=idem, act=act,
+        locate=_locate(principal, authz.Action.SCHEDULES_MANAGE, namespace, name))
 
 
 async def _create_runs(cur: Any, namespace_id: bytes, row: dict[str, Any],  # noqa: PLR0917
@@ -455,7 +500,8 @@ async def trigger_now(db: Database, principal: credentials.Principal, *, namespa
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         row = await _locked(cur, namespace_id, name)
-        await _in_scope(cur, principal, authz.Action.SCHEDULES_MANAGE, namespace, row)
+        await _in_scope(cur, principal, authz.Action.SCHEDULES_MANAGE, namespace, row,
+                        submits=True)
         if row["state"] == "DISABLED":
             raise ScheduleDisabled(f"schedule {name!r} is disabled")
         versions = await _all_versions(cur, namespace_id, row)
@@ -469,7 +515,9 @@ async def trigger_now(db: Database, principal: credentials.Principal, *, namespa
 
     return await namespaced.run(
         db, "schedules.trigger", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
-        namespace=namespace, queue=None, idem=idem, act=act)
+        namespace=namespace, queue=None, idem=idem, act=act,
+        locate=_locate(principal, authz.Action.SCHEDULES_MANAGE, namespace, name,
+                       submits=True))
 
 
 async def backfill(db: Database, principal: credentials.Principal, *, namespace: str,
@@ -490,7 +538,8 @@ async def backfill(db: Database, principal: credentials.Principal, *, namespace:
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         row = await _locked(cur, namespace_id, name)
-        await _in_scope(cur, principal, authz.Action.SCHEDULES_MANAGE, namespace, row)
+        await _in_scope(cur, principal, authz.Action.SCHEDULES_MANAGE, namespace, row,
+                        submits=True)
         if row["state"] == "DISABLED":
             raise ScheduleDisabled(f"schedule {name!r} is disabled")
         versions = await _all_versions(cur, namespace_id, row)
@@ -532,7 +581,9 @@ async def backfill(db: Database, principal: credentials.Principal, *, namespace:
 
     return await namespaced.run(
         db, "schedules.backfill", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
-        namespace=namespace, queue=None, idem=idem, act=act)
+        namespace=namespace, queue=None, idem=idem, act=act,
+        locate=_locate(principal, authz.Action.SCHEDULES_MANAGE, namespace, name,
+                       submits=True))
 
 
 async def _backfill_runs(cur: Any, namespace_id: bytes, row: dict[str, Any],  # noqa: PLR0917
@@ -573,7 +624,7 @@ async def get_schedule(db: Database, principal: credentials.Principal, *, namesp
         await cur.execute(f"SELECT s.id, s.name, q.name AS queue_name{FROM}"
                           " WHERE s.namespace_id = %s AND s.name = %s", (ns.id, name))
         row = await cur.fetchone()
-        if row is None:
+        if not names.found(row, "name", name):
             raise ScheduleNotFound(f"no schedule named {name!r} in this namespace")
         await _in_scope(cur, principal, authz.Action.SCHEDULES_READ, namespace, row)
         return await _reload(cur, ns.id, row["id"], with_versions=True)
@@ -620,7 +671,7 @@ async def list_occurrences(db: Database, principal: credentials.Principal, *, na
         await cur.execute(f"SELECT s.id, s.name, q.name AS queue_name{FROM}"
                           " WHERE s.namespace_id = %s AND s.name = %s", (ns.id, name))
         row = await cur.fetchone()
-        if row is None:
+        if not names.found(row, "name", name):
             raise ScheduleNotFound(f"no schedule named {name!r} in this namespace")
         await _in_scope(cur, principal, authz.Action.SCHEDULES_READ, namespace, row)
         start = to_db(after) if after else "1000-01-01"

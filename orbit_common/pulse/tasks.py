@@ -399,6 +399,23 @@ async def authorize(
     return namespace, await creds.recheck_principal(cur, principal)
 
 
+async def authorize_submission(db: Database, principal: creds.Principal, namespace: str) -> None:
+    """What the path alone decides, before the body is read: the namespace is visible to the
+    caller and it may submit there for some queue (one short read: the credential, its
+    application and the namespace). A caller that may not gets the 404, 403 or 401 of the
+    submission itself without its body being parsed; the submission's transaction checks
+    everything again, per queue."""
+    await db.read("tasks.authorize_submission", lambda cur: creds.authorize(
+        cur, principal, authz.Action.TASKS_SUBMIT, namespace))
+
+
+def check_batch_size(raw: bytes) -> None:
+    """Refuse a batch of more than :data:`MAX_BATCH` items while its array is read, before the
+    items are materialised or validated (jsondoc.array_longer_than)."""
+    if jsondoc.array_longer_than(raw, "tasks", MAX_BATCH):
+        raise errors.ValidationFailed([_problem("$.tasks", f"1-{MAX_BATCH} items")])
+
+
 def may(grants: Iterable[authz.Grant], action: authz.Action, namespace: str, queue: str) -> bool:
     return authz.allowed(grants, action.value, namespace, queue)
 

@@ -22,6 +22,7 @@ from orbit_common.db.pool import Database, open_database
 from orbit_common.db.schema import SchemaChecker
 from orbit_common.service.config import OrbitConfig
 from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
+from orbit_common.service.http.server import ServiceRunner
 from orbit_common.service.logging import configure_logging
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,9 @@ async def start_health_server(gate: ReadinessGate, host: str, port: int) -> web.
     app = web.Application()
     app[GATE_KEY] = gate
     add_health_routes(app)
-    runner = web.AppRunner(app, access_log=None)
+    # ServiceRunner: a request the HTTP parser refuses is one WARNING line without its bytes
+    # (aiohttp's own handler logs the offending header, credentials included, with a traceback).
+    runner = ServiceRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

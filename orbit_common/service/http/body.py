@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -24,13 +24,16 @@ class ClientDisconnected(Exception):
     """The client closed the connection while its request body was being read."""
 
 
-async def read_json(request: web.Request, cls: type[T]) -> tuple[T, Any]:
-    """Parse a JSON body into ``cls``; returns the DTO and the raw document."""
-    document = await read_document(request)
+async def read_json(request: web.Request, cls: type[T],
+                    precheck: Callable[[bytes], None] | None = None) -> tuple[T, Any]:
+    """Parse a JSON body into ``cls``; returns the DTO and the raw document. ``precheck`` sees
+    the raw bytes before anything is parsed (e.g. a bound on the items of a batch)."""
+    document = await read_document(request, precheck=precheck)
     return strict.structure(document, cls), document
 
 
-async def read_document(request: web.Request, **parse: Any) -> Any:
+async def read_document(request: web.Request, *,
+                        precheck: Callable[[bytes], None] | None = None, **parse: Any) -> Any:
     """A strictly parsed JSON body: content type, encoding and size checked first."""
     content_type = request.content_type
     if content_type != "application/json":
@@ -53,6 +56,8 @@ async def read_document(request: web.Request, **parse: Any) -> Any:
         raise ClientDisconnected(str(exc) or type(exc).__name__) from exc
     if not raw:
         raise errors.MalformedJson("the request body is empty")
+    if precheck is not None:
+        precheck(raw)
     return jsondoc.loads_strict(raw, **parse)
 
 

@@ -12,7 +12,8 @@ import pymysql
 from aiohttp.test_utils import TestClient
 
 from orbit_api.routes.queues import COLLECTION
-from tests.conftest import Tenant, make_tenant, unique
+from orbit_common.db.pool import Database
+from tests.conftest import Tenant, make_key, make_tenant, unique
 from tests.integration.api.conftest import assert_problem
 from tests.integration.api.test_queues_support import (
     DEFAULTS,
@@ -246,7 +247,7 @@ async def test_same_key_and_body_replays_the_original_response(
     (idem,) = rows(sync_conn, "SELECT * FROM orbit_idempotency_keys WHERE idem_key = %s",
                    key.encode())
     assert idem["namespace_id"] == tenant.namespace_id
-    assert (idem["operation"], idem["scope"]) == ("queues.create", b"")
+    assert (idem["operation"], idem["scope"]) == ("queues.create", name.encode())
     assert idem["resource_id"] == bytes.fromhex(json.loads(first[1])["id"])
 
 
@@ -270,12 +271,29 @@ async def test_same_key_with_another_body_is_a_conflict_and_writes_nothing(
     first = await _post(api, tenant, json.dumps({"name": name}).encode(), key)
     assert first[0] == 201
     qwrites.reset()
-    for other in ({"name": unique("other")}, {"name": name, "offer_lease_ms": 1000},
+    for other in ({"name": name, "offer_lease_ms": 1000},
                   {"name": name, "retry": {"jitter": "0.3"}}):
         response = await api.post(url(tenant.namespace), json=other,
                                   headers={**tenant.auth, "Idempotency-Key": key})
         await assert_problem(response, 409, "idempotency_conflict")
     qwrites.assert_unchanged()
+
+
+async def test_a_key_is_scoped_to_the_queue_name(
+    api: TestClient[Any, Any], db: Database, tenant: Tenant
+) -> None:
+    """The scope is the unit of authorization: a key limited to another queue that reuses the
+    owner's Idempotency-Key creates its own queue and learns nothing of the first request."""
+    key = unique("key")
+    first = await _post(api, tenant, json.dumps({"name": "qa2"}).encode(), key)
+    assert first[0] == 201
+    scoped = await make_key(db, tenant, [{"namespaces": ["*"], "actions": ["queues.*"],
+                                          "queues": ["qa1"]}])
+    response = await api.post(url(tenant.namespace), json={"name": "qa1"},
+                              headers={"Authorization": f"Bearer {scoped}",
+                                       "Idempotency-Key": key})
+    assert response.status == 201, await response.text()
+    assert (await response.json())["name"] == "qa1"
 
 
 async def test_a_key_is_scoped_to_the_namespace(

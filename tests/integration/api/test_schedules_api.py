@@ -702,7 +702,8 @@ async def test_schedules_are_scoped_by_their_queue(
     # Sees every schedule, manages those of one queue: the others are forbidden, not hidden.
     mixed = await make_key(db, tenant, [
         {"namespaces": ["*"], "actions": ["schedules.read"]},
-        {"namespaces": ["*"], "actions": ["schedules.manage"], "queues": ["work"]}])
+        {"namespaces": ["*"], "actions": ["schedules.manage", "tasks.submit"],
+         "queues": ["work"]}])
     status, _ = await call(api, "GET", url(tenant, "/theirs"), tenant, api_key=mixed)
     assert status == 200
     watch.reset()
@@ -712,6 +713,56 @@ async def test_schedules_are_scoped_by_their_queue(
     watch.assert_unchanged()
     status, _ = await call(api, "POST", url(tenant, "/mine/trigger"), tenant, api_key=mixed)
     assert status == 201
+
+
+async def test_schedules_manage_alone_does_not_make_tasks(
+    api: TestClient[Any, Any], db: Database, tenant: Tenant, queue: str, watch: WriteWatch,
+) -> None:
+    """Create, a new version, trigger and backfill make tasks: they also need tasks.submit on
+    the schedule's queue. Pause, resume and disable make none and need only schedules.manage."""
+    await pulse.create_queue(db, tenant.namespace_id, "other")
+    await create(api, tenant, "mine")
+    manage_only = await make_key(db, tenant, [{"namespaces": ["*"], "actions": ["schedules.*"]}])
+    may_submit_elsewhere = await make_key(db, tenant, [
+        {"namespaces": ["*"], "actions": ["schedules.*"]},
+        {"namespaces": ["*"], "actions": ["tasks.submit"], "queues": ["other"]}])
+    version = {"revision": 1, "rule": EVERY_SECOND, "template": TEMPLATE}
+    window = {"start": "2020-01-01T00:00:00Z", "end": "2020-01-02T00:00:00Z", "reason": "r"}
+    watch.reset()
+    for api_key in (manage_only, may_submit_elsewhere):
+        for suffix, body, key in (("", create_body("new"), None),
+                                  ("", create_body("new"), "create-key"),
+                                  ("/mine/versions", version, None),
+                                  ("/mine/trigger", None, None),
+                                  ("/mine/trigger", None, "trigger-key"),
+                                  ("/mine/backfill", window, None)):
+            response = await api.post(
+                url(tenant, suffix), headers=headers(tenant, key, api_key=api_key),
+                data=None if body is None else json.dumps(body).encode())
+            problem = await assert_problem(response, 403, "forbidden")
+            assert "tasks.submit" in problem["detail"]
+    watch.assert_unchanged()
+    status, _ = await call(api, "POST", url(tenant, "/mine/pause"), tenant, {"reason": "r"},
+                           api_key=manage_only)
+    assert status == 200
+
+    allowed = await make_key(db, tenant, [
+        {"namespaces": ["*"], "actions": ["schedules.*"]},
+        {"namespaces": ["*"], "actions": ["tasks.submit"], "queues": ["work"]}])
+    status, _ = await call(api, "POST", url(tenant, "/mine/resume"), tenant, {"reason": "r"},
+                           api_key=allowed)
+    assert status == 200
+    status, body = await call(api, "POST", url(tenant), tenant, create_body("new"),
+                              api_key=allowed)
+    assert status == 201, body
+    status, body = await call(api, "POST", url(tenant, "/new/versions"), tenant, version,
+                              api_key=allowed)
+    assert status == 200, body
+    status, body = await call(api, "POST", url(tenant, "/new/trigger"), tenant, api_key=allowed)
+    assert status == 201, body
+    status, body = await call(api, "POST", url(tenant, "/new/backfill"), tenant, window,
+                              api_key=allowed)
+    assert status == 200, body
 
 
 # --- the Python SDK against the real API ----------------------------------------------------------

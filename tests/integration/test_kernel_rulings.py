@@ -360,7 +360,7 @@ async def test_a_pause_racing_a_start_never_approves(
     session = await open_session(db, tenant, [queue])
     grants = await claim(db, session, queue)
     (outcome,) = await _pause_racing(db, tenant, gate_id, sync_conn,
-                                     "%FROM pulse_execution_gates%ORDER BY id LOCK IN SHARE MODE%",
+                                     "%FROM pulse_execution_gates g JOIN orbit_platform_controls%",
                                      lambda: start(db, tenant, grants))
     assert (outcome.approved, outcome.reason) == (False, "workflow_paused")
 

@@ -43,11 +43,12 @@ from orbit_common.db.pool import Database
 from orbit_common.model import ids
 from orbit_common.platform import authz, credentials
 from orbit_common.platform.events import append_events
-from orbit_common.pulse import control, resources
+from orbit_common.pulse import resources
 from orbit_common.pulse.leases.common import (
     MAX_BATCH,
     expect_rows,
     gate_states,
+    gates_and_dispatch,
     ms,
     task_event,
     token_digest,
@@ -92,9 +93,7 @@ CLAIM_TASKS = (
     "     t.updated_at = UTC_TIMESTAMP(6)"
     " WHERE t.state = 'WAITING' AND t.revision = v.revision"
 )
-GATE_SHARED = """
-SELECT state FROM pulse_execution_gates WHERE namespace_id = %s AND id = %s LOCK IN SHARE MODE
-"""
+
 SESSION_FOR_CLAIM = """
 SELECT expires_at > UTC_TIMESTAMP(6) AS alive FROM pulse_worker_sessions
 WHERE namespace_id = %s AND id = %s AND state = 'ACTIVE' FOR UPDATE
@@ -185,9 +184,8 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     if limit == 0:
         return []
     await _session_may_work(cur, session, queue)
-    await cur.execute(GATE_SHARED, (session.namespace_id, queue.gate_id))
-    gate = await cur.fetchone()
-    if gate is None or gate["state"] != "OPEN" or await control.dispatch_frozen(cur):
+    gates, frozen = await gates_and_dispatch(cur, session.namespace_id, [queue.gate_id])
+    if gates[queue.gate_id] != "OPEN" or frozen:
         return []
     now = await db_now(cur)
     when = to_db(now)

@@ -29,6 +29,7 @@ from orbit_common import errors
 from orbit_common.db.batch import multi_insert, placeholders
 from orbit_common.model import digests, ids, jsondoc
 from orbit_common.platform.events import EventRecord
+from orbit_common.pulse import control
 from orbit_common.pulse.model import RetryPolicy, TaskState
 
 MAX_BATCH = 256
@@ -111,6 +112,11 @@ ATTEMPT_COLUMNS = (
     " worker_session_id, state, started_at, lease_expires_at"
 )
 ATTEMPT_TASKS = "SELECT id, task_id FROM pulse_attempts WHERE namespace_id = %s AND id IN ({})"
+ATTEMPT_TASKS_AND_SESSION = (
+    "SELECT a.id, a.task_id, (SELECT s.state = 'ACTIVE' AND s.expires_at > UTC_TIMESTAMP(6)"
+    " FROM pulse_worker_sessions s WHERE s.namespace_id = %s AND s.id = %s) AS session_live"
+    " FROM pulse_attempts a WHERE a.namespace_id = %s AND a.id IN ({})"
+)
 LOCK_TASKS = (
     f"SELECT {TASK_COLUMNS} FROM pulse_tasks WHERE namespace_id = %s AND id IN ({{}})"
     " ORDER BY id FOR UPDATE"
@@ -121,6 +127,23 @@ LOCK_ATTEMPTS = (
 )
 
 
+async def lock_for(cur: Any, session: SessionIdentity,
+                   attempt_ids: Sequence[bytes]) -> tuple[dict[bytes, Locked], bool]:
+    """Lock the named attempts' tasks, then the attempts (the lock order); and whether the
+    caller's ``session`` is ACTIVE and alive, read by the same first statement (a plain read:
+    a fence that commits after it is caught by the task rows -- fence-all expires the leases
+    under their locks -- and a reconnect's fence leaves the same instance, which may act)."""
+    namespace_id = session.namespace_id
+    if not attempt_ids:
+        return {}, False
+    unique = sorted(set(attempt_ids))
+    await cur.execute(ATTEMPT_TASKS_AND_SESSION.format(placeholders(len(unique))),
+                      (namespace_id, session.id, namespace_id, *unique))
+    rows = list(await cur.fetchall())
+    live = bool(rows) and bool(rows[0]["session_live"])
+    return await _lock_found(cur, namespace_id, {row["id"]: row["task_id"] for row in rows}), live
+
+
 async def lock_by_attempts(cur: Any, namespace_id: bytes,
                            attempt_ids: Sequence[bytes]) -> dict[bytes, Locked]:
     """Lock the named attempts' tasks, then the attempts (the lock order)."""
@@ -128,7 +151,12 @@ async def lock_by_attempts(cur: Any, namespace_id: bytes,
         return {}
     unique = sorted(set(attempt_ids))
     await cur.execute(ATTEMPT_TASKS.format(placeholders(len(unique))), (namespace_id, *unique))
-    task_of = {row["id"]: row["task_id"] for row in await cur.fetchall()}
+    return await _lock_found(cur, namespace_id,
+                             {row["id"]: row["task_id"] for row in await cur.fetchall()})
+
+
+async def _lock_found(cur: Any, namespace_id: bytes,
+                      task_of: dict[bytes, bytes]) -> dict[bytes, Locked]:
     if not task_of:
         return {}
     task_ids = sorted(set(task_of.values()))
@@ -195,21 +223,6 @@ class SessionRef:
     instance_id: bytes
 
 
-# Shared lock: a fence (a new session of the instance, or fence-all) serialises with the calls
-# of the old one, so no start, renew or finish of a fenced session commits after the fence.
-SESSION_STATE = """
-SELECT state, instance_id, expires_at > UTC_TIMESTAMP(6) AS alive FROM pulse_worker_sessions
-WHERE namespace_id = %s AND id = %s LOCK IN SHARE MODE
-"""
-
-
-async def session_live(cur: Any, session: SessionIdentity) -> bool:
-    """Whether ``session`` is ACTIVE and alive (database time), under a shared lock."""
-    await cur.execute(SESSION_STATE, (session.namespace_id, session.id))
-    row = await cur.fetchone()
-    return row is not None and row["state"] == "ACTIVE" and bool(row["alive"])
-
-
 def identity_refusal(lk: Locked, session: SessionIdentity, live: bool) -> str | None:
     """Why ``session`` may not act on the attempt, or None (001 §5: the execution entry
     verifies process, session, generation, task and attempt)."""
@@ -236,6 +249,31 @@ async def gate_states(cur: Any, namespace_id: bytes, gate_ids: Iterable[bytes]) 
     )
     found = {row["id"]: row["state"] for row in await cur.fetchall()}
     return {gate_id: found.get(gate_id, "PAUSED") for gate_id in ordered}
+
+
+GATES_AND_DISPATCH = (
+    "SELECT g.id, g.state, c.dispatch_state FROM pulse_execution_gates g"
+    " JOIN orbit_platform_controls c ON c.scope = %s"
+    " WHERE g.namespace_id = %s AND g.id IN ({}) ORDER BY g.id LOCK IN SHARE MODE"
+)
+
+
+async def gates_and_dispatch(cur: Any, namespace_id: bytes,
+                             gate_ids: Iterable[bytes]) -> tuple[dict[bytes, str], bool]:
+    """The named gates' states and whether the platform's dispatch is frozen, in one read
+    with shared locks on the gates and the platform control row: a pause, a resume or a
+    freeze waits for this transaction, and this transaction sees any committed before it."""
+    ordered = sorted(set(gate_ids))
+    if not ordered:
+        return {}, await control.dispatch_frozen(cur)
+    await cur.execute(GATES_AND_DISPATCH.format(placeholders(len(ordered))),
+                      (control.SCOPE, namespace_id, *ordered))
+    rows = list(await cur.fetchall())
+    if not rows:  # no gate found (or no control row): the control row answers alone
+        return dict.fromkeys(ordered, "PAUSED"), await control.dispatch_frozen(cur)
+    found = {row["id"]: row["state"] for row in rows}
+    frozen = rows[0]["dispatch_state"] == control.DispatchState.FROZEN
+    return {gate_id: found.get(gate_id, "PAUSED") for gate_id in ordered}, frozen
 
 
 # --- retry budget -----------------------------------------------------------------------------

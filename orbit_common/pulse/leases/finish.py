@@ -40,8 +40,7 @@ from orbit_common.pulse.leases.common import (
     evidence_row,
     identity_refusal,
     insert_evidence,
-    lock_by_attempts,
-    session_live,
+    lock_for,
 )
 from orbit_common.pulse.model import AttemptState
 
@@ -195,8 +194,7 @@ async def finish(cur: Any, session: SessionIdentity,
     if not reports:
         return []
     namespace_id = session.namespace_id
-    live = await session_live(cur, session)
-    locked = await lock_by_attempts(cur, namespace_id, [r.ref.attempt_id for r in reports])
+    locked, live = await lock_for(cur, session, [r.ref.attempt_id for r in reports])
     # The token is verified before any receipt is looked up: a report with a wrong token or
     # generation learns nothing from earlier receipts (not even that its content matched one).
     forged = {i for i, r in enumerate(reports)

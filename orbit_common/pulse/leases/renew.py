@@ -30,8 +30,7 @@ from orbit_common.pulse.leases.common import (
     expect_rows,
     identity_refusal,
     insert_evidence,
-    lock_by_attempts,
-    session_live,
+    lock_for,
 )
 from orbit_common.pulse.leases.start import execution_lease
 from orbit_common.pulse.model import AttemptState
@@ -68,8 +67,7 @@ async def renew(cur: Any, session: SessionIdentity,
     """Extend execution leases (the module docstring), answered per item."""
     check_batch(refs)
     namespace_id = session.namespace_id
-    live = await session_live(cur, session)
-    locked = await lock_by_attempts(cur, namespace_id, [r.attempt_id for r in refs])
+    locked, live = await lock_for(cur, session, [r.attempt_id for r in refs])
     now = await db_now(cur)
     outcomes: list[RenewOutcome] = []
     renewals: dict[bytes, tuple[Any, ...]] = {}

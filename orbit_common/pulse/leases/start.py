@@ -45,11 +45,10 @@ from orbit_common.pulse.leases.common import (
     SessionIdentity,
     check_batch,
     expect_rows,
-    gate_states,
+    gates_and_dispatch,
     identity_refusal,
-    lock_by_attempts,
+    lock_for,
     ms,
-    session_live,
     task_event,
 )
 from orbit_common.pulse.model import AttemptState, TaskState
@@ -147,16 +146,14 @@ async def start(cur: Any, session: SessionIdentity,
     """Approve starts (the module docstring), answered per item."""
     check_batch(refs)
     namespace_id = session.namespace_id
-    live = await session_live(cur, session)
-    locked = await lock_by_attempts(cur, namespace_id, [r.attempt_id for r in refs])
+    locked, live = await lock_for(cur, session, [r.attempt_id for r in refs])
     now = await db_now(cur)
     queue_ids = {lk.attempt["queue_id"] for lk in locked.values()}
     gate_of, start_limited = await _queue_gates(cur, namespace_id, queue_ids)
-    gates = await gate_states(cur, namespace_id, [
+    gates, frozen = await gates_and_dispatch(cur, namespace_id, [
         *gate_of.values(),
         *(lk.task["workflow_gate_id"] for lk in locked.values()
           if lk.task["workflow_gate_id"] is not None)])
-    frozen = bool(locked) and await control.dispatch_frozen(cur)
     batch = _Batch()
     ended: set[bytes] = set()
     for index, ref in enumerate(refs):

@@ -16,7 +16,8 @@ INSERT INTO orbit_events (namespace_id, id, aggregate_type, aggregate_id, aggreg
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))
 """
 
-# Readers of the stream, keyset-paged by ``(occurred_at, id)`` and EXPLAIN-checked
+# Readers of the stream, keyset-paged by time and id (the timeline by ``workflow_at``, which is
+# ``occurred_at`` for a workflow's events) and EXPLAIN-checked
 # (tests/schema/test_explain_events.py). ``workflow_id`` is the generated column decoded from
 # the payload's ``$.workflow_id`` (migration 0014): a workflow's timeline is every event that
 # names the workflow, whatever its aggregate (the instance, its steps, its tasks).
@@ -26,8 +27,8 @@ SELECT id, aggregate_type, aggregate_id, aggregate_revision, event_type, from_st
        payload, occurred_at
 FROM orbit_events
 WHERE namespace_id = %s AND workflow_id = %s
-  AND (occurred_at > %s OR (occurred_at = %s AND id > %s))
-ORDER BY occurred_at, id
+  AND (workflow_at > %s OR (workflow_at = %s AND id > %s))
+ORDER BY workflow_at, id
 LIMIT %s
 """
 # The sampler's read: events of one type across namespaces, oldest first from a position.

@@ -125,7 +125,11 @@ class Worker:
     """An automatic worker: ``@worker.handler("name")`` registers ``async def fn(ctx, input)``,
     ``await worker.run()`` works until SIGTERM/SIGINT (or :meth:`stop`).
 
-    ``base_url`` is the dispatcher's. ``concurrency`` bounds the handlers running at once.
+    ``base_url`` is the dispatcher's. ``concurrency`` bounds the handlers running at once. The
+    session is registered with ``max_in_flight = 2 * concurrency``: the dispatcher counts an
+    attempt until its finish commits, and a handler's slot is free as soon as its report is
+    filed, so up to ``concurrency`` reports may still be on their way while as many handlers
+    run.
     ``instance_key`` is this process's stable identity (default ``host:pid``); a new session
     under the same key fences the older ones.
     """
@@ -318,7 +322,8 @@ class Worker:
 
     async def _register(self) -> str:
         body = {"instance_key": self.instance_key, "queues": self.queues,
-                "handlers": sorted(self._handlers), "max_in_flight": self.concurrency}
+                "handlers": sorted(self._handlers),
+                "max_in_flight": min(10_000, 2 * self.concurrency)}
         path = f"/v1/namespaces/{quote(self.namespace, safe='')}/worker/sessions"
         answer = await self._http.request("POST", path, body=jsonvalue.dumps(body))
         session_id = answer.get("session_id") if isinstance(answer, dict) else None

@@ -10,6 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
+from orbit_common.service.http.openapi import OPERATIONAL_PATHS
+
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 
 
@@ -77,20 +79,7 @@ DOCUMENT: dict[str, Any] = {
     "servers": [{"url": "/"}],
     "security": [{"bearer": []}],
     "paths": {
-        "/healthz": {"get": {
-            "summary": "Liveness", "security": [], "operationId": "healthz",
-            "responses": {"200": {"description": "The process is alive"}}}},
-        "/readyz": {"get": {
-            "summary": "Readiness: migrations applied, not dirty, zero foreign keys",
-            "security": [], "operationId": "readyz",
-            "responses": {"200": {"description": "Ready"},
-                          "503": {"description": "Not ready; the body says why"}}}},
-        "/metrics": {"get": {
-            "summary": "Prometheus metrics", "security": [], "operationId": "metrics",
-            "responses": {"200": {"description": "Prometheus text format"}}}},
-        "/v1/openapi.json": {"get": {
-            "summary": "This document", "security": [], "operationId": "openapi",
-            "responses": {"200": {"description": "OpenAPI 3.1 document"}}}},
+        **OPERATIONAL_PATHS,
         "/v1/whoami": {"get": {
             "summary": "The caller's application, credential, grants and visible namespaces",
             "operationId": "whoami",

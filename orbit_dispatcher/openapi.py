@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from orbit_common.pulse.leases import MAX_BATCH, OUTCOMES
+from orbit_common.service.http.openapi import OPERATIONAL_PATHS
 
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
@@ -79,20 +80,7 @@ DOCUMENT: dict[str, Any] = {
     "servers": [{"url": "/"}],
     "security": [{"bearer": []}],
     "paths": {
-        "/healthz": {"get": {
-            "summary": "Liveness", "security": [], "operationId": "healthz",
-            "responses": {"200": {"description": "The process is alive"}}}},
-        "/readyz": {"get": {
-            "summary": "Readiness: migrations applied, not dirty, zero foreign keys",
-            "security": [], "operationId": "readyz",
-            "responses": {"200": {"description": "Ready"},
-                          "503": {"description": "Not ready; the body says why"}}}},
-        "/metrics": {"get": {
-            "summary": "Prometheus metrics", "security": [], "operationId": "metrics",
-            "responses": {"200": {"description": "Prometheus text format"}}}},
-        "/v1/openapi.json": {"get": {
-            "summary": "This document", "security": [], "operationId": "openapi",
-            "responses": {"200": {"description": "OpenAPI 3.1 document"}}}},
+        **OPERATIONAL_PATHS,
         BASE: {"post": {
             "summary": "Register a worker session (fences the instance's older sessions)",
             "operationId": "registerWorkerSession", "parameters": [NAMESPACE],

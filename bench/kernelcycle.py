@@ -28,8 +28,10 @@ BATCH = 32
 
 
 async def run_kernel_cycle(url: DatabaseUrl, api_key: str, namespace: str, queue: str,
-                           tasks: int, loops: int = 4) -> dict[str, Any]:
-    """Run ``tasks`` already-submitted tasks of ``queue`` through claim/start/finish."""
+                           tasks: int, loops: int = 4,
+                           session_ttl_s: int = workers.SESSION_TTL_S) -> dict[str, Any]:
+    """Run ``tasks`` already-submitted tasks of ``queue`` through claim/start/finish (its
+    sessions live ``session_ttl_s`` from each heartbeat, as a dispatcher's do)."""
     # One connection per loop, one for the heartbeats.
     db = await open_database(url, minsize=loops, maxsize=loops + 1)
     try:
@@ -37,14 +39,14 @@ async def run_kernel_cycle(url: DatabaseUrl, api_key: str, namespace: str, queue
         sessions = [await dispatch.register(
             db, principal, namespace=namespace, instance_key=f"kernel-bench-{n}",
             queues=[queue], handlers=["noop"], max_in_flight=BATCH, session_id=ids.new_id(),
-            instance_id=ids.new_id(), node="bench", name="bench.register")
+            instance_id=ids.new_id(), node="bench", name="bench.register", ttl_s=session_ttl_s)
             for n in range(loops)]
         done = 0
         started = time.perf_counter()
 
         async def keep_alive() -> None:
             while True:
-                await asyncio.sleep(workers.SESSION_TTL_S / 3)
+                await asyncio.sleep(session_ttl_s / 3)
                 for session in sessions:
                     await dispatch.heartbeat(db, session, name="bench.heartbeat")
 

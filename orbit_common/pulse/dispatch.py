@@ -37,12 +37,13 @@ WHERE a.namespace_id = %s AND a.worker_session_id = %s AND a.state = 'RUNNING'
 async def register(db: Database, principal: Principal, *, namespace: str, instance_key: str,
                    queues: Sequence[str], handlers: Sequence[str], max_in_flight: int,
                    session_id: bytes, instance_id: bytes, node: str | None,
-                   name: str = "dispatch.register") -> Session:
+                   name: str = "dispatch.register",
+                   ttl_s: int = workers.SESSION_TTL_S) -> Session:
     """A new session, fencing the instance's older ones (:func:`workers.register`)."""
     return await db.transaction(name, lambda cur: workers.register(
         cur, principal, namespace=namespace, instance_key=instance_key, queues=queues,
         handlers=handlers, max_in_flight=max_in_flight, session_id=session_id,
-        instance_id=instance_id, node=node))
+        instance_id=instance_id, node=node, ttl_s=ttl_s))
 
 
 async def load_session(db: Database, principal: Principal, *, namespace: str,

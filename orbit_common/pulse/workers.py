@@ -63,6 +63,7 @@ class Session:
     expires_at: dt.datetime
     application_id: bytes
     concurrency_keys: bool = True  # accepts tasks with a concurrency key (can fence with tokens)
+    ttl_s: int = SESSION_TTL_S  # how long a heartbeat keeps the session alive
 
 
 SELECT_INSTANCE = """
@@ -161,6 +162,7 @@ async def register(
     instance_id: bytes,
     node: str | None,
     concurrency_keys: bool = True,
+    ttl_s: int = SESSION_TTL_S,
 ) -> Session:
     """Register a session, fencing the instance's older ones.
 
@@ -195,7 +197,7 @@ async def register(
     await cur.execute(INSERT_SESSION, (
         ns.id, ids.check_id(session_id), instance, generation, principal.credential_id,
         jsondoc.dumps(list(queues)), jsondoc.dumps(list(handlers)), max_in_flight,
-        int(concurrency_keys), node, SESSION_TTL_S,
+        int(concurrency_keys), node, ttl_s,
     ))
     await cur.execute("SELECT expires_at FROM pulse_worker_sessions WHERE namespace_id = %s"
                       " AND id = %s", (ns.id, session_id))
@@ -203,7 +205,8 @@ async def register(
     return Session(namespace_id=ns.id, namespace=namespace, id=session_id, instance_id=instance,
                    generation=generation, credential_id=principal.credential_id, queues=refs,
                    handlers=tuple(handlers), max_in_flight=max_in_flight, expires_at=expires,
-                   application_id=principal.application_id, concurrency_keys=concurrency_keys)
+                   application_id=principal.application_id, concurrency_keys=concurrency_keys,
+                   ttl_s=ttl_s)
 
 
 class SessionLost(errors.Conflict):
@@ -212,7 +215,7 @@ class SessionLost(errors.Conflict):
 
 
 async def heartbeat(cur: Any, session: Session) -> None:
-    await cur.execute(HEARTBEAT, (SESSION_TTL_S, session.namespace_id, session.id))
+    await cur.execute(HEARTBEAT, (session.ttl_s, session.namespace_id, session.id))
     if cur.rowcount != 1:
         raise SessionLost()
 

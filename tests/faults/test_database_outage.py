@@ -40,15 +40,18 @@ def private_server(tmp_path: Path) -> Iterator[Path]:
         devdb.stop(root)
 
 
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def _kill_server(instance: devdb.Instance) -> None:
     pid = int(instance.pidfile.read_text())
     os.kill(pid, signal.SIGKILL)
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.02)
+    wait_until(lambda: _gone(pid), timeout=10, interval=0.02, message="mariadbd to exit")
 
 
 def test_outage_longer_than_the_lease_loses_no_lease(private_server: Path,
@@ -78,7 +81,7 @@ def test_outage_longer_than_the_lease_loses_no_lease(private_server: Path,
 
         killed_at = time.monotonic()
         _kill_server(instance)
-        time.sleep(OUTAGE_S - (time.monotonic() - killed_at))
+        time.sleep(OUTAGE_S - (time.monotonic() - killed_at))  # the outage's length (the fault)
         devdb.start(private_server)
         outage_s = time.monotonic() - killed_at
 

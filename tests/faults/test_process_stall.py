@@ -93,11 +93,14 @@ def _freeze_inside_a_transaction(stack: Stack, daemon: Daemon,
     """SIGSTOP ``daemon`` at seeded random moments until it is caught holding written rows;
     returns the database time of the stop that caught it and how many stops it took."""
     for tries in range(1, 81):
-        time.sleep(rng.uniform(0.02, 0.25))
+        time.sleep(rng.uniform(0.02, 0.25))  # the seeded stop cadence (fault injection)
         stopped_at = _db_now(stack)
         daemon.signal(signal.SIGSTOP)
-        time.sleep(0.05)  # the server finishes the statement it was running
-        if _frozen_holders(stack):
+        # The server finishes the statement the process was running; then a transaction it
+        # holds shows as idle with written rows. Polled with a deadline, not assumed.
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: _frozen_holders(stack), timeout=0.5, interval=0.02,
+                       message="the stopped process holding written rows")
             return stopped_at, tries
         daemon.signal(signal.SIGCONT)
     raise AssertionError("never caught the process inside a write transaction")
@@ -172,7 +175,8 @@ def _run(stack: StallStack, tmp_path: Path, *, victim: str, seed: int) -> dict[s
     assert daemon is not None
     stopped_at, tries = _freeze_inside_a_transaction(stack, daemon, rng)
     submitter.stop.set()  # its call in flight ends once the API runs again
-    time.sleep(STOP_S - 0.15)  # the catch took 0.15 s of the stop
+    # The stop lasts STOP_S of database time from the moment it began (the fault's length).
+    time.sleep(max(0.0, STOP_S - (_db_now(stack) - stopped_at).total_seconds()))
     daemon.signal(signal.SIGCONT)
     resumed_at = _db_now(stack)
     waiting_at_resume = stack.states().get("WAITING", 0)

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from bench.kernelcycle import run_kernel_cycle
 from orbit_common.db.pool import Database, DatabaseUrl
-from orbit_common.pulse import workers
 from tests.conftest import Tenant
 from tests.support.lease_fixtures import add_tasks, make_queue, scalar
 
 
 async def test_the_kernel_cycle_outlives_the_session_timeout(
-    db: Database, db_url: DatabaseUrl, tenant: Tenant, monkeypatch: pytest.MonkeyPatch,
+    db: Database, db_url: DatabaseUrl, tenant: Tenant,
 ) -> None:
-    monkeypatch.setattr(workers, "SESSION_TTL_S", 1)
     queue = await make_queue(db, tenant)
     await add_tasks(db, tenant, queue, 6)
 
@@ -32,7 +28,7 @@ async def test_the_kernel_cycle_outlives_the_session_timeout(
 
     await db.transaction("test.delay", later)
     result = await run_kernel_cycle(db_url, tenant.api_key, tenant.namespace, queue.name,
-                                    tasks=6, loops=2)
+                                    tasks=6, loops=2, session_ttl_s=1)
     assert result["kernel_tasks"] == 6
     assert await scalar(db, "SELECT COUNT(*) AS n FROM pulse_tasks WHERE namespace_id = %s"
                         " AND state = 'SUCCEEDED'", tenant.namespace_id) == 6

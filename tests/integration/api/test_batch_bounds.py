@@ -26,7 +26,8 @@ HUGE = b'{"tasks": [' + b",".join([b"{}"] * 100_000) + b"]}"
 
 
 class Work:
-    """Counts the full parses of a body and the item validations of a request."""
+    """Counts the full parses of a body and the item validations of a request: spies that call
+    the real functions (the request runs against the real database), only counting."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.parses = self.validated = 0

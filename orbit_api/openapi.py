@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from orbit_common.service.http.openapi import OPERATIONAL_PATHS
+from orbit_common.service.http.openapi import OPERATIONAL_PATHS, PROBLEM, SECURITY_SCHEMES
 
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 
@@ -129,26 +129,9 @@ DOCUMENT: dict[str, Any] = {
         },
     },
     "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                       "description": "An Orbit API key: orb_<prefix>_<secret>"}},
+        "securitySchemes": SECURITY_SCHEMES,
         "schemas": {
-            "Problem": {
-                "type": "object",
-                "required": ["type", "title", "status", "detail", "code"],
-                "properties": {
-                    "type": {"type": "string"}, "title": {"type": "string"},
-                    "status": {"type": "integer"}, "detail": {"type": "string"},
-                    "code": {"type": "string"}, "instance": {"type": "string"},
-                    "retry_after_s": {"type": "integer", "minimum": 0,
-                                      "description": "429 only: the Retry-After header's value"},
-                    "errors": {"type": "array", "maxItems": 100, "items": {
-                        "type": "object", "properties": {"path": {"type": "string"},
-                                                         "message": {"type": "string"}}}},
-                    "errors_omitted": {
-                        "type": "integer", "minimum": 1,
-                        "description": "validation_failed only: problems beyond the 100 listed"},
-                },
-            },
+            "Problem": PROBLEM,
             "Grant": {
                 "type": "object",
                 "properties": {k: {"type": "array", "items": {"type": "string"}}

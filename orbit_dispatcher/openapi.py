@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from orbit_common.pulse.leases import MAX_BATCH, OUTCOMES
-from orbit_common.service.http.openapi import OPERATIONAL_PATHS
+from orbit_common.service.http.openapi import OPERATIONAL_PATHS, PROBLEM, SECURITY_SCHEMES
 
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
@@ -125,21 +125,9 @@ DOCUMENT: dict[str, Any] = {
         }},
     },
     "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                       "description": "An Orbit API key: orb_<prefix>_<secret>"}},
+        "securitySchemes": SECURITY_SCHEMES,
         "schemas": {
-            "Problem": {
-                "type": "object",
-                "required": ["type", "title", "status", "detail", "code"],
-                "properties": {
-                    "type": {"type": "string"}, "title": {"type": "string"},
-                    "status": {"type": "integer"}, "detail": {"type": "string"},
-                    "code": {"type": "string"}, "instance": {"type": "string"},
-                    "errors": {"type": "array", "items": {
-                        "type": "object", "properties": {"path": {"type": "string"},
-                                                         "message": {"type": "string"}}}},
-                },
-            },
+            "Problem": PROBLEM,
             "RegisterRequest": {
                 "type": "object", "additionalProperties": False,
                 "required": ["instance_key", "queues", "handlers"],

@@ -9,11 +9,8 @@ dispatchers see it. Runs on a private MariaDB instance of its own.
 from __future__ import annotations
 
 import collections
-import os
 import random
-import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,37 +18,13 @@ import pytest
 import orbit_devdb as devdb
 from orbit_common.db.pool import DatabaseUrl
 from tests.support.invariants import check
-from tests.support.processes import wait_until
+from tests.support.processes import kill_and_wait, wait_until
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
 SEED = 1002
 OUTAGE_S = 6.0
-
-
-@pytest.fixture
-def private_server(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "mysql"
-    devdb.start(root)
-    try:
-        yield root
-    finally:
-        devdb.stop(root)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-def _kill_server(instance: devdb.Instance) -> None:
-    pid = int(instance.pidfile.read_text())
-    os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: _gone(pid), timeout=10, interval=0.02, message="mariadbd to exit")
 
 
 def test_outage_longer_than_the_lease_loses_no_lease(private_server: Path,
@@ -80,7 +53,7 @@ def test_outage_longer_than_the_lease_loses_no_lease(private_server: Path,
         assert running > 0  # the kill lands on leases that are live
 
         killed_at = time.monotonic()
-        _kill_server(instance)
+        kill_and_wait(int(instance.pidfile.read_text()))
         time.sleep(OUTAGE_S - (time.monotonic() - killed_at))  # the outage's length (the fault)
         devdb.start(private_server)
         outage_s = time.monotonic() - killed_at

@@ -6,10 +6,7 @@ dispatcher and the SDK worker keep running through the outage and reconnect by t
 
 from __future__ import annotations
 
-import os
-import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,19 +14,10 @@ import pytest
 import orbit_devdb as devdb
 from orbit_common.db.pool import DatabaseUrl
 from tests.support.invariants import check
+from tests.support.processes import kill_and_wait
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def private_server(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "mysql"
-    devdb.start(root)
-    try:
-        yield root
-    finally:
-        devdb.stop(root)
 
 
 def test_database_killed_and_restarted_mid_flow(private_server: Path, tmp_path: Path) -> None:
@@ -49,14 +37,7 @@ def test_database_killed_and_restarted_mid_flow(private_server: Path, tmp_path: 
         while stack.states().get("SUCCEEDED", 0) < 50 and time.monotonic() < deadline:
             time.sleep(0.05)
 
-        pid = int(instance.pidfile.read_text())
-        os.kill(pid, signal.SIGKILL)
-        while True:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
+        kill_and_wait(int(instance.pidfile.read_text()))
         time.sleep(1.0)  # an outage long enough for every daemon to notice
         devdb.start(private_server)
 

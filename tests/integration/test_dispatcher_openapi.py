@@ -23,9 +23,8 @@ from orbit_common.service.http.middleware import PUBLIC_PATHS
 from orbit_dispatcher import openapi
 from orbit_dispatcher.service import DispatcherService
 from tests.conftest import api_config
+from tests.support.openapi_routes import HTTP_METHODS, documented_routes, served_routes
 from tests.support.servers import ServiceTestServer
-
-HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
 
 def _service(db: Database, db_url: DatabaseUrl) -> DispatcherService:
@@ -45,21 +44,11 @@ async def gateway(db: Database, db_url: DatabaseUrl) -> AsyncIterator[TestClient
 
 
 def _routes(app: web.Application) -> set[tuple[str, str]]:
-    found = set()
-    for route in app.router.routes():
-        if route.method == "HEAD":  # added by aiohttp next to every GET
-            continue
-        assert route.method != "*", f"a catch-all route cannot be documented: {route}"
-        info = route.resource.get_info() if route.resource is not None else {}
-        path = info.get("path") or info.get("formatter")
-        assert path, f"route without a path: {route}"
-        found.add((re.sub(r"\{(\w+):[^}]+\}", r"{\1}", path), route.method.lower()))
-    return found
+    return served_routes(app)
 
 
 def _documented() -> set[tuple[str, str]]:
-    return {(path, method) for path, item in openapi.DOCUMENT["paths"].items()
-            for method in item if method in HTTP_METHODS}
+    return documented_routes(openapi.DOCUMENT)
 
 
 async def test_the_document_is_served_as_openapi_3_1(gateway: TestClient[Any, Any]) -> None:

@@ -105,3 +105,17 @@ class ApiDaemon(Daemon):
             return http("GET", f"{self.url}/healthz", timeout=2)[0] == 200
 
         wait_until(up, timeout=timeout, message="the API to listen")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def kill_and_wait(pid: int, *, timeout: float = 10) -> None:
+    """SIGKILL ``pid`` and wait (with a deadline) until it has exited."""
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: _gone(pid), timeout=timeout, interval=0.02, message=f"pid {pid} to exit")

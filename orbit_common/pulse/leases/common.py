@@ -111,7 +111,6 @@ ATTEMPT_COLUMNS = (
     "id, task_id, queue_id, generation, token_digest, concurrency_token, worker_instance_id,"
     " worker_session_id, state, started_at, lease_expires_at"
 )
-ATTEMPT_TASKS = "SELECT id, task_id FROM pulse_attempts WHERE namespace_id = %s AND id IN ({})"
 ATTEMPT_TASKS_AND_SESSION = (
     "SELECT a.id, a.task_id, (SELECT s.state = 'ACTIVE' AND s.expires_at > UTC_TIMESTAMP(6)"
     " FROM pulse_worker_sessions s WHERE s.namespace_id = %s AND s.id = %s) AS session_live"
@@ -142,17 +141,6 @@ async def lock_for(cur: Any, session: SessionIdentity,
     rows = list(await cur.fetchall())
     live = bool(rows) and bool(rows[0]["session_live"])
     return await _lock_found(cur, namespace_id, {row["id"]: row["task_id"] for row in rows}), live
-
-
-async def lock_by_attempts(cur: Any, namespace_id: bytes,
-                           attempt_ids: Sequence[bytes]) -> dict[bytes, Locked]:
-    """Lock the named attempts' tasks, then the attempts (the lock order)."""
-    if not attempt_ids:
-        return {}
-    unique = sorted(set(attempt_ids))
-    await cur.execute(ATTEMPT_TASKS.format(placeholders(len(unique))), (namespace_id, *unique))
-    return await _lock_found(cur, namespace_id,
-                             {row["id"]: row["task_id"] for row in await cur.fetchall()})
 
 
 async def _lock_found(cur: Any, namespace_id: bytes,

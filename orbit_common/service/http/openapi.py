@@ -21,3 +21,28 @@ OPERATIONAL_PATHS: dict[str, Any] = {
         "summary": "This document", "security": [], "operationId": "openapi",
         "responses": {"200": {"description": "OpenAPI 3.1 document"}}}},
 }
+
+
+SECURITY_SCHEMES: dict[str, Any] = {
+    "bearer": {"type": "http", "scheme": "bearer",
+               "description": "An Orbit API key: orb_<prefix>_<secret>"},
+}
+
+# RFC 9457 problem documents, as the shared problem layer (problems.py) writes them.
+PROBLEM: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail", "code"],
+    "properties": {
+        "type": {"type": "string"}, "title": {"type": "string"},
+        "status": {"type": "integer"}, "detail": {"type": "string"},
+        "code": {"type": "string"}, "instance": {"type": "string"},
+        "retry_after_s": {"type": "integer", "minimum": 0,
+                          "description": "429 only: the Retry-After header's value"},
+        "errors": {"type": "array", "maxItems": 100, "items": {
+            "type": "object", "properties": {"path": {"type": "string"},
+                                             "message": {"type": "string"}}}},
+        "errors_omitted": {
+            "type": "integer", "minimum": 1,
+            "description": "validation_failed only: problems beyond the 100 listed"},
+    },
+}

@@ -20,31 +20,15 @@ from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.db.schema import SchemaChecker
 from orbit_common.service.health import ReadinessGate
 from tests.conftest import api_config
-
-HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+from tests.support.openapi_routes import HTTP_METHODS, documented_routes, served_routes
 
 
 def _routes(app: web.Application) -> set[tuple[str, str]]:
-    found = set()
-    for route in app.router.routes():
-        if route.method == "HEAD":  # added by aiohttp next to every GET
-            continue
-        assert route.method != "*", f"a catch-all route cannot be documented: {route}"
-        info = route.resource.get_info() if route.resource is not None else {}
-        path = info.get("path") or info.get("formatter")
-        assert path, f"route without a path: {route}"
-        # aiohttp writes {name} like OpenAPI; a {name:regex} is not allowed in the document
-        found.add((re.sub(r"\{(\w+):[^}]+\}", r"{\1}", path), route.method.lower()))
-    return found
+    return served_routes(app)
 
 
 def _documented() -> set[tuple[str, str]]:
-    return {
-        (path, method)
-        for path, item in openapi.DOCUMENT["paths"].items()
-        for method in item
-        if method in HTTP_METHODS
-    }
+    return documented_routes(openapi.DOCUMENT)
 
 
 async def test_the_document_is_served_as_openapi_3_1(api: TestClient[Any, Any]) -> None:

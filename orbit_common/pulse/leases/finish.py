@@ -23,6 +23,7 @@ writer's queue rows, keys, application row and result stream.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ from orbit_common.model import digests, ids, jsondoc
 from orbit_common.pulse.leases import decisions, endings
 from orbit_common.pulse.leases.common import (
     AttemptRef,
+    Locked,
     SessionIdentity,
     check_batch,
     evidence_row,
@@ -179,6 +181,18 @@ def _receipt(namespace_id: bytes, report: FinishReport,
             report.digest(), jsondoc.dumps(outcome.to_json()))
 
 
+def _stale(report: FinishReport, lk: Locked, now: dt.datetime, done: set[bytes]) -> str | None:
+    """Why an authentic report of the session's own attempt can no longer be applied."""
+    if (report.ref.attempt_id in done or lk.attempt["state"] != AttemptState.RUNNING
+            or not lk.is_live()):
+        return "attempt_finished"
+    if as_utc(lk.attempt["lease_expires_at"]) <= now:
+        return "lease_expired"
+    if report.outcome == "cancelled" and lk.task["cancel_requested_at"] is None:
+        return "cancel_not_requested"
+    return None
+
+
 def validate(reports: Sequence[FinishReport]) -> None:
     check_batch(reports)
     for report in reports:
@@ -214,22 +228,9 @@ async def finish(cur: Any, session: SessionIdentity,
     receipts: list[tuple[Any, ...]] = []
     done: set[bytes] = set()
 
-    for index, report in pending:
-        lk = locked.get(report.ref.attempt_id)
-        if lk is None or not lk.matches(report.ref):
-            outcomes[index] = FinishOutcome(attempt_id=report.ref.attempt_id, accepted=False,
-                                            reason="invalid_attempt", task_state=None)
-            continue
-        reason = identity_refusal(lk, session, live)
-        if reason is not None:
-            pass
-        elif (report.ref.attempt_id in done or lk.attempt["state"] != AttemptState.RUNNING
-              or not lk.is_live()):
-            reason = "attempt_finished"
-        elif as_utc(lk.attempt["lease_expires_at"]) <= now:
-            reason = "lease_expired"
-        elif report.outcome == "cancelled" and lk.task["cancel_requested_at"] is None:
-            reason = "cancel_not_requested"
+    for index, report in pending:  # authentic reports only (the forged are answered above)
+        lk = locked[report.ref.attempt_id]
+        reason = identity_refusal(lk, session, live) or _stale(report, lk, now, done)
         if reason is not None:
             outcome = FinishOutcome(attempt_id=report.ref.attempt_id, accepted=False,
                                     reason=reason, task_state=None)

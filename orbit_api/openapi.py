@@ -44,6 +44,14 @@ TOO_MANY_REQUESTS: dict[str, Any] = {
 }
 
 ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
+# An idempotency key: 1-255 UTF-8 bytes of printable characters (Python's str.isprintable: no
+# control, format, private-use, unassigned or separator character but the space). maxLength
+# counts characters and the pattern excludes the control characters only; the rest is in words.
+IDEMPOTENCY_KEY: dict[str, Any] = {
+    "type": "string", "minLength": 1, "maxLength": 255,
+    "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*$",
+    "description": "1-255 UTF-8 bytes of printable characters",
+}
 NAME = {"type": "string", "pattern": "^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$"}
 
 
@@ -100,7 +108,7 @@ DOCUMENT: dict[str, Any] = {
                 "summary": "Create a namespace in the caller's application",
                 "operationId": "createNamespace",
                 "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
-                                "schema": {"type": "string", "minLength": 1, "maxLength": 255}}],
+                                "schema": IDEMPOTENCY_KEY}],
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/CreateNamespaceRequest"}}}},
                 "responses": {

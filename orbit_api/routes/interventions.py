@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.openapi import ID, NAME, TIME, TOO_MANY_REQUESTS
+from orbit_api.openapi import ID, IDEMPOTENCY_KEY, NAME, TIME, TOO_MANY_REQUESTS
 from orbit_api.routes.platform import idempotency_key
 from orbit_common.model import jsondoc
 from orbit_common.platform.principals import principal_of
@@ -100,7 +100,7 @@ _PARAMS = [
     {"name": "task_id", "in": "path", "required": True,
      "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"}},
     {"name": "Idempotency-Key", "in": "header", "required": False,
-     "schema": {"type": "string", "minLength": 1, "maxLength": 255}},
+     "schema": IDEMPOTENCY_KEY},
 ]
 
 
@@ -174,7 +174,10 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                                                       "maxLength": 1024},
                                      "execution_ended": {"const": True},
                                      "revision": {"type": "integer", "minimum": 1},
-                                     "result": {}}},
+                                     "result": {"description": "Only with decision "
+                                                               "succeeded"}},
+                      "if": {"properties": {"decision": {"const": "failed"}}},
+                      "then": {"not": {"required": ["result"]}}},
     "RetryRequest": {"type": "object", "additionalProperties": False,
                      "required": ["reason", "rerun_confirmed"],
                      "properties": {"reason": {"type": "string", "minLength": 1,

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.openapi import ID, NAME, TIME, _json, _problem
+from orbit_api.openapi import ID, IDEMPOTENCY_KEY, NAME, TIME, _json, _problem
 from orbit_api.routes.platform import idempotency_key
 from orbit_api.routes.tasks import json_response
 from orbit_common import errors
@@ -251,7 +251,7 @@ def _body(name: str, *, required: bool = True) -> dict[str, Any]:
 _NAMESPACE_PARAM = {"name": "namespace", "in": "path", "required": True, "schema": NAME}
 _QUEUE_PARAM = {"name": "queue", "in": "path", "required": True, "schema": NAME}
 _IDEMPOTENCY_PARAM = {"name": "Idempotency-Key", "in": "header", "required": False,
-                      "schema": {"type": "string", "minLength": 1, "maxLength": 255}}
+                      "schema": IDEMPOTENCY_KEY}
 _ERRORS = {
     "400": _problem("Malformed, invalid or unknown input (codes: validation_failed, "
                     "malformed_json, duplicate_json_key, json_too_deep, invalid_cursor)"),
@@ -269,9 +269,19 @@ _INT = {"type": "integer"}
 # Decimals are JSON numbers (docs/api/README.md, "数值"); a request may still send the decimal
 # string of earlier versions.
 _DECIMAL = {"type": "number"}
-_DECIMAL_IN = {"anyOf": [{"type": "number"},
-                         {"type": "string", "pattern": r"^[0-9]{1,3}(\.[0-9]{1,3})?$",
-                          "deprecated": True}]}
+# At most 3 decimal places: the server reads a number as an exact decimal (never a binary float),
+# so multipleOf 0.001 is the rule itself.
+_MILLI = {"multipleOf": 0.001}
+# The decimal strings of earlier versions, exactly the ones in range: 1-999.999 and 0-1.
+_MULTIPLIER_TEXT = r"^(?=0{0,2}[1-9])[0-9]{1,3}(\.[0-9]{1,3})?$"
+_JITTER_TEXT = r"^(0{1,3}(\.[0-9]{1,3})?|0{0,2}1(\.0{1,3})?)$"
+
+
+def _decimal_in(low: int, high: float, text: str) -> dict[str, Any]:
+    return {"anyOf": [{"type": "number", "minimum": low, "maximum": high, **_MILLI},
+                      {"type": "string", "pattern": text, "deprecated": True}]}
+
+
 _FLOW_LIMIT = {"type": ["integer", "null"], "minimum": 1, "maximum": queues.INT_MAX}
 _LIMITS = {
     "offer_lease_ms": {**_INT, "minimum": 100, "maximum": 3_600_000},
@@ -299,10 +309,12 @@ _RETRY_LIMITS = {
                "description": "At most 3 decimal places; written in its shortest form"},
 }
 _RETRY_INPUT = {**_RETRY_LIMITS,
-                "multiplier": {**_DECIMAL_IN, "description": "From 1 to 999.999, at most 3 "
-                               "decimal places (a decimal string is still accepted)"},
-                "jitter": {**_DECIMAL_IN, "description": "From 0 to 1, at most 3 decimal "
-                           "places (a decimal string is still accepted)"}}
+                "multiplier": {**_decimal_in(1, 999.999, _MULTIPLIER_TEXT),
+                               "description": "From 1 to 999.999, at most 3 decimal places (a "
+                                              "decimal string is still accepted)"},
+                "jitter": {**_decimal_in(0, 1, _JITTER_TEXT),
+                           "description": "From 0 to 1, at most 3 decimal places (a decimal "
+                                          "string is still accepted)"}}
 
 
 def _with_defaults(schemas: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.openapi import ID, NAME, TIME, TOO_MANY_REQUESTS, _json, _problem
+from orbit_api.openapi import ID, IDEMPOTENCY_KEY, NAME, TIME, TOO_MANY_REQUESTS, _json, _problem
 from orbit_api.routes.platform import idempotency_key
 from orbit_api.routes.tasks import OPENAPI_SCHEMAS as TASK_SCHEMAS
 from orbit_api.routes.tasks import json_response
@@ -301,7 +301,7 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
 _NAMESPACE_PARAM = {"name": "namespace", "in": "path", "required": True, "schema": NAME}
 _SCHEDULE_PARAM = {"name": "schedule", "in": "path", "required": True, "schema": NAME}
 _IDEMPOTENCY_PARAM = {"name": "Idempotency-Key", "in": "header", "required": False,
-                      "schema": {"type": "string", "minLength": 1, "maxLength": 255}}
+                      "schema": IDEMPOTENCY_KEY}
 _LIMIT_PARAM = {"name": "limit", "in": "query",
                 "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX,
                            "default": PAGE_DEFAULT}}
@@ -318,6 +318,14 @@ _NOT_FOUND = _problem("namespace_not_found, or schedule_not_found")
 _BODY_ERRORS = {"413": _problem("payload_too_large"),
                 "415": _problem("unsupported_media_type, unsupported_content_encoding")}
 _MS = {"type": "integer", "minimum": 0}
+# A rule's bounds: RFC 3339 with an upper-case T and Z, at most 6 fraction digits, years 1900
+# to 8999 (schedule_rules._RFC3339, _MIN_AT, _MAX_AT).
+_RULE_TIME = {"type": "string", "format": "date-time",
+              "pattern": r"^(19|[2-8][0-9])[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}"
+                         r"(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})$"}
+# The times of backfill and of the ledger's ?after: from 1970 to 9998 (_time).
+_TIME_1970 = {"type": "string", "format": "date-time",
+                "pattern": r"^(19[7-9][0-9]|[2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9])-"}
 _POLICY_PROPS: dict[str, Any] = {
     "rule": {**_ref("ScheduleRule")},
     "template": {**_ref("ScheduleTemplate")},
@@ -364,8 +372,9 @@ OPENAPI_PATHS: dict[str, Any] = {
             "summary": "List schedules by name",
             "operationId": "listSchedules",
             "parameters": [_LIMIT_PARAM, _CURSOR_PARAM,
-                           {"name": "after", "in": "query", "schema": NAME,
-                            "description": "Start after this name (exclusive)"}],
+                           {"name": "after", "in": "query", "schema": {"type": "string"},
+                            "description": "Start after this name (exclusive; any string "
+                                           "orders among the names)"}],
             "responses": {"200": _json("SchedulePage", "A page of schedules"), **_ERRORS,
                           "404": _problem("namespace_not_found")},
         },
@@ -430,8 +439,9 @@ OPENAPI_PATHS: dict[str, Any] = {
             "summary": "The occurrence ledger in fire-time order",
             "operationId": "listScheduleOccurrences",
             "parameters": [_LIMIT_PARAM, _CURSOR_PARAM,
-                           {"name": "after", "in": "query", "schema": TIME,
-                            "description": "Only fire times after this (exclusive)"}],
+                           {"name": "after", "in": "query", "schema": _TIME_1970,
+                            "description": "Only fire times after this (exclusive); the "
+                                           "instant in UTC from 1970 to 9998"}],
             "responses": {"200": _json("ScheduleOccurrencePage", "A page of the ledger"),
                           **_ERRORS, "404": _NOT_FOUND},
         },
@@ -445,17 +455,21 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                        "IANA time zone, or a fixed interval; optional bounds, daylight-saving "
                        "policies and jitter (docs/schedules.md). Stored with every field, "
                        "calendar_version frozen at publication.",
-        "oneOf": [{"required": ["cron", "timezone"]}, {"required": ["interval_ms"]}],
+        "oneOf": [{"required": ["cron", "timezone"], "not": {"required": ["interval_ms"]}},
+                  {"required": ["interval_ms"], "not": {"required": ["cron"]}}],
         "properties": {
-            "cron": {"type": "string", "maxLength": schedule_rules.MAX_CRON_LENGTH},
+            "cron": {"type": "string", "minLength": 1,
+                     "maxLength": schedule_rules.MAX_CRON_LENGTH},
             "interval_ms": {"type": "integer", "minimum": schedule_rules.MIN_INTERVAL_MS,
                             "maximum": schedule_rules.MAX_INTERVAL_MS},
-            "timezone": {"type": "string", "description": "IANA name; default UTC for "
-                                                          "intervals"},
+            "timezone": {"type": "string", "minLength": 1,
+                         "description": "IANA name (of the server's tz database); default UTC "
+                                        "for intervals"},
             "calendar_version": {"type": "string",
+                                 "pattern": "^[0-9A-Za-z][0-9A-Za-z.+-]{0,31}$",
                                  "description": "tz database release; set by the server"},
-            "start_at": {**_nullable(TIME), "description": "Inclusive"},
-            "end_at": {**_nullable(TIME), "description": "Exclusive"},
+            "start_at": {**_nullable(_RULE_TIME), "description": "Inclusive"},
+            "end_at": {**_nullable(_RULE_TIME), "description": "Exclusive; after start_at"},
             "nonexistent": {"enum": [p.value for p in schedule_rules.NonexistentPolicy],
                             "default": "shift_forward"},
             "ambiguous": {"enum": [p.value for p in schedule_rules.AmbiguousPolicy],
@@ -493,7 +507,9 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     "ScheduleTriggerRequest": {"type": "object", "additionalProperties": False},
     "ScheduleBackfillRequest": {
         "type": "object", "additionalProperties": False, "required": ["start", "end", "reason"],
-        "properties": {"start": TIME, "end": {**TIME, "description": "Exclusive"},
+        "properties": {"start": {**_TIME_1970, "description": "Inclusive; the instant in UTC "
+                                                             "from 1970 to 9998"},
+                       "end": {**_TIME_1970, "description": "Exclusive; after start"},
                        "reason": {"type": "string", "minLength": 1, "maxLength": REASON_MAX}},
     },
     "ScheduleVersion": {

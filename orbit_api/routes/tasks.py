@@ -6,12 +6,21 @@ from typing import Any
 
 from aiohttp import web
 
-from orbit_api.openapi import COMMON_ERRORS, ID, NAME, TIME, TOO_MANY_REQUESTS, _json, _problem
+from orbit_api.openapi import (
+    COMMON_ERRORS,
+    ID,
+    IDEMPOTENCY_KEY,
+    NAME,
+    TIME,
+    TOO_MANY_REQUESTS,
+    _json,
+    _problem,
+)
 from orbit_api.routes.platform import idempotency_key
 from orbit_common import errors
 from orbit_common.model import jsondoc
 from orbit_common.platform.principals import principal_of
-from orbit_common.pulse import queries, queues, tasks
+from orbit_common.pulse import queries, queues, resources, tasks
 from orbit_common.pulse.model import AttemptState, TaskState
 from orbit_common.service.http.body import int_param, query_params, read_json
 from orbit_common.service.http.context import DB
@@ -159,7 +168,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(BASE, submit_task)
     app.router.add_get(BASE, list_tasks)
     app.router.add_post(BASE + "/batch", submit_batch)
-    app.router.add_get(BASE + "/{task_id}", get_task)
+    # Not "batch": GET …/tasks/batch is no route (a 405 naming POST), not a malformed task id.
+    app.router.add_get(BASE + "/{task_id:(?!batch$)[^/]+}", get_task)
     app.router.add_get(BASE + "/{task_id}/source", get_task_source)
     app.router.add_get(BASE + "/{task_id}/attempts", list_attempts)
     app.router.add_get(BASE + "/{task_id}/events", list_events)
@@ -231,8 +241,9 @@ _SUBMIT_PROPS: dict[str, Any] = {
                    "description": "RFC 3339 with an offset; exclusive with delay_ms"},
     "priority": {**_int(0, 9), "default": 0},
     "business_key": {"type": "string", "minLength": 1,
+                     "maxLength": tasks.BUSINESS_KEY_MAX_BYTES,
                      "description": "At most 512 UTF-8 bytes, matched byte-exact"},
-    "concurrency_key": {"type": "string", "minLength": 1,
+    "concurrency_key": {"type": "string", "minLength": 1, "maxLength": resources.KEY_MAX_BYTES,
                         "description": "1-255 UTF-8 bytes, matched byte-exact: at most one "
                                        "valid permit per key in the namespace; each grant "
                                        "carries a fencing token (docs/howto/fencing-tokens.md)"},
@@ -244,7 +255,25 @@ _SUBMIT_PROPS: dict[str, Any] = {
     "offer_lease_ms": _int(*queues.OFFER_LEASE_MS),
     "execution_lease_ms": _int(*queues.EXECUTION_LEASE_MS),
 }
+# delay_ms and not_before are exclusive.
+_DELAY_OR_NOT_BEFORE: dict[str, Any] = {"not": {
+    "required": ["delay_ms", "not_before"],
+    "properties": {"delay_ms": {"type": "integer"}, "not_before": {"type": "string"}}}}
 _JSON_ANY: dict[str, Any] = {"description": "Any JSON value (numbers exactly as stored)"}
+
+
+def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """An optional request field: null is the same as leaving it out."""
+    return {"anyOf": [{k: v for k, v in schema.items() if k != "description"},
+                      {"type": "null"}],
+            **({"description": schema["description"]} if "description" in schema else {})}
+
+
+# Optional submission fields: null is the same as leaving the field out (default or none).
+_NULLABLE_SUBMIT = ("delay_ms", "not_before", "business_key", "concurrency_key", "deadline_ms",
+                    "start_deadline_ms", "attempt_timeout_ms", "retry", "offer_lease_ms",
+                    "execution_lease_ms")
+_SUBMIT_PROPS = {k: _or_null(v) if k in _NULLABLE_SUBMIT else v for k, v in _SUBMIT_PROPS.items()}
 
 OPENAPI_PATHS: dict[str, Any] = {
     BASE: {
@@ -252,8 +281,7 @@ OPENAPI_PATHS: dict[str, Any] = {
             "summary": "Submit a task", "operationId": "submitTask",
             "parameters": [_NAMESPACE, {"name": "Idempotency-Key", "in": "header",
                                         "required": False,
-                                        "schema": {"type": "string", "minLength": 1,
-                                                   "maxLength": 255}}],
+                                        "schema": IDEMPOTENCY_KEY}],
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": _ref("TaskSubmitRequest")}}},
             "responses": {"201": _json("TaskReceipt", "Accepted (or the original receipt)"),
@@ -265,7 +293,10 @@ OPENAPI_PATHS: dict[str, Any] = {
                 _NAMESPACE,
                 {"name": "queue", "in": "query", "schema": NAME},
                 {"name": "state", "in": "query", "schema": {"enum": _STATES}},
-                {"name": "business_key", "in": "query", "schema": {"type": "string"}},
+                {"name": "business_key", "in": "query",
+                 "schema": {"type": "string", "minLength": 1,
+                            "maxLength": tasks.BUSINESS_KEY_MAX_BYTES},
+                 "description": "At most 512 UTF-8 bytes, matched byte-exact"},
                 {"name": "created_after", "in": "query", "schema": TIME,
                  "description": "Inclusive lower bound"},
                 {"name": "created_before", "in": "query", "schema": TIME,
@@ -329,26 +360,28 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     "TaskRetryOverrides": {
         "type": "object", "additionalProperties": False,
         "description": "Fields left out take the queue's defaults; frozen into the task",
-        "properties": {
+        "properties": {k: _or_null(v) for k, v in {
             "max_attempts": _int(*queues.MAX_ATTEMPTS), "initial_ms": _int(0, queues.INT_MAX),
-            "max_ms": _int(0, queues.INT_MAX),
-            "multiplier": {"type": "number", "minimum": 1, "maximum": 999.999},
-            "jitter": {"type": "number", "minimum": 0, "maximum": 1},
-        },
+            "max_ms": {**_int(0, queues.INT_MAX), "description": "At least the initial_ms of "
+                                                                 "the merged policy"},
+            "multiplier": {"type": "number", "minimum": 1, "maximum": 999.999,
+                           "multipleOf": 0.001, "description": "At most 3 decimal places"},
+            "jitter": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.001,
+                       "description": "At most 3 decimal places"},
+        }.items()},
     },
     "TaskSubmitRequest": {
         "type": "object", "additionalProperties": False, "required": ["queue", "handler"],
-        "properties": _SUBMIT_PROPS,
+        "properties": _SUBMIT_PROPS, **_DELAY_OR_NOT_BEFORE,
     },
     "TaskBatchRequest": {
         "type": "object", "additionalProperties": False, "required": ["tasks"],
         "properties": {"tasks": {
             "type": "array", "minItems": 1, "maxItems": tasks.MAX_BATCH,
             "items": {"type": "object", "additionalProperties": False,
-                      "required": ["queue", "handler"],
+                      "required": ["queue", "handler"], **_DELAY_OR_NOT_BEFORE,
                       "properties": {**_SUBMIT_PROPS,
-                                     "idempotency_key": {"type": "string", "minLength": 1,
-                                                         "maxLength": 255}}},
+                                     "idempotency_key": _or_null(IDEMPOTENCY_KEY)}},
         }},
     },
     "TaskReceipt": {"type": "object", "required": list(_RECEIPT_PROPS),

@@ -286,6 +286,17 @@ async def test_a_task_id_that_is_not_32_lowercase_hex_is_a_400(
     assert problem["errors"][0]["path"] == "{task_id}"
 
 
+async def test_the_batch_path_is_not_a_task_id(
+    api: TestClient[Any, Any], tenant: Tenant, unchanged: None,
+) -> None:
+    # GET …/tasks/batch is no route (the task-id route leaves "batch" to the batch resource):
+    # a 405 whose Allow names exactly the documented method, as the OpenAPI document says.
+    response = await api.get(f"/v1/namespaces/{tenant.namespace}/tasks/batch",
+                             headers=tenant.auth)
+    await assert_problem(response, 405, "method_not_allowed")
+    assert response.headers["Allow"] == "POST"
+
+
 @pytest.mark.parametrize("bad", BAD_IDS)
 async def test_an_attempt_id_that_is_not_32_lowercase_hex_is_a_400(
     api: TestClient[Any, Any], tenant: Tenant, unchanged: None, bad: str,

@@ -12,13 +12,16 @@ from typing import Any
 
 from aiohttp import web
 
+from orbit_common.pulse import workers
 from orbit_common.pulse.leases import MAX_BATCH, OUTCOMES
 from orbit_common.service.http.openapi import OPERATIONAL_PATHS, PROBLEM, SECURITY_SCHEMES
+from orbit_dispatcher import protocol
 
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
 NAME = {"type": "string", "pattern": "^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$"}
 TIME = {"type": "string", "format": "date-time"}
+TOKEN = {"type": "string", "minLength": 1, "maxLength": protocol.TOKEN_MAX}
 NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
 
 
@@ -132,10 +135,17 @@ DOCUMENT: dict[str, Any] = {
                 "type": "object", "additionalProperties": False,
                 "required": ["instance_key", "queues", "handlers"],
                 "properties": {
-                    "instance_key": {"type": "string"},
-                    "queues": {"type": "array", "items": NAME},
-                    "handlers": {"type": "array", "items": {"type": "string"}},
-                    "max_in_flight": {"type": "integer", "minimum": 1, "default": 16},
+                    "instance_key": {"type": "string", "minLength": 1, "maxLength": 191,
+                                     "description": "1-191 UTF-8 bytes"},
+                    "queues": {"type": "array", "items": NAME, "minItems": 1,
+                               "maxItems": workers.MAX_QUEUES, "uniqueItems": True},
+                    "handlers": {"type": "array", "minItems": 1,
+                                 "maxItems": workers.MAX_HANDLERS, "uniqueItems": True,
+                                 "items": {"type": "string",
+                                           "pattern": workers.HANDLER_PATTERN.pattern
+                                           .replace("\\A", "^").replace("\\Z", "$")}},
+                    "max_in_flight": {"type": "integer", "minimum": 1, "maximum": 10_000,
+                                      "default": 16},
                 },
             },
             "Session": {
@@ -179,7 +189,7 @@ DOCUMENT: dict[str, Any] = {
             "AttemptRef": {
                 "type": "object", "additionalProperties": False,
                 "required": ["attempt_id", "token", "generation"],
-                "properties": {"attempt_id": ID, "token": {"type": "string", "maxLength": 128},
+                "properties": {"attempt_id": ID, "token": TOKEN,
                                "generation": {"type": "integer", "minimum": 1}},
             },
             "RefBatch": {
@@ -191,14 +201,29 @@ DOCUMENT: dict[str, Any] = {
                 "type": "object", "additionalProperties": False,
                 "required": ["attempt_id", "token", "generation", "report_id", "outcome"],
                 "properties": {
-                    "attempt_id": ID, "token": {"type": "string", "maxLength": 128},
+                    "attempt_id": ID, "token": TOKEN,
                     "generation": {"type": "integer", "minimum": 1},
-                    "report_id": {"type": "string", "minLength": 1},
+                    "report_id": {"type": "string", "minLength": 1,
+                                  "maxLength": protocol.REPORT_ID_MAX,
+                                  "description": "1-128 UTF-8 bytes"},
                     "outcome": {"enum": list(OUTCOMES)},
-                    "result": {"description": "succeeded only: any JSON"},
-                    "error": {"type": "object"},
-                    "retryable": {"type": "boolean", "default": False},
+                    "result": {"description": "succeeded only: any JSON (at most 16 MiB)"},
+                    "error": {"type": ["object", "null"],
+                              "description": "Not with succeeded; at most 64 KiB of JSON"},
+                    "retryable": {"type": "boolean", "default": False,
+                                  "description": "true only with failed"},
                 },
+                # result only with succeeded; error (non-null) and retryable true never with it;
+                # retryable true only with failed.
+                "allOf": [
+                    {"if": {"required": ["result"]},
+                     "then": {"properties": {"outcome": {"const": "succeeded"}}}},
+                    {"if": {"properties": {"outcome": {"const": "succeeded"}}},
+                     "then": {"properties": {"error": {"type": "null"}}}},
+                    {"if": {"required": ["retryable"],
+                            "properties": {"retryable": {"const": True}}},
+                     "then": {"properties": {"outcome": {"const": "failed"}}}},
+                ],
             },
             "FinishBatch": {
                 "type": "object", "required": ["items"],

@@ -12,6 +12,12 @@ operation, against a fresh database and the API daemon started as a process. How
 sent and which rejections are tolerated: tests/support/conformance.py and ``TOLERANCE`` below.
 Disable and enable act on a namespace of their own, so the others stay usable. No check and no
 operation is excluded.
+
+use_after_free and ensure_resource_availability are enabled but judge a history of linked calls
+(a DELETE then a GET, a create then a read), which only a stateful run has. A stateful run
+(``schema.as_state_machine()`` over the links schemathesis infers) is not part of the suite: its
+choice of the next call depends on the live server's answers, which Hypothesis 6 refuses as
+FlakyStrategyDefinition after a few scenarios.
 """
 
 from __future__ import annotations
@@ -47,7 +53,9 @@ schema = schemathesis.openapi.from_dict(
     json.loads(json.dumps(DOCUMENT)),
     config=SchemathesisConfig.from_dict({
         "seed": SEED,
-        "generation": {"max-examples": MAX_EXAMPLES, "database": "none"},
+        # no-shrink: a failure is reported as found (reproducible with its curl line); shrinking
+        # it over HTTP could take minutes.
+        "generation": {"max-examples": MAX_EXAMPLES, "database": "none", "no-shrink": True},
     }),
 )
 

@@ -365,3 +365,35 @@ async def test_a_disabled_application_closes_its_sockets_and_refuses_their_frame
     assert [(f["type"], f["code"]) for f in busy_frames] == [("error", "invalid_credential")]
     assert [(f["type"], f["code"]) for f in idle_frames] == [("error", "invalid_credential")]
     assert await rows_of(db, "pulse_attempt_evidence", tenant) == 0
+
+
+async def test_a_start_after_the_revocation_is_refused_on_the_open_socket(
+    start_dispatcher: Callable[[float], Awaitable[Client]], db: Database, tenant: Tenant
+) -> None:
+    """The grant arrived before the revocation, the start after it: refused in the start
+    transaction (the periodic check is far off), the socket closed with 4401, the task still
+    LEASED with no start spent; its offer lapses and recovery re-queues it."""
+    client = await start_dispatcher(60.0)
+    queue = await make_queue(db, tenant)
+    (task_id,) = await add_tasks(db, tenant, queue, offer_lease_ms=500)
+    key = await make_key(db, tenant, all_queues(tenant))
+    session_id = await registered(client, tenant, key, queue.name, "w-start")
+    async with client.ws_connect(f"{base(tenant)}/{session_id}/ws",
+                                 headers=bearer(key)) as ws:
+        await ws.send_json({"type": "ready", "slots": 1})
+        grant = (await next_frame(ws, "grants"))["grants"][0]
+        ref = {k: grant[k] for k in ("attempt_id", "token", "generation")}
+        await revoke(db, key)
+        await ws.send_json({"type": "start", "id": "s1", "items": [ref]})
+        frames = await closed(ws, within=5)
+        assert ws.close_code == CREDENTIAL_CLOSE_CODE
+    assert [(f["type"], f["id"], f["code"]) for f in frames] == [
+        ("error", "s1", "invalid_credential")]
+    row = await task_row(db, tenant, task_id)
+    assert (row["state"], row["starts_used"]) == ("LEASED", 0)
+
+    async def requeued() -> bool:
+        await db.transaction("test.recover", lambda cur: leases.recover_expired(cur, 1000))
+        return (await task_row(db, tenant, task_id))["state"] == "WAITING"
+
+    await until(requeued, timeout=15, interval=0.1, message="the lapsed offer re-queued")

@@ -28,7 +28,7 @@ from aiohttp.test_utils import TestClient
 from orbit_api.app import create_app
 from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
 from orbit_common.db.schema import SchemaChecker
-from orbit_common.platform import authz, credentials
+from orbit_common.platform import PLATFORM_NAMESPACE_ID, authz, credentials
 from orbit_common.platform.audit import Actor
 from orbit_common.pulse.workers import QueueRef
 from orbit_common.service.health import ReadinessGate
@@ -153,11 +153,11 @@ ROUTES: dict[Route, Case] = {
         needs=(one(A.APPLICATIONS_MANAGE),),
         body=lambda o: {"revision": o.resources_revision, "max_unfinished_tasks": 1234,
                         "reason": "matrix"}),
-    ("GET", QUEUES): Case(needs=(one(A.QUEUES_READ, A.QUEUES_MANAGE),), listing=True),
+    ("GET", QUEUES): Case(needs=(one(A.QUEUES_READ),), listing=True),
     ("POST", QUEUES): Case(
         needs=(one(A.QUEUES_MANAGE),), body=lambda o: {"name": QUEUE + "-new"},
         body2=lambda o: {"name": QUEUE + "-new", "description": "other"}),
-    ("GET", QUEUES + "/{queue}"): Case(needs=(one(A.QUEUES_READ, A.QUEUES_MANAGE),)),
+    ("GET", QUEUES + "/{queue}"): Case(needs=(one(A.QUEUES_READ),)),
     ("PATCH", QUEUES + "/{queue}"): Case(
         needs=(one(A.QUEUES_MANAGE),),
         body=lambda o: {"revision": o.queue_revision, "description": "changed"}),
@@ -189,11 +189,11 @@ ROUTES: dict[Route, Case] = {
         needs=(one(A.TASKS_RETRY),), task="failed",
         body=lambda o: {"reason": "matrix", "rerun_confirmed": True},
         body2=lambda o: {"reason": "other", "rerun_confirmed": True}),
-    ("GET", SCHEDULES): Case(needs=(one(A.SCHEDULES_READ, A.SCHEDULES_MANAGE),), listing=True),
+    ("GET", SCHEDULES): Case(needs=(one(A.SCHEDULES_READ),), listing=True),
     ("POST", SCHEDULES): Case(
         needs=(one(A.SCHEDULES_MANAGE), one(A.TASKS_SUBMIT)), body=_schedule_body,
         body2=lambda o: {**_schedule_body(o), "rule": {"cron": "0 10 * * *", "timezone": "UTC"}}),
-    ("GET", SCHED): Case(needs=(one(A.SCHEDULES_READ, A.SCHEDULES_MANAGE),)),
+    ("GET", SCHED): Case(needs=(one(A.SCHEDULES_READ),)),
     ("DELETE", SCHED): Case(
         needs=(one(A.SCHEDULES_MANAGE),), body=lambda o: {"reason": "matrix"},
         body2=lambda o: {"reason": "other"}),
@@ -218,7 +218,7 @@ ROUTES: dict[Route, Case] = {
                         "reason": "matrix"},
         body2=lambda o: {"start": "2024-01-01T00:00:00Z", "end": "2024-01-03T00:00:00Z",
                          "reason": "matrix"}),
-    ("GET", SCHED + "/occurrences"): Case(needs=(one(A.SCHEDULES_READ, A.SCHEDULES_MANAGE),)),
+    ("GET", SCHED + "/occurrences"): Case(needs=(one(A.SCHEDULES_READ),)),
 }
 
 # Routes the router serves that the matrix does not send attacker keys to, with the reason.
@@ -378,7 +378,7 @@ class World:
     victim: Victim
     twin: Victim  # built like the victim, for the controls of the routes that only read
     keys: dict[str, str]  # attacker name → API key
-    snapshot_sql: tuple[str, int]  # (the SELECT, how many application-id parameters)
+    snapshot_sql: tuple[str, tuple[str, ...]]  # the SELECT and its parameters' names
     served: frozenset[Route]
 
 
@@ -435,54 +435,59 @@ JOIN information_schema.tables t
 WHERE c.table_schema = DATABASE() AND t.table_type = 'BASE TABLE'
 ORDER BY c.table_name, c.ordinal_position
 """
-VICTIM_NAMESPACES = "SELECT id FROM orbit_namespaces WHERE application_id = %s"
+# The victim application's namespaces, and the platform's pseudo-namespace, under which
+# application-wide rows live (the receipts of namespace creation, scoped by application).
+VICTIM_NAMESPACES = ("SELECT id FROM orbit_namespaces WHERE application_id = %s"
+                     " UNION ALL SELECT %s")
 
 
-def snapshot_statement(conn: pymysql.connections.Connection[Any]) -> tuple[str, int]:
+def snapshot_statement(conn: pymysql.connections.Connection[Any]
+                       ) -> tuple[str, tuple[str, ...]]:
     """One SELECT per table of the schema (read from information_schema, so a new table is in
     the snapshot without a change here), sent as one UNION ALL: the rows of the victim's
     application and of its namespaces; a table keyed by neither (applications, platform
     controls, heartbeats, the migration ledger) is read whole. Each row comes back as the hex of
     every column's bytes (NULL apart), so equal means byte-identical. No column is left out:
     nothing writes to the scratch database between two snapshots but the request under test
-    (no daemon runs here). Returns the statement and how many application-id parameters it
-    takes."""
+    (no daemon runs here). Returns the statement and its parameters by name: "app" (the
+    victim's application id) and "platform" (the platform's pseudo-namespace id)."""
     columns: dict[str, list[str]] = {}
     with conn.cursor() as cur:
         cur.execute(COLUMNS)
         for table, column in cur.fetchall():
             columns.setdefault(table, []).append(column)
     parts = []
-    params = 0
+    params: list[str] = []
     for table in sorted(columns):
         names = set(columns[table])
         # Identifiers come from information_schema, never from input; values are parameters.
         if {"namespace_id", "application_id"} <= names:
             where = f"namespace_id IN ({VICTIM_NAMESPACES}) OR application_id = %s"
-            params += 2
+            params += ["app", "platform", "app"]
         elif "namespace_id" in names:
             where = f"namespace_id IN ({VICTIM_NAMESPACES})"
-            params += 1
+            params += ["app", "platform"]
         elif "application_id" in names:
             where = "application_id = %s"
-            params += 1
+            params += ["app"]
         else:
             where = "TRUE"
         row = ", ".join(f"COALESCE(HEX(CAST(`{c}` AS BINARY)), 'NULL')" for c in columns[table])
         parts.append(f"SELECT '{table}' AS t, CONCAT_WS(' ', {row}) AS r"
                      f" FROM `{table}` WHERE {where}")
     assert len(parts) > 20, parts  # the whole schema, not an empty database
-    return "\nUNION ALL\n".join(parts), params
+    return "\nUNION ALL\n".join(parts), tuple(params)
 
 
 Snapshot = dict[str, list[str]]
 
 
 def snapshot(world: World) -> Snapshot:
-    sql, params = world.snapshot_sql
+    sql, names = world.snapshot_sql
+    values = {"app": world.victim.tenant.application_id, "platform": PLATFORM_NAMESPACE_ID}
     rows: Snapshot = {}
     with world.conn.cursor() as cur:
-        cur.execute(sql, (world.victim.tenant.application_id,) * params)
+        cur.execute(sql, tuple(values[n] for n in names))
         for table, row in cur.fetchall():
             rows.setdefault(table, []).append(row)
     return {table: sorted(found) for table, found in rows.items()}
@@ -517,6 +522,8 @@ async def test_the_snapshot_holds_the_victims_rows_and_sees_a_change(world: Worl
                   "orbit_idempotency_keys", "orbit_namespaces", "orbit_application_resources"):
         assert rows.get(table), f"the victim has no {table} rows"
     assert len(rows["orbit_credentials"]) >= 4  # the victim's application has its keys
+    # every receipt the replay cases aim at, namespace creation's (platform-wide) included
+    assert len(rows["orbit_idempotency_keys"]) >= len(REPLAYED)
     with world.conn.cursor() as cur:
         cur.execute("UPDATE pulse_queues SET description = 'changed' WHERE namespace_id = %s"
                     " AND name = %s", (world.victim.tenant.namespace_id, QUEUE))
@@ -608,7 +615,7 @@ async def test_an_attacker_gets_no_replay_and_no_conflict(world: World, route: R
     _check_refusal(route, who, status, text, victim.replay, victim.tenant.namespace)
     if status == 409 and route == ("POST", "/v1/namespaces"):
         assert json.loads(text)["code"] == "already_exists", text  # not idempotency_conflict
-    assert text != json.dumps(original[1])
+    assert json.loads(text) != original[1]  # not the victim's receipt
     assert_unchanged(before, snapshot(world))
 
 

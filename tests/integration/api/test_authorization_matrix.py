@@ -3,7 +3,8 @@
 A victim namespace (queues, tasks in several states, an attempt, schedules, keys, idempotency
 receipts) is built once per module. For every route the router serves, a valid request against
 the victim's objects is sent with each attacker key — another tenant's, the victim's own
-application's key without the route's action, one scoped to another queue, a revoked one — and
+application's key without the route's action, one for another namespace of that application, one
+scoped to another queue, a revoked one — and
 the answer must be a refusal (401/403/404 as docs/authentication.md says: never 2xx, no 409 that
 confirms an object, no 5xx) that leaves every row of the victim byte-identical. The victim's own
 full key is the control: the same request against an identical twin succeeds, so each refusal
@@ -245,7 +246,7 @@ def without_name(actions: frozenset[str]) -> str:
     return "without-" + "+".join(sorted(actions))
 
 
-ATTACKERS_FIXED = ("other-tenant", "other-queue", "revoked")
+ATTACKERS_FIXED = ("other-tenant", "other-namespace", "other-queue", "revoked")
 
 
 def attackers(case: Case) -> list[str]:
@@ -407,6 +408,11 @@ async def world(scratch_url: DatabaseUrl) -> AsyncIterator[World]:
             "other-queue": await make_key(db, tenant, [
                 {"namespaces": [tenant.namespace], "actions": ["*"], "queues": [OTHER_QUEUE]}]),
         }
+        # Everything, in another namespace of the victim's own application.
+        sibling = await _ok(client, "POST", "/v1/namespaces", tenant,
+                            {"name": tenant.namespace + "-sibling"})
+        keys["other-namespace"] = await make_key(db, tenant, [
+            {"namespaces": [sibling["name"]], "actions": ["*"], "queues": ["*"]}])
         for actions in without_keys():
             keys[without_name(actions)] = await make_key(db, tenant, [
                 {"namespaces": ["*"], "actions": sorted(ALL - actions), "queues": ["*"]}])
@@ -570,7 +576,13 @@ def _check_refusal(route: Route, who: str, status: int, text: str, o: Objects,
         # It sees the namespace and may list it, for its own queue only.
         assert not [n for n in _names_of(o) if n in text], text
         return
-    expected = {404} if who == "other-tenant" else {403, 404}
+    # Another tenant's or another namespace's key does not even see the victim's namespace.
+    # To the latter, the application routes answer 403 (its grant is not application-wide) and
+    # so do disable and enable, which are authorized on the name whether it exists or not.
+    sees_nothing = who == "other-tenant" or (
+        who == "other-namespace" and "{namespace}" in route[1]
+        and not route[1].endswith(("/disable", "/enable")))
+    expected = {404} if sees_nothing else {403, 404}
     assert status in expected, text
     assert json.loads(text)["code"] in {
         "forbidden", "namespace_not_found", "application_not_found", "queue_not_found",

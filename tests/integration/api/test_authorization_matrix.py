@@ -517,8 +517,10 @@ async def test_every_route_is_in_the_matrix(world: World) -> None:
     assert not set(ROUTES) & set(NOT_EXERCISED)
     missing = world.served - set(ROUTES) - set(NOT_EXERCISED)
     assert not missing, f"routes neither in the authorization matrix nor listed: {missing}"
-    stale = (set(ROUTES) | set(NOT_EXERCISED)) - world.served
-    assert not stale, f"the matrix names routes the router does not serve: {stale}"
+    # A case for a route that is gone is a mistake; an exemption for one is harmless (the
+    # operational routes leave the public port for the operator listener).
+    stale = set(ROUTES) - world.served
+    assert not stale, f"the matrix has cases for routes the router does not serve: {stale}"
 
 
 async def test_the_snapshot_holds_the_victims_rows_and_sees_a_change(world: World) -> None:

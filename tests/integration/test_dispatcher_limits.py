@@ -25,6 +25,9 @@ from tests.support.servers import ServiceTestServer
 from tests.support.worker_calls import base, register, running_attempt, text_result
 
 MIB = 1024 * 1024
+# Waiting for the answer to a 1 MiB message: a second of CPU or so, which two cores shared with
+# other test runs can stretch far past the usual 10 s.
+LARGE_S = 60
 Dispatcher = Callable[..., Awaitable[TestClient[Any, Any]]]
 
 
@@ -52,8 +55,9 @@ async def start_dispatcher(db: Database,
         await client.close()
 
 
-async def next_frame(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
-    async with asyncio.timeout(10):
+async def next_frame(ws: aiohttp.ClientWebSocketResponse, kind: str, *,
+                     timeout: float = 10) -> dict[str, Any]:
+    async with asyncio.timeout(timeout):
         while True:
             message = await ws.receive()
             assert message.type == aiohttp.WSMsgType.TEXT, message
@@ -86,7 +90,7 @@ async def test_a_frame_over_max_message_bytes_closes_1009_and_one_at_it_is_read(
     at_limit += " " * (MIB - len(at_limit))
     async with client.ws_connect(url, headers=tenant.auth, max_msg_size=0) as ws:
         await ws.send_str(at_limit)  # read and answered: the connection stays
-        error = await next_frame(ws, "error")
+        error = await next_frame(ws, "error", timeout=LARGE_S)
         assert (error["id"], error["code"]) == ("r1", "validation_failed")
         await ws.send_str(at_limit + " ")
         assert await closed_with(ws) == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
@@ -123,7 +127,7 @@ async def test_a_result_over_the_limit_is_refused_and_the_lease_goes_on(
     if transport == "websocket":
         async with client.ws_connect(f"{url}/ws", headers=tenant.auth) as ws:
             await ws.send_json({"type": "finish", "id": "f1", "items": [too_large]})
-            error = await next_frame(ws, "error")
+            error = await next_frame(ws, "error", timeout=LARGE_S)
             assert (error["id"], error["code"]) == ("f1", "result_too_large")
             assert error["path"] == "$.items[0].result"
             assert error["max_result_bytes"] == MAX_RESULT_BYTES
@@ -158,7 +162,7 @@ async def test_a_result_at_the_limit_is_stored_and_read_back(
     if transport == "websocket":
         async with client.ws_connect(f"{url}/ws", headers=tenant.auth) as ws:
             await ws.send_json({"type": "finish", "id": "f1", "items": [item]})
-            reply = await next_frame(ws, "reply")
+            reply = await next_frame(ws, "reply", timeout=LARGE_S)
     else:
         reply = await (await client.post(f"{url}/finish", headers=tenant.auth,
                                          json={"items": [item]})).json()
@@ -219,7 +223,7 @@ async def test_pathological_frames_are_protocol_errors_and_the_socket_stays(
         for frame, code in frames.items():
             assert len(frame) <= MIB
             await ws.send_str(frame)
-            error = await next_frame(ws, "error")
+            error = await next_frame(ws, "error", timeout=LARGE_S)
             assert error["code"] == code, error
         await ws.send_str('{"type": "finish", "id": "last", "items": []}')
         assert (await next_frame(ws, "error"))["id"] == "last"
@@ -305,8 +309,12 @@ async def test_health_probes_are_answered_while_one_client_sends_its_worst(
                         await ws.send_str(frame)
                         assert (await next_frame(ws, "error"))["code"] in {
                             "malformed_json", "json_too_complex"}, round_
+                began = time.perf_counter()
                 await ws.send_str(frames[2])
-                reply = await next_frame(ws, "reply")
+                # About a second of CPU (parsing, re-encoding 200,000 decimals, three 1 MiB
+                # statements); the two shared cores may be busy with other work.
+                reply = await next_frame(ws, "reply", timeout=LARGE_S)
+                finish_s = time.perf_counter() - began
         finally:
             stop.set()
             await prober
@@ -317,5 +325,6 @@ async def test_health_probes_are_answered_while_one_client_sends_its_worst(
     assert len(latencies) >= 10
     slowest = max(latencies)
     print(f"\n/healthz: {len(latencies)} probes, slowest {slowest * 1000:.1f} ms, "
-          f"median {sorted(latencies)[len(latencies) // 2] * 1000:.1f} ms")
+          f"median {sorted(latencies)[len(latencies) // 2] * 1000:.1f} ms; "
+          f"the worst finish answered in {finish_s * 1000:.0f} ms")
     assert slowest < 1.0

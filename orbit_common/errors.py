@@ -47,6 +47,11 @@ class JsonTooDeep(BadRequest):
     title = "The request body nests too deeply"
 
 
+class JsonTooComplex(BadRequest):
+    code = "json_too_complex"
+    title = "The JSON document holds too many arrays and objects"
+
+
 MAX_LISTED_ERRORS = 100
 
 
@@ -165,6 +170,15 @@ class PayloadTooLarge(OrbitError):
     title = "The request body is too large"
 
 
+class ResultTooLarge(PayloadTooLarge):
+    """A finish report whose results and errors exceed ``[dispatcher].max_result_bytes``: the
+    whole request is refused and changes nothing; the lease continues, so the worker can report
+    the attempt another way (e.g. ``failed``) before it expires."""
+
+    code = "result_too_large"
+    title = "The finish report's results are larger than the dispatcher stores"
+
+
 class UnsupportedMediaType(OrbitError):
     status = 415
     code = "unsupported_media_type"
@@ -270,3 +284,17 @@ class SourceLinkMissing(Conflict):
 
     code = "source_link_missing"
     title = "The task's source link is missing"
+
+
+class TooManyFrames(TooManyRequests):
+    """A worker WebSocket sent more frames in one second than ``max_frames_per_second``."""
+
+    code = "too_many_frames"
+    title = "Too many WebSocket frames per second; closing"
+
+
+class TooManyInvalidFrames(BadRequest):
+    """A worker WebSocket kept sending frames answered with request errors."""
+
+    code = "too_many_invalid_frames"
+    title = "Too many invalid WebSocket frames; closing"

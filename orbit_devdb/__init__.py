@@ -133,6 +133,9 @@ def _server_args(instance: Instance, extra: list[str]) -> list[str]:
         "--character-set-server=utf8mb4",
         "--collation-server=utf8mb4_unicode_ci",
         "--max-connections=500",
+        # What deploy/mysql/orbit.cnf sets (MySQL 8.4's default; MariaDB's is 16M): a finish
+        # needs 2 x [dispatcher].max_result_bytes + 1 MiB (docs/configuration.md).
+        "--max-allowed-packet=64M",
         # Room for a benchmark's working set: with the 128 MiB / 96 MiB defaults a second
         # 20,000-task phase ran a quarter slower than the first, flushing and checkpointing.
         "--innodb-buffer-pool-size=1G",

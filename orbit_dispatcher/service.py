@@ -20,6 +20,13 @@ re-reads the credentials of all open sessions every ``credential_check_s``. A se
 credential was revoked (or application disabled) gets an ``invalid_credential`` error frame and is
 closed with :data:`CREDENTIAL_CLOSE_CODE`; its leases take the lost-session path.
 
+Limits (docs/api/worker.md §6): one message (frame or HTTP body) is at most
+``max_message_bytes`` (aiohttp refuses a larger frame from its header and closes with 1009),
+parsed off the event loop when large, with its arrays and objects counted before parsing; the
+results of one finish are at most ``max_result_bytes`` (``result_too_large``, the lease goes
+on); a socket sending more than ``max_frames_per_second`` frames, or more than
+``max_invalid_frames`` refused ones a minute, is closed with 1008.
+
 Liveness (docs/runbooks/liveness.md): renewals and session heartbeats run on their own small
 connection pool (the *renewal lane*), so they never wait for a connection behind claims and
 finishes held up by a lock; renewals touch only attempt and task rows, never a counter row. The
@@ -38,6 +45,7 @@ import logging
 import os
 import random
 import socket
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
@@ -46,7 +54,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from orbit_common import errors
 from orbit_common.db.pool import Database, open_database
-from orbit_common.model import ids, jsondoc
+from orbit_common.model import ids
 from orbit_common.platform import principals
 from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import dispatch, leases, usage, workers
@@ -78,6 +86,34 @@ OPS_IN_FLIGHT = 4  # frames of one WebSocket running at once (each one transacti
 # Close code of a WebSocket whose credential was revoked or whose application was disabled
 # (the private-use range; 4401 after HTTP 401): register again with a valid key.
 CREDENTIAL_CLOSE_CODE = 4401
+PARSE_INLINE_CHARS = 64 * 1024  # larger frames are parsed off the event loop
+INVALID_WINDOW_S = 60.0  # max_invalid_frames counts the request errors of this long
+FLOOD_CLOSE = WSCloseCode.POLICY_VIOLATION  # 1008: too many frames, or too many invalid ones
+
+
+class RateWindow:
+    """Whether more than ``limit`` events fell within ``window_s`` (a sliding window over the
+    last ``limit`` event times, monotonic clock)."""
+
+    def __init__(self, limit: int, window_s: float) -> None:
+        self.window_s = window_s
+        self.times: deque[float] = deque(maxlen=limit)
+
+    def exceeded(self, now: float) -> bool:
+        """Record one event at ``now``; True when it is one too many."""
+        full = len(self.times) == self.times.maxlen
+        if full and now - self.times[0] < self.window_s:
+            return True
+        self.times.append(now)
+        return False
+
+
+def _parse_frame(text: str) -> Any:
+    """A client frame as a document, or the request error it is."""
+    try:
+        return protocol.loads(text)
+    except errors.OrbitError as exc:
+        return exc
 
 
 class Connection:
@@ -96,6 +132,9 @@ class Connection:
         self.in_flight = asyncio.Semaphore(OPS_IN_FLIGHT)
         self.renewals_in_flight = asyncio.Semaphore(OPS_IN_FLIGHT)
         self.frames: set[asyncio.Task[None]] = set()
+        limits = service.config.dispatcher
+        self.frame_rate = RateWindow(limits.max_frames_per_second, 1.0)
+        self.invalid = RateWindow(limits.max_invalid_frames, INVALID_WINDOW_S)
 
     @property
     def slots(self) -> int:
@@ -167,6 +206,16 @@ class Connection:
                                   "detail": refusal.detail})
         await self.ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"text frames only")
 
+    async def close_for(self, refusal: errors.OrbitError, reason: bytes) -> None:
+        """Answer a flood with an ``error`` frame, then close with 1008 (policy violation)."""
+        self.closing = True
+        log.warning("closing a worker WebSocket: %s", refusal.detail,
+                    extra={"code": refusal.code})
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.send_json({"type": "error", "id": None, "code": refusal.code,
+                                  "detail": refusal.detail})
+        await self.ws.close(code=FLOOD_CLOSE, message=reason)
+
     async def heartbeat(self) -> None:
         while not self.closing:
             await asyncio.sleep(HEARTBEAT_S)
@@ -194,20 +243,27 @@ class Connection:
                 await self.send_json({"type": "cancel",
                                       "attempt_ids": [a.hex() for a in fresh]})
 
-    async def receive(self, text: str) -> None:
+    async def receive(self, text: str) -> bool:
         """Start handling one client frame; waits (so the socket is not read further) while
         :data:`OPS_IN_FLIGHT` frames of its kind are running. Renewals have a budget of their
-        own: a renewal never waits behind finishes stuck on a lock."""
-        try:
-            doc: Any = jsondoc.loads_strict(text)
-        except errors.OrbitError as exc:
-            doc = exc
+        own: a renewal never waits behind finishes stuck on a lock. False when the frame was
+        one too many (the socket is closed: stop reading)."""
+        if self.frame_rate.exceeded(asyncio.get_running_loop().time()):
+            limit = self.service.config.dispatcher.max_frames_per_second
+            await self.close_for(errors.TooManyFrames(
+                f"more than {limit} frames in one second; closing"), b"too many frames")
+            return False
+        if len(text) <= PARSE_INLINE_CHARS:
+            doc: Any = _parse_frame(text)
+        else:  # tens to hundreds of milliseconds of parsing: not on the event loop
+            doc = await asyncio.to_thread(_parse_frame, text)
         renewal = isinstance(doc, dict) and doc.get("type") == "renew"
         budget = self.renewals_in_flight if renewal else self.in_flight
         await budget.acquire()
         task = asyncio.create_task(self._run_frame(doc, budget), name="ws-frame")
         self.frames.add(task)
         task.add_done_callback(self.frames.discard)
+        return True
 
     async def _run_frame(self, doc: Any, budget: asyncio.Semaphore) -> None:
         try:
@@ -263,9 +319,16 @@ class Connection:
             await self.revoked(request_id)  # the operation's transaction found it revoked
         except errors.OrbitError as exc:
             await self.send_json({"type": "error", "id": request_id, "code": exc.code,
-                                  "detail": exc.detail,
+                                  "detail": exc.detail, **exc.extra,
                                   **({"errors": exc.errors}
                                      if isinstance(exc, errors.ValidationFailed) else {})})
+            if exc.status < 500 and self.invalid.exceeded(asyncio.get_running_loop().time()):
+                # A request error is the client's; a worker that keeps making them is broken
+                # or hostile (a database outage, 503, is nobody's fault and never counts).
+                limit = self.service.config.dispatcher.max_invalid_frames
+                await self.close_for(errors.TooManyInvalidFrames(
+                    f"more than {limit} invalid frames in {INVALID_WINDOW_S:.0f} seconds;"
+                    " closing"), b"too many invalid frames")
 
 
 class DispatcherService:
@@ -428,7 +491,10 @@ class DispatcherService:
         return [protocol.renew_json(o) for o in out]
 
     async def op_finish(self, session: Session, doc: Any) -> list[dict[str, Any]]:
-        reports = protocol.parse_finish(doc)
+        # Encoding and measuring the results can take a while (up to max_result_bytes): in a
+        # thread, so the event loop keeps serving the other sessions and the health probes.
+        reports = await asyncio.to_thread(protocol.parse_finish, doc,
+                                          self.config.dispatcher.max_result_bytes)
         await self.beats.fresh()
         out = await dispatch.finish(self.db, session, reports)
         return [protocol.finish_json(o) for o in out]
@@ -479,7 +545,8 @@ class DispatcherService:
 
     def _make_app(self) -> web.Application:
         app = service_app(self.config, self.db, self.gate,
-                          authenticate=principals.authenticate)
+                          authenticate=principals.authenticate,
+                          max_body_bytes=self.config.dispatcher.max_message_bytes)
         app.cleanup_ctx.append(self._lane_ctx)
         app.cleanup_ctx.append(self._pool_ctx)
         app.cleanup_ctx.append(self._credentials_ctx)
@@ -547,7 +614,10 @@ class DispatcherService:
         session = await self._load(request, live=True)
         if self.draining:
             raise errors.ServiceUnavailable("the dispatcher is draining; connect to another")
-        ws = web.WebSocketResponse(heartbeat=20, max_msg_size=32 * 1024 * 1024)
+        # aiohttp refuses a frame of max_msg_size bytes or more from its header, before any of
+        # its payload is buffered, and closes with 1009 (message too big).
+        ws = web.WebSocketResponse(
+            heartbeat=20, max_msg_size=self.config.dispatcher.max_message_bytes + 1)
         await ws.prepare(request)
         conn = Connection(self, session, ws)
         self.connections.add(conn)
@@ -557,11 +627,15 @@ class DispatcherService:
         try:
             async for message in ws:
                 if message.type == WSMsgType.TEXT:
-                    await conn.receive(message.data)
+                    if not await conn.receive(message.data):
+                        break
                 elif message.type == WSMsgType.BINARY:
                     await conn.refuse_binary()
                     break
                 elif message.type == WSMsgType.ERROR:
+                    # aiohttp has closed the socket (1009 for a frame over max_message_bytes).
+                    log.info("worker WebSocket closed on a protocol error: %s", message.data,
+                             extra={"close_code": ws.close_code})
                     break
                 if any(t.done() for t in loops):
                     break
@@ -618,8 +692,9 @@ class DispatcherService:
 
 
 async def _read_object(request: web.Request) -> dict[str, Any]:
-    """A JSON object body (strict parsing, size limit, content type) for worker calls."""
-    doc = await read_document(request)
+    """A JSON object body (strict parsing, size and container limits, content type) for worker
+    calls."""
+    doc = await read_document(request, max_containers=protocol.MAX_CONTAINERS)
     if not isinstance(doc, dict):
         raise errors.ValidationFailed([{"path": "$", "message": "expected a JSON object"}])
     return doc

@@ -52,6 +52,13 @@ class ApiConfig:
     public_url: str = ""
 
 
+# 960 KiB: a result at the limit fits a 1 MiB message with its envelope (ids, token, report id).
+MAX_RESULT_BYTES = 960 * 1024
+# Results are MEDIUMTEXT (16 MiB - 1 byte) and a result event's snapshot holds the result, the
+# error (at most 64 KiB) and a task summary: no setting may let a result reach the column size.
+RESULT_BYTES_CEILING = 15 * 1024 * 1024
+
+
 @attrs.frozen(kw_only=True)
 class DispatcherConfig:
     """The worker gateway (``orbit dispatcher``)."""
@@ -80,6 +87,19 @@ class DispatcherConfig:
     # How often the open WebSocket sessions' credentials are re-read: a revoked credential's
     # (or disabled application's) sessions are closed within this many seconds.
     credential_check_s: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
+    # Worker-protocol limits (docs/api/worker.md#6-限制): the largest message (a WebSocket text
+    # frame, or a request body on the dispatcher's HTTP routes), the largest results and errors
+    # one finish may store together (below what one statement may carry: the database's
+    # max_allowed_packet must exceed 2 x max_result_bytes + 1 MiB, docs/configuration.md), and
+    # the flood limits per WebSocket (past either, the socket is closed with 1008).
+    max_message_bytes: int = attrs.field(
+        default=1024 * 1024, validator=[attrs.validators.ge(64 * 1024),
+                                        attrs.validators.le(64 * 1024 * 1024)])
+    max_result_bytes: int = attrs.field(
+        default=MAX_RESULT_BYTES, validator=[attrs.validators.ge(1024),
+                                             attrs.validators.le(RESULT_BYTES_CEILING)])
+    max_frames_per_second: int = attrs.field(default=2000, validator=attrs.validators.ge(1))
+    max_invalid_frames: int = attrs.field(default=10, validator=attrs.validators.ge(1))
 
 
 @attrs.frozen(kw_only=True)
@@ -161,6 +181,14 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
     return result
 
 
+def _format_error(exc: BaseException, type_: type | None) -> str:
+    """cattrs' wording, plus what an attrs validator said (``'max_result_bytes' must be …``)."""
+    text = cattrs.v.format_exception(exc, type_)
+    if type(exc) is ValueError and str(exc).startswith("'"):
+        return f"{text}: {exc}"
+    return text
+
+
 def load_config(path: Path | None = None, environ: dict[str, str] | None = None) -> OrbitConfig:
     """Load the configuration (see the module docstring)."""
     environ = dict(os.environ) if environ is None else environ
@@ -176,5 +204,5 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
     try:
         return _converter.structure(data, OrbitConfig)
     except cattrs.BaseValidationError as exc:
-        messages = "; ".join(cattrs.transform_error(exc))
+        messages = "; ".join(cattrs.transform_error(exc, format_exception=_format_error))
         raise ConfigError(f"invalid configuration: {messages}") from exc

@@ -19,7 +19,7 @@ from typing import Protocol
 from aiohttp import web
 
 from orbit_common.db.pool import Database, open_database
-from orbit_common.db.schema import SchemaChecker
+from orbit_common.db.schema import SchemaChecker, packet_bytes_needed
 from orbit_common.service.config import OrbitConfig
 from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
 from orbit_common.service.http.server import ServiceRunner
@@ -72,7 +72,10 @@ async def serve(
         config.database.parsed(), minsize=config.database.pool_min,
         maxsize=config.database.pool_max, session=config.database.session(),
     )
-    gate = ReadinessGate(SchemaChecker(db), config.service.readiness_interval_s)
+    # Every daemon reports whether the server's max_allowed_packet fits the result limit.
+    checker = SchemaChecker(
+        db, min_packet_bytes=packet_bytes_needed(config.dispatcher.max_result_bytes))
+    gate = ReadinessGate(checker, config.service.readiness_interval_s)
     service = factory(config, db, gate)
     health: web.AppRunner | None = None
     try:

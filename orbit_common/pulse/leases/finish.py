@@ -248,7 +248,7 @@ async def finish(cur: Any, session: SessionIdentity,
             evidence.append(evidence_row(
                 namespace_id, lk, report.outcome.upper(),
                 report.retryable if report.outcome == "failed" else None,
-                {"result": jsondoc.loads_strict(report.result) if report.result else None,
+                {"result": jsondoc.RawJson(report.result) if report.result else None,
                  "error": report.error}, reason))
             receipts.append(_receipt(namespace_id, report, outcome))
             outcomes[index] = outcome

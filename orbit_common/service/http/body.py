@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -56,6 +57,17 @@ async def read_document(request: web.Request, *,
         raise ClientDisconnected(str(exc) or type(exc).__name__) from exc
     if not raw:
         raise errors.MalformedJson("the request body is empty")
+    if len(raw) <= PARSE_INLINE_BYTES:
+        return _parse(raw, precheck, parse)
+    # A large body takes tens to hundreds of milliseconds to check and parse: off the event
+    # loop, so the process keeps answering everyone else (health probes included) meanwhile.
+    return await asyncio.to_thread(_parse, raw, precheck, parse)
+
+
+PARSE_INLINE_BYTES = 64 * 1024  # bodies up to this size parse in well under a millisecond
+
+
+def _parse(raw: bytes, precheck: Callable[[bytes], None] | None, parse: dict[str, Any]) -> Any:
     if precheck is not None:
         precheck(raw)
     return jsondoc.loads_strict(raw, **parse)

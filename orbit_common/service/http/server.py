@@ -40,19 +40,21 @@ log = logging.getLogger(__name__)
 
 
 def service_app(config: OrbitConfig, db: Database, gate: ReadinessGate, *,
-                authenticate: Authenticate) -> web.Application:
-    """An application with Orbit's middlewares, state and health routes; add routes to it."""
+                authenticate: Authenticate, max_body_bytes: int | None = None) -> web.Application:
+    """An application with Orbit's middlewares, state and health routes; add routes to it.
+    Request bodies are at most ``max_body_bytes`` (default: ``[api].max_body_bytes``)."""
+    limit = config.api.max_body_bytes if max_body_bytes is None else max_body_bytes
     app = web.Application(
         # Outermost first: metrics see the final status, including problem documents.
         middlewares=[metrics_middleware, request_id_middleware, problem_middleware,
                      auth_middleware],
         # aiohttp enforces this while reading; read_json also checks Content-Length first.
-        client_max_size=config.api.max_body_bytes,
+        client_max_size=limit,
     )
     app[DB] = db
     app[CONFIG] = config
     app[GATE_KEY] = gate
-    app[LIMIT_KEY] = config.api.max_body_bytes
+    app[LIMIT_KEY] = limit
     app[AUTHENTICATE] = authenticate
     add_health_routes(app)
     return app

@@ -54,6 +54,8 @@ async def read_document(request: web.Request, *,
         raise errors.ContentEncodingInvalid(CORRUPT_ENCODING.format(encoding=encoding)) from exc
     except ConnectionError as exc:  # the client went away before its body arrived in full
         raise ClientDisconnected(str(exc) or type(exc).__name__) from exc
+    # A body slower than [http] body_timeout_s fails the read with errors.RequestTimeout (408;
+    # the connection's timer sets it, server.ProblemRequestHandler), an OrbitError as it is.
     if not raw:
         raise errors.MalformedJson("the request body is empty")
     if precheck is not None:

@@ -24,7 +24,7 @@ from aiohttp.test_utils import TestClient
 from orbit_api.app import create_app
 from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.db.schema import SchemaChecker
-from orbit_common.service.config import ConfigError, HttpConfig
+from orbit_common.service.config import ConfigError, HttpConfig, load_config
 from orbit_common.service.health import ReadinessGate
 from orbit_common.service.runner import start_health_server
 from orbit_dispatcher.service import DispatcherService
@@ -354,6 +354,9 @@ def test_the_defaults_are_generous_and_checked() -> None:
     assert defaults.checked() is defaults
     assert defaults.max_connections_per_client >= 256
     assert defaults.keepalive_timeout_s > defaults.header_timeout_s
+    loaded = load_config(environ={"ORBIT_HTTP_HEADER_TIMEOUT_S": "2.5",
+                                  "ORBIT_HTTP_MAX_CONNECTIONS_PER_CLIENT": "0"}).http
+    assert (loaded.header_timeout_s, loaded.max_connections_per_client) == (2.5, 0)
     for bad in ({"header_timeout_s": 0}, {"body_timeout_s": -1},
                 {"keepalive_timeout_s": 1e9}, {"max_connections_per_client": -1}):
         with pytest.raises(ConfigError, match=next(iter(bad))):

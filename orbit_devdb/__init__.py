@@ -68,6 +68,10 @@ class Instance:
     def pidfile(self) -> Path:
         return self.root / "mysqld.pid"
 
+    @property
+    def tmpdir(self) -> Path:
+        return self.root / "tmp"
+
     def url(self, database: str = "") -> str:
         from urllib.parse import quote
 
@@ -118,6 +122,9 @@ def _server_args(instance: Instance, extra: list[str]) -> list[str]:
         f"--datadir={instance.datadir}",
         f"--socket={instance.socket}",
         f"--pid-file={instance.pidfile}",
+        # Its own temporary directory: a server starting up deletes every "#sql*" file in
+        # its tmpdir, including the temporary tables of other servers sharing /tmp.
+        f"--tmpdir={instance.tmpdir}",
         f"--log-error={instance.root / 'error.log'}",
         f"--port={instance.port}",
         "--bind-address=127.0.0.1",
@@ -141,10 +148,12 @@ def _initialise(root: Path) -> None:
     if installer is None:
         raise DevDbError("no mariadb-install-db found: install mariadb-server (script/bootstrap)")
     (root / "data").mkdir(parents=True, exist_ok=True)
+    (root / "tmp").mkdir(mode=0o700, exist_ok=True)
     args = [
         installer,
         "--no-defaults",
         f"--datadir={root / 'data'}",
+        f"--tmpdir={root / 'tmp'}",  # see _server_args
         "--auth-root-authentication-method=normal",
         "--skip-test-db",
     ]
@@ -223,6 +232,7 @@ def _start_locked(root: Path, port: int | None, extra_args: list[str] | None) ->
         instance = existing
     # Detach: a shell starts the server in the background and exits, so the server outlives
     # this process and no Popen object is left waiting on it.
+    instance.tmpdir.mkdir(mode=0o700, exist_ok=True)
     launcher = 'exec "$@" </dev/null >/dev/null 2>&1 &'
     subprocess.run(
         ["/bin/sh", "-c", launcher, "sh", *_server_args(instance, extra_args or [])],

@@ -83,10 +83,15 @@ DOCUMENT: dict[str, Any] = {
         **OPERATIONAL_PATHS,
         BASE: {"post": {
             "summary": "Register a worker session (fences the instance's older sessions)",
+            "description": "A worker instance belongs to the credential that registered it: "
+            "another credential registering its instance_key is refused (409 "
+            "instance_owned_elsewhere) and changes nothing.",
             "operationId": "registerWorkerSession", "parameters": [NAMESPACE],
             "requestBody": _body("RegisterRequest"),
             "responses": {"201": _json("Session", "The new session"), **COMMON,
-                          "403": _problem("The credential lacks workers.work (forbidden)")},
+                          "403": _problem("The credential lacks workers.work (forbidden)"),
+                          "409": _problem("instance_owned_elsewhere: the instance belongs "
+                                          "to another credential")},
         }},
         BASE + "/{session_id}": {"delete": {
             "summary": "Close the session (attempts in flight are not affected)",
@@ -97,7 +102,9 @@ DOCUMENT: dict[str, Any] = {
             "summary": "The WebSocket channel (preferred): upgrade, then JSON text frames",
             "description": "Frames: ready, start, renew, finish (client); grants, cancel, reply, "
             "error (dispatcher). start/renew/finish must carry an id. A binary frame is "
-            "answered with an error frame (binary_frame_unsupported) and close code 1003.",
+            "answered with an error frame (binary_frame_unsupported) and close code 1003. "
+            "When the session's credential is revoked or its application disabled, an error "
+            "frame (invalid_credential) and close code 4401.",
             "operationId": "workerWebSocket", "parameters": [NAMESPACE, SESSION],
             "responses": {"101": {"description": "Switching protocols"}, **SESSION_ERRORS,
                           "409": _problem("session_lost: fenced or expired; register again")},

@@ -14,6 +14,12 @@ since they complete without waiting). Nothing in memory is authoritative: a kill
 loses only connections and the pool's order; leases it granted expire and the recovery scan
 (here too, on every replica, SKIP LOCKED) resolves them.
 
+Revocation (docs/api/worker.md): a WebSocket is authenticated once, at the upgrade; after that,
+every start, renew and finish re-reads the session's credential in its transaction, and a watch
+re-reads the credentials of all open sessions every ``credential_check_s``. A session whose
+credential was revoked (or application disabled) gets an ``invalid_credential`` error frame and is
+closed with :data:`CREDENTIAL_CLOSE_CODE`; its leases take the lost-session path.
+
 Liveness (docs/runbooks/liveness.md): renewals and session heartbeats run on their own small
 connection pool (the *renewal lane*), so they never wait for a connection behind claims and
 finishes held up by a lock; renewals touch only attempt and task rows, never a counter row. The
@@ -62,10 +68,16 @@ CLAIMS = prometheus_client.Counter("orbit_dispatch_claims_total",
 RECOVERED = prometheus_client.Counter("orbit_recovery_tasks_total",
                                       "Tasks resolved by the recovery scan.", ["kind"])
 SESSIONS = prometheus_client.Gauge("orbit_dispatch_sessions", "WebSocket sessions connected.")
+REVOKED_SESSIONS = prometheus_client.Counter(
+    "orbit_dispatch_sessions_revoked_total",
+    "WebSocket sessions closed because their credential was revoked or application disabled.")
 HEARTBEAT_S = 10.0
 CANCEL_SCAN_S = 1.0
 MAX_POLL_WAIT_MS = 30_000
 OPS_IN_FLIGHT = 4  # frames of one WebSocket running at once (each one transaction at most)
+# Close code of a WebSocket whose credential was revoked or whose application was disabled
+# (the private-use range; 4401 after HTTP 401): register again with a valid key.
+CREDENTIAL_CLOSE_CODE = 4401
 
 
 class Connection:
@@ -113,6 +125,9 @@ class Connection:
         if isinstance(exc, workers.SessionLost):
             await self.lost()
             return
+        if isinstance(exc, errors.InvalidCredential):
+            await self.revoked()
+            return
         code = exc.code if isinstance(exc, errors.OrbitError) else "internal_error"
         detail = exc.detail if isinstance(exc, errors.OrbitError) else "claiming failed"
         log.warning("closing a worker session after a failed claim: %s", exc,
@@ -127,6 +142,22 @@ class Connection:
                                   "detail": "the session was fenced by a newer one or "
                                             "expired; register again"})
         await self.ws.close()
+
+    async def revoked(self, request_id: str | None = None) -> None:
+        """The session's credential was revoked or its application disabled: an ``error``
+        frame (``invalid_credential``), then close with :data:`CREDENTIAL_CLOSE_CODE`; the
+        session row is closed as the connection ends (``http_ws``)."""
+        if self.closing:
+            return
+        self.closing = True
+        self.service.pool.discard(self.demand)
+        REVOKED_SESSIONS.inc()
+        refusal = errors.InvalidCredential("the session's credential was revoked or its "
+                                           "application disabled; closing")
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.send_json({"type": "error", "id": request_id, "code": refusal.code,
+                                  "detail": refusal.detail})
+        await self.ws.close(code=CREDENTIAL_CLOSE_CODE, message=b"credential revoked")
 
     async def refuse_binary(self) -> None:
         """The protocol is JSON text frames: say so, then close with 1003 (unsupported data)."""
@@ -228,6 +259,8 @@ class Connection:
             items = await op(self.session, doc)
             await self.send_json({"type": "reply", "id": request_id, "op": kind,
                                   "items": items})
+        except errors.InvalidCredential:
+            await self.revoked(request_id)  # the operation's transaction found it revoked
         except errors.OrbitError as exc:
             await self.send_json({"type": "error", "id": request_id, "code": exc.code,
                                   "detail": exc.detail,
@@ -323,6 +356,48 @@ class DispatcherService:
         yield
         await self.pool.close()
 
+    async def _credentials_ctx(self, _app: web.Application) -> AsyncIterator[None]:
+        """The credential watch runs while the application does."""
+        watch = asyncio.create_task(self._credential_watch(), name="dispatch-credentials")
+        try:
+            yield
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+
+    async def _credential_watch(self) -> None:
+        """Every ``credential_check_s``: re-read the credentials of the open WebSocket sessions
+        (one read for all of them) and close the sessions of those revoked or of a disabled
+        application. A database error keeps the sockets (the next pass decides)."""
+        interval = self.config.dispatcher.credential_check_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_credentials()
+            except Exception:
+                log.exception("credential check failed")  # the next pass tries again
+
+    async def check_credentials(self) -> int:
+        """One pass of the credential watch; returns how many sessions it closed."""
+        open_ = [c for c in self.connections if not c.closing]
+        if not open_:
+            return 0
+        try:
+            active = await dispatch.active_credentials(
+                self.db, [c.session.credential_id for c in open_])
+        except errors.OrbitError as exc:
+            log.warning("credential check failed: %s", exc, extra={"code": exc.code})
+            return 0
+        revoked = [c for c in open_ if c.session.credential_id not in active]
+        for conn in revoked:
+            log.info("closing a worker session: its credential is no longer valid",
+                     extra={"session_id": conn.session.id.hex(),
+                            "credential_id": conn.session.credential_id.hex()})
+        # At once, not one after another: a client slow to answer the close delays no other.
+        await asyncio.gather(*(conn.revoked() for conn in revoked), return_exceptions=True)
+        return len(revoked)
+
     async def _lane_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         """The renewal lane's pool lives as long as the application."""
         lane = await open_database(self.db.url, minsize=1,
@@ -408,6 +483,7 @@ class DispatcherService:
                           authenticate=principals.authenticate)
         app.cleanup_ctx.append(self._lane_ctx)
         app.cleanup_ctx.append(self._pool_ctx)
+        app.cleanup_ctx.append(self._credentials_ctx)
         app.router.add_get("/v1/openapi.json", openapi.openapi)
         base = "/v1/namespaces/{namespace}/worker/sessions"  # documented in openapi.py
         app.router.add_post(base, self.http_register)

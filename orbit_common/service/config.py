@@ -103,6 +103,9 @@ class DispatcherConfig:
     heartbeat_interval_s: float = 1.0
     outage_threshold_s: float = 2.0
     node: str = ""  # observability label; defaults to host:pid
+    # How often the open WebSocket sessions' credentials are re-read: a revoked credential's
+    # (or disabled application's) sessions are closed within this many seconds.
+    credential_check_s: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
 
 
 @attrs.frozen(kw_only=True)

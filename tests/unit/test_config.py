@@ -148,3 +148,11 @@ def test_out_of_range_session_limits_are_errors(name: str, value: str) -> None:
     config = load_config(None, {name: value})
     with pytest.raises(ConfigError, match="invalid \\[database\\] setting"):
         config.database.session()
+
+
+def test_the_credential_check_interval_is_a_positive_number_of_seconds() -> None:
+    assert load_config(None, {}).dispatcher.credential_check_s == 5.0
+    config = load_config(None, {"ORBIT_DISPATCHER_CREDENTIAL_CHECK_S": "0.5"})
+    assert config.dispatcher.credential_check_s == 0.5
+    with pytest.raises(ConfigError, match=r"invalid value @ \$\.dispatcher"):
+        load_config(None, {"ORBIT_DISPATCHER_CREDENTIAL_CHECK_S": "0"})

@@ -47,7 +47,8 @@ class ApiService:
 
     async def start(self) -> None:
         self.runner = ServiceRunner(
-            self.app, access_log=None, shutdown_timeout=self.config.service.drain_timeout_s
+            self.app, access_log=None, shutdown_timeout=self.config.service.drain_timeout_s,
+            http=self.config.http,
         )
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.config.api.host, self.config.api.port)

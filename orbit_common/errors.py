@@ -164,6 +164,14 @@ class ApplicationQuotaExceeded(TooManyRequests):
     title = "Application quota exceeded"
 
 
+class RequestTimeout(OrbitError):
+    """The request head or body did not arrive in time ([http] header/body_timeout_s)."""
+
+    status = 408
+    code = "request_timeout"
+    title = "The request did not arrive in time"
+
+
 class PayloadTooLarge(OrbitError):
     status = 413
     code = "payload_too_large"
@@ -219,6 +227,13 @@ class ServiceUnavailable(OrbitError):
     status = 503
     code = "service_unavailable"
     title = "The service is temporarily unavailable"
+
+
+class TooManyConnections(ServiceUnavailable):
+    """A client address already holds [http] max_connections_per_client connections."""
+
+    code = "too_many_connections"
+    title = "Too many connections from this client address"
 
 
 class DatabaseUnavailable(ServiceUnavailable):

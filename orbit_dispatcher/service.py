@@ -363,7 +363,8 @@ class DispatcherService:
 
     async def start(self) -> None:
         self.runner = ServiceRunner(self.app, access_log=None,
-                                    shutdown_timeout=self.config.service.drain_timeout_s)
+                                    shutdown_timeout=self.config.service.drain_timeout_s,
+                                    http=self.config.http)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.config.dispatcher.host, self.config.dispatcher.port)
         await site.start()

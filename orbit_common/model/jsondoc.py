@@ -53,6 +53,14 @@ class RawJson(str):
         return f"RawJson({str.__repr__(self)})"
 
 
+class _Tokens(dict[str, JsonNumber]):
+    """The :class:`JsonNumber` of each number token of one document, made once per token."""
+
+    def __missing__(self, token: str) -> JsonNumber:
+        number = self[token] = JsonNumber(token)
+        return number
+
+
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
@@ -177,11 +185,14 @@ def loads_strict(
         text = data
     if _depth(text, max_depth, max_containers) > max_depth:
         raise errors.JsonTooDeep(f"JSON nests deeper than {max_depth} levels")
-    numbers: dict[str, Any] = (
-        {"parse_float": JsonNumber, "parse_int": JsonNumber}
-        if keep_number_text
-        else {"parse_float": decimal.Decimal}
-    )
+    if keep_number_text:
+        # One JsonNumber per distinct token: a str subclass costs about 20 times a str to make,
+        # and a body of 500,000 numbers repeats most of them.
+        tokens = _Tokens()
+        numbers: dict[str, Any] = {"parse_float": tokens.__getitem__,
+                                   "parse_int": tokens.__getitem__}
+    else:
+        numbers = {"parse_float": decimal.Decimal}
     try:
         value = json.loads(
             text, object_pairs_hook=_pairs, parse_constant=_refuse_constant, **numbers
@@ -194,8 +205,14 @@ def loads_strict(
         raise errors.MalformedJson("a number is out of range") from exc
     except RecursionError as exc:  # unreachable after _depth; kept so no input can crash a caller
         raise errors.JsonTooDeep(f"JSON nests deeper than {max_depth} levels") from exc
-    _check_strings(value)
+    if _MAYBE_SURROGATE.search(text) is not None:
+        _check_strings(value)
     return value
+
+
+# A lone surrogate can only come from a \uD800-\uDFFF escape (UTF-8 cannot hold one) or from a
+# str argument that holds one already; without either, the tree walk below has nothing to find.
+_MAYBE_SURROGATE = re.compile(r"\\u[dD][89abcdefABCDEF]|[\ud800-\udfff]")
 
 
 def _check_strings(value: Any) -> None:
@@ -277,5 +294,7 @@ def _encode_exact(value: Any, *, sort_keys: bool) -> str:
         )
         return "{" + inner + "}"
     if isinstance(value, list | tuple):
+        if all(type(v) is JsonNumber for v in value):  # a list of numbers: their own text
+            return "[" + ",".join(value) + "]"
         return "[" + ",".join(_encode_exact(v, sort_keys=sort_keys) for v in value) + "]"
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")

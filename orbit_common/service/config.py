@@ -60,6 +60,32 @@ RESULT_BYTES_CEILING = 15 * 1024 * 1024
 
 
 @attrs.frozen(kw_only=True)
+class HttpConfig:
+    """Connection limits of every HTTP listener: the API, the worker gateway and the health
+    listener (docs/configuration.md, ``[http]``). A slow or greedy client costs one client."""
+
+    # The whole request head must arrive within header_timeout_s of the connection's accept
+    # (or, on a keep-alive connection, of the next request's first byte); the body within
+    # body_timeout_s of its head. Otherwise 408 request_timeout and the connection closes.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    # An idle keep-alive connection (no request in progress) is closed after this long.
+    keepalive_timeout_s: float = 75.0
+    # Open connections per client address (IPv6: per /64); 0 is no limit. Worker WebSockets
+    # count, and behind a reverse proxy every connection is the proxy's.
+    max_connections_per_client: int = 256
+
+    def checked(self) -> HttpConfig:
+        """This configuration, or a :class:`ConfigError` naming the key that is out of range."""
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            if not 0 < getattr(self, name) <= 86400:
+                raise ConfigError(f"invalid [http] setting: {name} must be in (0, 86400]")
+        if self.max_connections_per_client < 0:
+            raise ConfigError("invalid [http] setting: max_connections_per_client must be >= 0")
+        return self
+
+
+@attrs.frozen(kw_only=True)
 class DispatcherConfig:
     """The worker gateway (``orbit dispatcher``)."""
 
@@ -129,6 +155,7 @@ class ServiceConfig:
 class OrbitConfig:
     database: DatabaseConfig = attrs.field(factory=DatabaseConfig)
     api: ApiConfig = attrs.field(factory=ApiConfig)
+    http: HttpConfig = attrs.field(factory=HttpConfig)
     dispatcher: DispatcherConfig = attrs.field(factory=DispatcherConfig)
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     service: ServiceConfig = attrs.field(factory=ServiceConfig)
@@ -165,6 +192,7 @@ _converter.register_structure_hook(str, _str)
 SECTIONS: dict[str, type[Any]] = {
     "database": DatabaseConfig,
     "api": ApiConfig,
+    "http": HttpConfig,
     "dispatcher": DispatcherConfig,
     "scheduler": SchedulerConfig,
     "service": ServiceConfig,

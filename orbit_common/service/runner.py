@@ -20,7 +20,7 @@ from aiohttp import web
 
 from orbit_common.db.pool import Database, open_database
 from orbit_common.db.schema import SchemaChecker, packet_bytes_needed
-from orbit_common.service.config import OrbitConfig
+from orbit_common.service.config import HttpConfig, OrbitConfig
 from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
 from orbit_common.service.http.server import ServiceRunner
 from orbit_common.service.logging import configure_logging
@@ -81,7 +81,8 @@ async def serve(
     try:
         if not service.serves_health:
             health = await start_health_server(
-                gate, config.service.metrics_host, config.service.metrics_port
+                gate, config.service.metrics_host, config.service.metrics_port,
+                http=config.http,
             )
         await gate.refresh()
         if not gate.is_ready:
@@ -120,14 +121,15 @@ async def _drain(service: Service, timeout_s: float, hurry: asyncio.Event) -> No
         await drain
 
 
-async def start_health_server(gate: ReadinessGate, host: str, port: int) -> web.AppRunner:
+async def start_health_server(gate: ReadinessGate, host: str, port: int, *,
+                              http: HttpConfig | None = None) -> web.AppRunner:
     """Serve /healthz, /readyz and /metrics for a daemon that has no HTTP API of its own."""
     app = web.Application()
     app[GATE_KEY] = gate
     add_health_routes(app)
     # ServiceRunner: a request the HTTP parser refuses is one WARNING line without its bytes
     # (aiohttp's own handler logs the offending header, credentials included, with a traceback).
-    runner = ServiceRunner(app, access_log=None)
+    runner = ServiceRunner(app, access_log=None, http=http)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

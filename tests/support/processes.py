@@ -92,11 +92,12 @@ class Daemon:
 
 
 class ApiDaemon(Daemon):
-    def __init__(self, *, db_url: DatabaseUrl, log: Path, port: int | None = None) -> None:
+    def __init__(self, *, db_url: DatabaseUrl, log: Path, port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(["api"], db_url=db_url, log=log,
-                         env={"ORBIT_API_PORT": str(self.port)})
+                         env={"ORBIT_API_PORT": str(self.port), **(env or {})})
 
     def wait_listening(self, timeout: float = 20) -> None:
         def up() -> bool:

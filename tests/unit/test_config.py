@@ -154,5 +154,6 @@ def test_the_credential_check_interval_is_a_positive_number_of_seconds() -> None
     assert load_config(None, {}).dispatcher.credential_check_s == 5.0
     config = load_config(None, {"ORBIT_DISPATCHER_CREDENTIAL_CHECK_S": "0.5"})
     assert config.dispatcher.credential_check_s == 0.5
-    with pytest.raises(ConfigError, match=r"'credential_check_s' must be > 0: 0.0 @ \$\.dispatcher"):
+    with pytest.raises(ConfigError,
+                       match=r"'credential_check_s' must be > 0: 0.0 @ \$\.dispatcher"):
         load_config(None, {"ORBIT_DISPATCHER_CREDENTIAL_CHECK_S": "0"})

@@ -117,11 +117,21 @@ def test_invalid_utf8_is_refused(data: bytes) -> None:
         jsondoc.loads_strict(data)
 
 
-@pytest.mark.parametrize("text", ['"\\ud800"', '{"a": ["x\\udfffy"]}', '{"\\udc00": 1}'])
+@pytest.mark.parametrize("text", ['"\\ud800"', '{"a": ["x\\udfffy"]}', '{"\\udc00": 1}',
+                                  '["\\uDBFF"]', '"\ud800"'])
 def test_lone_surrogate_escapes_are_refused(text: str) -> None:
     # They decode to strings that cannot be encoded as UTF-8 (nor stored, nor digested).
     with pytest.raises(errors.MalformedJson):
         jsondoc.loads_strict(text)
+
+
+def test_numbers_keep_their_text_in_long_lists() -> None:
+    numbers = [f"{n}.{n % 7}0" for n in range(2000)] * 3 + ["-0", "1E+5"]
+    document = jsondoc.loads_strict("[" + ",".join(numbers) + "]", keep_number_text=True)
+    assert document == numbers
+    assert all(type(n) is jsondoc.JsonNumber for n in document)
+    assert jsondoc.dumps(document) == "[" + ",".join(numbers) + "]"
+    assert jsondoc.dumps({"a": document[:2]}) == '{"a":[0.00,1.10]}'
 
 
 def test_a_surrogate_pair_escape_is_one_character() -> None:

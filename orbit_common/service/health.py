@@ -2,7 +2,15 @@
 
 ``/healthz`` answers 200 while the process runs its event loop. ``/readyz`` answers 200 only when
 the last schema check passed (migrations applied, none dirty or edited, zero foreign keys) and
-the database answered; otherwise 503 with the reasons. ``/metrics`` is Prometheus text.
+the database answered; otherwise 503. ``/metrics`` is Prometheus text.
+
+Two listeners serve them (docs/architecture.md, "listeners"): a daemon's *public* port (the API's,
+the dispatcher's worker port) answers ``/healthz`` and a ``/readyz`` that says only whether the
+process is ready (:func:`add_public_routes`); the *operator* listener (``[service]
+metrics_host:metrics_port``) answers ``/healthz``, ``/metrics`` and the detailed ``/readyz`` — the
+reasons, migrations, durability settings and server version (:func:`add_operator_routes`).
+Metrics name tenants (namespaces and queues) and readiness details describe the database: both
+are for operators, never for whoever can reach a public port.
 """
 
 from __future__ import annotations
@@ -88,6 +96,14 @@ async def healthz(_request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """The public answer: ready or not, nothing about the database or the migrations."""
+    gate = request.app[GATE_KEY]
+    await gate.refresh()
+    return web.json_response({"ready": gate.is_ready}, status=200 if gate.is_ready else 503)
+
+
+async def readyz_details(request: web.Request) -> web.Response:
+    """The operator's answer: the reasons, migrations, durability settings, server version."""
     gate = request.app[GATE_KEY]
     await gate.refresh()
     return web.json_response(gate.details(), status=200 if gate.is_ready else 503)
@@ -98,7 +114,14 @@ async def metrics(_request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
 
-def add_health_routes(app: web.Application) -> None:
+def add_public_routes(app: web.Application) -> None:
+    """``/healthz`` and the bare ``/readyz`` of a public port (no metrics, no details)."""
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+
+
+def add_operator_routes(app: web.Application) -> None:
+    """``/healthz``, the detailed ``/readyz`` and ``/metrics`` of the operator listener."""
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz_details)
     app.router.add_get("/metrics", metrics)

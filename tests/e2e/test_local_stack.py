@@ -50,14 +50,15 @@ class Stack:
     """One ``orbit dev up`` process with its output captured to a file."""
 
     def __init__(self, state: Path, port: int, env: dict[str, str], log: Path,
-                 dispatcher_port: int) -> None:
+                 dispatcher_port: int, operator_port: int = 0) -> None:
         self.state = state
         self.api_url = f"http://127.0.0.1:{port}"
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [str(BIN / "orbit"), "dev", "up", "--dir", str(state), "--api-port", str(port),
-                 "--dispatcher-port", str(dispatcher_port)],
+                 "--dispatcher-port", str(dispatcher_port),
+                 "--operator-port", str(operator_port)],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -119,9 +120,17 @@ def test_dev_up_bootstraps_once_serves_and_survives_restart(
     state = tmp_path / "state"
     port, dispatcher_port = devdb.free_port(), devdb.free_port()
 
-    first = Stack(state, port, stack_env, tmp_path / "first.log", dispatcher_port)
+    operator_port = devdb.free_port()
+    first = Stack(state, port, stack_env, tmp_path / "first.log", dispatcher_port,
+                  operator_port)
     try:
         first.wait_ready()
+        # Operator data only on the API's operator listener (--operator-port), not its port.
+        assert _get(f"{first.api_url}/metrics")[0] == 404
+        assert _get(f"{first.api_url}/readyz") == (200, {"ready": True})
+        status, details = _get(f"http://127.0.0.1:{operator_port}/readyz")
+        assert status == 200, details
+        assert set(details["migrations"].values()) == {"applied"}
         bootstrap_file = state / "bootstrap.json"
         assert stat.S_IMODE(bootstrap_file.stat().st_mode) == 0o600
         original = bootstrap_file.read_bytes()

@@ -22,7 +22,8 @@ from tests.support.processes import Daemon, free_port, http, wait_until
 
 
 class DispatcherDaemon(Daemon):
-    def __init__(self, *, db_url: DatabaseUrl, log: Path, port: int | None = None) -> None:
+    def __init__(self, *, db_url: DatabaseUrl, log: Path, port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(["dispatcher"], db_url=db_url, log=log, env={
@@ -30,6 +31,7 @@ class DispatcherDaemon(Daemon):
             "ORBIT_DISPATCHER_RECOVERY_INTERVAL_S": "0.3",
             "ORBIT_DISPATCHER_GAUGE_INTERVAL_S": "0.5",
             "ORBIT_SERVICE_DRAIN_TIMEOUT_S": "5",
+            **(env or {}),
         })
 
     def wait_listening(self, timeout: float = 20) -> None:

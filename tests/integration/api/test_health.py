@@ -1,4 +1,5 @@
-"""/healthz, /readyz and /metrics served by the API."""
+"""/healthz and a bare /readyz on the API's public port; /metrics and the detailed /readyz only
+on the operator listener (orbit_common/service/health.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,28 @@ from aiohttp.test_utils import TestClient
 
 from orbit_common.db import migrator
 from tests.conftest import Tenant
+from tests.integration.api.conftest import assert_problem
 
 
-async def test_healthz(api: TestClient[Any, Any]) -> None:
-    response = await api.get("/healthz")
-    assert response.status == 200
-    assert await response.json() == {"status": "ok"}
+async def test_healthz(api: TestClient[Any, Any], operator: TestClient[Any, Any]) -> None:
+    for client in (api, operator):
+        response = await client.get("/healthz")
+        assert response.status == 200
+        assert await response.json() == {"status": "ok"}
 
 
-async def test_readyz_lists_the_migrations_and_zero_foreign_keys(
+async def test_public_readyz_says_ready_and_nothing_about_the_database(
     api: TestClient[Any, Any],
 ) -> None:
     response = await api.get("/readyz")
+    assert response.status == 200, await response.text()
+    assert await response.json() == {"ready": True}
+
+
+async def test_operator_readyz_lists_the_migrations_and_zero_foreign_keys(
+    operator: TestClient[Any, Any],
+) -> None:
+    response = await operator.get("/readyz")
     assert response.status == 200, await response.text()
     body = await response.json()
     assert body["ready"] is True
@@ -30,13 +41,20 @@ async def test_readyz_lists_the_migrations_and_zero_foreign_keys(
     assert set(body["migrations"]) == expected
     assert set(body["migrations"].values()) == {"applied"}
     assert "flush_log_at_trx_commit" in body["durability"]
+    assert body["durability"]["version"]
+
+
+async def test_metrics_are_not_served_on_the_public_port(api: TestClient[Any, Any]) -> None:
+    response = await api.get("/metrics")
+    body = await assert_problem(response, 404, "not_found")
+    assert "orbit_" not in str(body)
 
 
 async def test_metrics_is_prometheus_text_with_transaction_timings(
-    api: TestClient[Any, Any], tenant: Tenant
+    api: TestClient[Any, Any], operator: TestClient[Any, Any], tenant: Tenant
 ) -> None:
     assert (await api.get("/v1/whoami", headers=tenant.auth)).status == 200
-    response = await api.get("/metrics")
+    response = await operator.get("/metrics")
     assert response.status == 200
     assert response.content_type == "text/plain"
     text = await response.text()
@@ -46,3 +64,10 @@ async def test_metrics_is_prometheus_text_with_transaction_timings(
         'orbit_db_transaction_seconds_bucket{transaction="whoami",le="+Inf"}' in text
     )
     assert "orbit_ready" in text
+
+
+async def test_other_operator_paths_are_problem_documents(
+    operator: TestClient[Any, Any],
+) -> None:
+    await assert_problem(await operator.get("/v1/whoami"), 404, "not_found")
+    await assert_problem(await operator.post("/metrics"), 405, "method_not_allowed")

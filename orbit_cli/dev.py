@@ -3,7 +3,10 @@
 ``orbit dev up`` starts Orbit's private database (unless ``ORBIT_DATABASE_URL`` is set), applies
 migrations, bootstraps once (``.orbit/bootstrap.json``, mode 0600) and runs every daemon as a
 supervised child process until Ctrl-C, restarting a daemon that dies. State lives in ``.orbit/``
-and survives a restart.
+and survives a restart. On the private database the migrations run as the instance's
+administrator and the bootstrap and the daemons as the least-privileged runtime user
+(``orbit_devdb.RUNTIME_USER``: rows only, no DDL); with ``ORBIT_DATABASE_URL`` everything uses
+that URL.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ def dev_db() -> None:
 @click.option("--database", default="orbit")
 def db_start(root: Path, database: str) -> None:
     """Start (initialising on first use) the private instance; prints its URL."""
+    try:
+        devdb.database_identifier(database)  # refused before the instance is even started
+    except devdb.InvalidName as exc:
+        raise click.BadParameter(str(exc), param_hint="--database") from exc
     instance = devdb.start(root)
     devdb.create_database(instance, database)
     click.echo(instance.url(database))
@@ -88,22 +95,27 @@ def dev_up(root: Path, api_port: int, dispatcher_port: int | None, operator_port
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     instance: devdb.Instance | None = None
-    url = os.environ.get("ORBIT_DATABASE_URL", "")
+    url = runtime_url = os.environ.get("ORBIT_DATABASE_URL", "")
     if not url:
         click.echo(f"starting the private database in {root / 'mysql'} …")
         instance = devdb.start(root / "mysql")
-        devdb.create_database(instance, "orbit")
-        url = instance.url("orbit")
-    parsed = DatabaseUrl.parse(url)
-    click.echo(f"database: {parsed.render()}")
     try:
+        if instance is not None:
+            devdb.create_database(instance, "orbit")
+            instance = devdb.ensure_runtime_user(instance, "orbit")
+            url, runtime_url = instance.url("orbit"), instance.runtime_url("orbit")
+        parsed = DatabaseUrl.parse(url)
+        click.echo(f"database: {parsed.render()}")
+        if runtime_url != url:
+            click.echo(f"daemons:  {DatabaseUrl.parse(runtime_url).render()} "
+                       f"({devdb.RUNTIME_PRIVILEGES} only)")
         applied = migrator.Migrator(parsed).up(log=click.echo)
         click.echo(f"migrations: applied {len(applied)}" if applied else "migrations: up to date")
         api_url = f"http://127.0.0.1:{api_port}"
         ports = Ports(api=api_port, dispatcher=dispatcher_port or api_port + 1,
                       operator=operator_port)
-        _bootstrap_once(root, url, api_url, ports.dispatcher_url)
-        _supervise(root, url, ports)
+        _bootstrap_once(root, runtime_url, api_url, ports.dispatcher_url)
+        _supervise(root, runtime_url, ports)
     finally:
         if instance is not None:
             click.echo("stopping the private database …")

@@ -4,7 +4,7 @@
 the last schema check passed (migrations applied, none dirty or edited, zero foreign keys) and
 the database answered; otherwise 503. ``/metrics`` is Prometheus text.
 
-Two listeners serve them (docs/architecture.md, "listeners"): a daemon's *public* port (the API's,
+Two listeners serve them (docs/configuration.md, "运维监听"): a daemon's *public* port (the API's,
 the dispatcher's worker port) answers ``/healthz`` and a ``/readyz`` that says only whether the
 process is ready (:func:`add_public_routes`); the *operator* listener (``[service]
 metrics_host:metrics_port``) answers ``/healthz``, ``/metrics`` and the detailed ``/readyz`` — the

@@ -10,7 +10,9 @@ process is ready (:func:`add_public_routes`); the *operator* listener (``[servic
 metrics_host:metrics_port``) answers ``/healthz``, ``/metrics`` and the detailed ``/readyz`` — the
 reasons, migrations, durability settings and server version (:func:`add_operator_routes`).
 Metrics name tenants (namespaces and queues) and readiness details describe the database: both
-are for operators, never for whoever can reach a public port.
+are for operators, never for whoever can reach a public port. Anyone can ask a public
+``/readyz``, so it checks at most once per :data:`PUBLIC_CHECK_MAX_AGE_S` (concurrent requests
+share one check); the operator's ``/readyz`` checks on every request.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from orbit_common.db.schema import SchemaChecker, SchemaReport
 log = logging.getLogger(__name__)
 
 READY = prometheus_client.Gauge("orbit_ready", "1 when the process passes its readiness checks.")
+# A public /readyz answers from a check at most this old: a flood of anonymous probes costs the
+# database one schema check per second, not one per request.
+PUBLIC_CHECK_MAX_AGE_S = 1.0
 
 
 class ReadinessGate:
@@ -41,12 +46,25 @@ class ReadinessGate:
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._warned: set[str] = set()
+        self._checking = asyncio.Lock()  # one check at a time; waiters may reuse its answer
+        self._checked_at: float | None = None  # loop time when the last check ended
 
     @property
     def is_ready(self) -> bool:
         return self._ready.is_set()
 
-    async def refresh(self) -> None:
+    async def refresh(self, *, max_age_s: float = 0.0) -> None:
+        """Check the schema now, unless a check ended less than ``max_age_s`` ago (then its
+        answer stands). Checks never overlap: a caller that waited for one in flight reuses it
+        when it is recent enough."""
+        async with self._checking:
+            loop_time = asyncio.get_running_loop().time()
+            if self._checked_at is not None and loop_time - self._checked_at < max_age_s:
+                return
+            await self._check()
+            self._checked_at = asyncio.get_running_loop().time()
+
+    async def _check(self) -> None:
         try:
             report = await self.checker.check()
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready", reported
@@ -98,7 +116,7 @@ async def healthz(_request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """The public answer: ready or not, nothing about the database or the migrations."""
     gate = request.app[GATE_KEY]
-    await gate.refresh()
+    await gate.refresh(max_age_s=PUBLIC_CHECK_MAX_AGE_S)
     return web.json_response({"ready": gate.is_ready}, status=200 if gate.is_ready else 503)
 
 

@@ -3,11 +3,14 @@ on the operator listener (orbit_common/service/health.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp.test_utils import TestClient
 
 from orbit_common.db import migrator
+from orbit_common.db.schema import SchemaReport
+from orbit_common.service.health import GATE_KEY, ReadinessGate
 from tests.conftest import Tenant
 from tests.integration.api.conftest import assert_problem
 
@@ -71,3 +74,30 @@ async def test_other_operator_paths_are_problem_documents(
 ) -> None:
     await assert_problem(await operator.get("/v1/whoami"), 404, "not_found")
     await assert_problem(await operator.post("/metrics"), 405, "method_not_allowed")
+
+
+def _count_checks(gate: ReadinessGate) -> list[int]:
+    """A spy on the gate's schema checks (the real check still runs); returns the counter."""
+    calls = [0]
+    check = gate.checker.check
+
+    async def counted() -> SchemaReport:
+        calls[0] += 1
+        return await check()
+
+    gate.checker.check = counted  # type: ignore[method-assign]
+    return calls
+
+
+async def test_a_flood_of_public_readyz_costs_one_schema_check(
+    api: TestClient[Any, Any], operator: TestClient[Any, Any],
+) -> None:
+    calls = _count_checks(api.server.app[GATE_KEY])
+    answers = await asyncio.gather(*(api.get("/readyz") for _ in range(30)))
+    assert {a.status for a in answers} == {200}
+    assert calls == [1]  # concurrent requests shared one check, later ones reused it
+    # The operator's /readyz checks every time.
+    operator_calls = _count_checks(operator.server.app[GATE_KEY])
+    for _ in range(3):
+        assert (await operator.get("/readyz")).status == 200
+    assert operator_calls == [3]

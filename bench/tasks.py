@@ -151,7 +151,7 @@ class _Phase:
         self.labels: list[str] = []
         admin = connect_sync(server, autocommit=True)
         with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE `{self.name}`")  # generated name
+            cur.execute(f"CREATE DATABASE {devdb.database_identifier(self.name)}")
         admin.close()
         self.url = server.with_database(self.name)
         Migrator(self.url).up(log=lambda _m: None)
@@ -216,7 +216,7 @@ class _Phase:
                 proc.kill()
         admin = connect_sync(self.server, autocommit=True)
         with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
+            cur.execute(f"DROP DATABASE IF EXISTS {devdb.database_identifier(self.name)}")
         admin.close()
 
 

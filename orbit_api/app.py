@@ -38,7 +38,6 @@ class ApiService:
     """The ``orbit api`` daemon: serves the application until drained."""
 
     name = "api"
-    serves_health = True  # /healthz, /readyz and /metrics are routes of the API itself
 
     def __init__(self, config: OrbitConfig, db: Database, gate: ReadinessGate) -> None:
         self.config = config

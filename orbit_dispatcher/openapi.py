@@ -13,7 +13,12 @@ from typing import Any
 from aiohttp import web
 
 from orbit_common.pulse.leases import MAX_BATCH, OUTCOMES
-from orbit_common.service.http.openapi import OPERATIONAL_PATHS, PROBLEM, SECURITY_SCHEMES
+from orbit_common.service.http.openapi import (
+    OPERATIONAL_PATHS,
+    PROBLEM,
+    READINESS,
+    SECURITY_SCHEMES,
+)
 
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
@@ -142,6 +147,7 @@ DOCUMENT: dict[str, Any] = {
         "securitySchemes": SECURITY_SCHEMES,
         "schemas": {
             "Problem": PROBLEM,
+            "Readiness": READINESS,
             "RegisterRequest": {
                 "type": "object", "additionalProperties": False,
                 "required": ["instance_key", "queues", "handlers"],

@@ -335,7 +335,6 @@ class DispatcherService:
     """``orbit dispatcher``: the aiohttp application plus the recovery loop."""
 
     name = "dispatcher"
-    serves_health = True
 
     def __init__(self, config: OrbitConfig, db: Database, gate: ReadinessGate) -> None:
         self.config = config
@@ -502,7 +501,7 @@ class DispatcherService:
 
     async def _recovery_loop(self) -> None:
         interval = self.config.dispatcher.recovery_interval_s
-        gauges = usage.UsageGauges()
+        gauges = usage.UsageGauges(tenant_labels=self.config.service.metrics_tenant_labels)
         next_gauges = 0.0
         while True:
             await asyncio.sleep(interval * random.uniform(0.5, 1.5))  # noqa: S311

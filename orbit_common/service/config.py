@@ -146,9 +146,13 @@ class ServiceConfig:
     log_format: str = "json"  # json | text
     drain_timeout_s: float = 30.0
     readiness_interval_s: float = 5.0
-    # Daemons other than the API serve /healthz, /readyz and /metrics here.
+    # The operator listener (docs/configuration.md): every daemon serves /metrics, the detailed
+    # /readyz and /healthz here, never on its public port. Port 0 picks a free port (logged).
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
+    # false: the usage gauges' namespace and queue labels collapse to one "_all" series
+    # (ages are the maximum, counts the sum), so no tenant's name appears in /metrics.
+    metrics_tenant_labels: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -178,6 +182,19 @@ def _float(value: Any, _type: Any) -> float:
     return float(value)
 
 
+_BOOLEANS = {"true": True, "1": True, "yes": True, "on": True,
+             "false": False, "0": False, "no": False, "off": False}
+
+
+def _bool(value: Any, _type: Any) -> bool:
+    # TOML gives booleans; the environment gives strings (bool("false") would be True).
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _BOOLEANS:
+        return _BOOLEANS[value.strip().lower()]
+    raise TypeError(f"{value!r} is not a boolean (true or false)")
+
+
 def _str(value: Any, _type: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{value!r} is not a string")
@@ -188,6 +205,7 @@ _converter = cattrs.Converter(forbid_extra_keys=True)
 _converter.register_structure_hook(int, _int)
 _converter.register_structure_hook(float, _float)
 _converter.register_structure_hook(str, _str)
+_converter.register_structure_hook(bool, _bool)
 
 SECTIONS: dict[str, type[Any]] = {
     "database": DatabaseConfig,

@@ -26,7 +26,7 @@ from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.db.schema import SchemaChecker
 from orbit_common.service.config import ConfigError, HttpConfig, load_config
 from orbit_common.service.health import ReadinessGate
-from orbit_common.service.runner import start_health_server
+from orbit_common.service.runner import start_operator_server
 from orbit_dispatcher.service import DispatcherService
 from tests.conftest import Tenant, api_config
 from tests.support.lease_fixtures import make_queue
@@ -55,7 +55,7 @@ def answered(route: str, method: str, status: str) -> float:
 
 @pytest.fixture
 async def serve(db: Database, db_url: DatabaseUrl) -> AsyncIterator[Serve]:
-    """Starts the API's, the dispatcher's or the health listener with the given limits."""
+    """Starts the API's, the dispatcher's or the operator listener with the given limits."""
     gate = ReadinessGate(SchemaChecker(db))
     await gate.refresh()
     clients: list[TestClient[Any, Any]] = []
@@ -63,8 +63,8 @@ async def serve(db: Database, db_url: DatabaseUrl) -> AsyncIterator[Serve]:
     services: list[DispatcherService] = []
 
     async def start(kind: str, http: HttpConfig) -> Address:
-        if kind == "health":
-            runner = await start_health_server(gate, "127.0.0.1", 0, http=http)
+        if kind == "operator":
+            runner = await start_operator_server(gate, "127.0.0.1", 0, http=http)
             runners.append(runner)
             host, port = runner.addresses[0][:2]
             assert isinstance(port, int)
@@ -152,7 +152,7 @@ def clean(caplog: pytest.LogCaptureFixture) -> None:
         caplog.text)
 
 
-@pytest.mark.parametrize("kind", ["api", "dispatcher", "health"])
+@pytest.mark.parametrize("kind", ["api", "dispatcher", "operator"])
 async def test_a_connection_that_sends_nothing_gets_408_at_the_header_timeout(
     serve: Serve, kind: str, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -63,8 +63,12 @@ class Daemon:
             **os.environ,
             "ORBIT_DATABASE_URL": db_url.render(hide_password=False),
             "ORBIT_SERVICE_READINESS_INTERVAL_S": "0.5",
+            "ORBIT_SERVICE_METRICS_PORT": str(free_port()),
             **(env or {}),
         }
+        # The operator listener: /metrics and the detailed /readyz (never on a public port).
+        self.ops_port = int(full_env["ORBIT_SERVICE_METRICS_PORT"])
+        self.ops_url = f"http://127.0.0.1:{self.ops_port}"
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "orbit_cli", *command],

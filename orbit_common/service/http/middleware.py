@@ -50,7 +50,7 @@ BACKPRESSURE_REFUSALS = prometheus_client.Counter(
 )
 
 # Paths that need no credential. Everything else under /v1 does.
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/openapi.json"})
 
 
 def _route_label(request: web.Request) -> str:

@@ -1,11 +1,14 @@
-"""The application builder and runner shared by the API and the dispatcher.
+"""The application builders and runner shared by the daemons.
 
-:func:`service_app` builds an aiohttp application with Orbit's middlewares, health routes and
-typed state. :class:`ServiceRunner` serves it; unlike aiohttp's own runner, its connections
-answer the HTTP parser's refusals — a request line or header field over the limit, a
-``Content-Encoding`` aiohttp cannot decode, anything that is not HTTP/1.1 — with a problem
-document (docs/api/errors.md) and log one WARNING line, not a ``text/plain`` body and an ERROR
-traceback per request. Those requests never reach the application or its middlewares.
+:func:`service_app` builds a public aiohttp application (the API's, the dispatcher's) with
+Orbit's middlewares, the public health routes and typed state; :func:`operator_app` builds the
+operator listener's application (metrics and detailed readiness, orbit_common/service/health.py)
+that every daemon serves on ``[service] metrics_host:metrics_port``. :class:`ServiceRunner`
+serves both; unlike aiohttp's own runner, its connections answer the HTTP parser's refusals —
+a request line or header field over the limit, a ``Content-Encoding`` aiohttp cannot decode,
+anything that is not HTTP/1.1 — with a problem document (docs/api/errors.md) and log one
+WARNING line, not a ``text/plain`` body and an ERROR traceback per request. Those requests never
+reach the application or its middlewares.
 
 The connections also enforce the ``[http]`` limits (:class:`HttpConfig`, docs/configuration.md):
 
@@ -47,7 +50,12 @@ from aiohttp.web_request import BaseRequest
 from orbit_common import errors
 from orbit_common.db.pool import Database
 from orbit_common.service.config import HttpConfig, OrbitConfig
-from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
+from orbit_common.service.health import (
+    GATE_KEY,
+    ReadinessGate,
+    add_operator_routes,
+    add_public_routes,
+)
 from orbit_common.service.http import problems
 from orbit_common.service.http.body import LIMIT_KEY
 from orbit_common.service.http.context import AUTHENTICATE, CONFIG, DB, Authenticate
@@ -76,8 +84,9 @@ REFUSAL_LOG_INTERVAL_S = 60.0
 
 def service_app(config: OrbitConfig, db: Database, gate: ReadinessGate, *,
                 authenticate: Authenticate, max_body_bytes: int | None = None) -> web.Application:
-    """An application with Orbit's middlewares, state and health routes; add routes to it.
-    Request bodies are at most ``max_body_bytes`` (default: ``[api].max_body_bytes``)."""
+    """A public application with Orbit's middlewares, state and the public health routes
+    (``/healthz``, a bare ``/readyz``; never ``/metrics``); add routes to it. Request bodies are
+    at most ``max_body_bytes`` (default: ``[api].max_body_bytes``)."""
     limit = config.api.max_body_bytes if max_body_bytes is None else max_body_bytes
     app = web.Application(
         # Outermost first: metrics see the final status, including problem documents.
@@ -91,7 +100,17 @@ def service_app(config: OrbitConfig, db: Database, gate: ReadinessGate, *,
     app[GATE_KEY] = gate
     app[LIMIT_KEY] = limit
     app[AUTHENTICATE] = authenticate
-    add_health_routes(app)
+    add_public_routes(app)
+    return app
+
+
+def operator_app(gate: ReadinessGate) -> web.Application:
+    """The operator listener's application: ``/healthz``, the detailed ``/readyz`` and
+    ``/metrics``; any other path is a 404 problem document. No credential: the listener is
+    reached only by operators (bind it to loopback or a private network)."""
+    app = web.Application(middlewares=[request_id_middleware, problem_middleware])
+    app[GATE_KEY] = gate
+    add_operator_routes(app)
     return app
 
 

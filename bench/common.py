@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 import urllib.request
@@ -40,3 +41,14 @@ def post_json(url: str, key: str, doc: dict[str, Any]) -> None:
         url, method="POST", data=json.dumps(doc).encode(),
         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
     urllib.request.urlopen(request, timeout=10).close()  # noqa: S310
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used so far (Linux ``/proc``); 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # The command name (field 2) may hold spaces; the fields after its ')' are fixed.
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -172,7 +172,7 @@ def main() -> None:
     admin = connect_sync(base.with_database(""), autocommit=True)
     try:
         with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE `{name}`")  # generated name
+            cur.execute(f"CREATE DATABASE {devdb.database_identifier(name)}")
         url = base.with_database(name)
         Migrator(url).up(log=lambda _m: None)
         with admin.cursor() as cur:
@@ -181,7 +181,7 @@ def main() -> None:
         results = asyncio.run(run(url, args.seconds, args.concurrency))
     finally:
         with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+            cur.execute(f"DROP DATABASE IF EXISTS {devdb.database_identifier(name)}")
         admin.close()
         if tmp is not None:
             devdb.stop(Path(tmp.name))

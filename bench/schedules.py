@@ -153,7 +153,7 @@ def run(url_text: str | None, n: int, replicas: int, steady_s: float) -> dict[st
     name = f"orbit_bench_{secrets.token_hex(4)}"
     admin = connect_sync(server, autocommit=True)
     with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE `{name}`")  # generated name
+        cur.execute(f"CREATE DATABASE {devdb.database_identifier(name)}")
     url = server.with_database(name)
     procs: list[subprocess.Popen[Any]] = []
     logs = Path(tmp.name)
@@ -249,7 +249,7 @@ def run(url_text: str | None, n: int, replicas: int, steady_s: float) -> dict[st
             except subprocess.TimeoutExpired:
                 proc.kill()
         with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+            cur.execute(f"DROP DATABASE IF EXISTS {devdb.database_identifier(name)}")
         admin.close()
         if private is not None:
             devdb.stop(private)

@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 import orbit_devdb as devdb
-from bench.common import free_port, percentile, post_json, wait_ready
+from bench.common import cpu_seconds, free_port, percentile, post_json, wait_ready
 from bench.kernelcycle import run_kernel_cycle
 from bench.rawqueue import run_raw_cycle
 from orbit_common.db.migrator import Migrator
@@ -41,6 +41,19 @@ def _com_commit(url: DatabaseUrl) -> int:
         with conn.cursor() as cur:
             cur.execute("SHOW GLOBAL STATUS LIKE 'Com_commit'")
             return int(cur.fetchone()[1])
+    finally:
+        conn.close()
+
+
+def _statements(url: DatabaseUrl) -> dict[str, int]:
+    """The server's statement counters (all clients): Questions and the Com_ kinds."""
+    conn = connect_sync(url, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_select',"
+                        " 'Com_insert', 'Com_update', 'Com_update_multi', 'Com_delete',"
+                        " 'Com_rollback', 'Com_begin', 'Com_set_option')")
+            return {name.lower(): int(value) for name, value in cur.fetchall()}
     finally:
         conn.close()
 
@@ -130,13 +143,15 @@ class _Phase:
     """A fresh database on the server, migrated, with ``apps`` bootstrapped applications (one
     namespace and one ``bench`` queue each), the API and one dispatcher running."""
 
-    def __init__(self, server: DatabaseUrl, apps: int, logs: Path) -> None:
-        self.server, self.logs = server, logs
+    def __init__(self, server: DatabaseUrl, apps: int, logs: Path,
+                 db_pid: int | None = None) -> None:
+        self.server, self.logs, self.db_pid = server, logs, db_pid
         self.name = f"orbit_bench_{secrets.token_hex(4)}"
         self.procs: list[subprocess.Popen[Any]] = []
+        self.labels: list[str] = []
         admin = connect_sync(server, autocommit=True)
         with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE `{self.name}`")  # generated name
+            cur.execute(f"CREATE DATABASE {devdb.database_identifier(self.name)}")
         admin.close()
         self.url = server.with_database(self.name)
         Migrator(self.url).up(log=lambda _m: None)
@@ -168,6 +183,18 @@ class _Phase:
         with (self.logs / f"{self.name}-{label}-{len(self.procs)}.log").open("wb") as log:
             self.procs.append(subprocess.Popen(argv, env={**self.env, **env}, stdout=log,
                                                stderr=subprocess.STDOUT, cwd=str(ROOT)))
+        self.labels.append(label)
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by role: api, dispatcher, workers (summed) and, for a
+        private server, database."""
+        used: dict[str, float] = {}
+        for label, proc in zip(self.labels, self.procs, strict=True):
+            role = "workers" if label == "worker" else label
+            used[role] = used.get(role, 0.0) + cpu_seconds(proc.pid)
+        if self.db_pid is not None:
+            used["database"] = cpu_seconds(self.db_pid)
+        return used
 
     def start_workers(self, workers: int, concurrency: int) -> None:
         """``workers`` SDK worker processes, spread round-robin over the applications."""
@@ -189,7 +216,7 @@ class _Phase:
                 proc.kill()
         admin = connect_sync(self.server, autocommit=True)
         with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
+            cur.execute(f"DROP DATABASE IF EXISTS {devdb.database_identifier(self.name)}")
         admin.close()
 
 
@@ -201,6 +228,8 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
     url = phase.url
     _wait_sessions(url, max(workers, len(phase.tenants)))  # registered before the clock starts
     commits_before = _com_commit(url)
+    cpu_before = phase.cpu()
+    statements_before = _statements(url)
     conn = connect_sync(url, autocommit=True)
     with conn.cursor() as cur:
         cur.execute("SELECT UTC_TIMESTAMP(6)")
@@ -238,6 +267,10 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
                         f" FROM ({bench_queues}) b", (db_started,))
             elapsed = int(cur.fetchone()[0]) / 1e6
         commits = _com_commit(url) - commits_before
+        statements = {name: count - statements_before.get(name, 0)
+                      for name, count in _statements(url).items()}
+        cpu_used = {role: seconds - cpu_before.get(role, 0.0)
+                    for role, seconds in phase.cpu().items()}
         with conn.cursor() as cur:
             cur.execute(
                 f"SELECT TIMESTAMPDIFF(MICROSECOND, b.created_at, a.started_at),"
@@ -268,6 +301,13 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
         "offer_to_start_p99_ms": round(percentile(
             [s - o for s, o in zip(latencies, offers, strict=True)], 0.99), 1),
         "commits_per_task": round(commits / tasks, 3),
+        # CPU per task by process role over the measured interval (the end-to-end cost that
+        # the throughput figure hides on a machine with fewer cores than processes)
+        **{f"cpu_us_per_task_{role}": round(seconds * 1e6 / tasks)
+           for role, seconds in sorted(cpu_used.items())},
+        # statements per task, all clients: each is a round trip of some process
+        **{f"{name}_per_task": round(count / tasks, 2)
+           for name, count in sorted(statements.items())},
     }
 
 
@@ -278,14 +318,17 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
     figures from the same run."""
     tmp = tempfile.TemporaryDirectory(prefix="orbit-bench-tasks-")
     private = None
+    db_pid: int | None = None
     if url_text:
         server = DatabaseUrl.parse(url_text).with_database("")
     else:
         private = Path(tmp.name) / "mysql"
-        server = DatabaseUrl.parse(devdb.start(private).url())
+        instance = devdb.start(private)
+        server = DatabaseUrl.parse(instance.url())
+        db_pid = int(instance.pidfile.read_text().strip())
     logs = Path(tmp.name)
     try:
-        phase = _Phase(server, 1, logs)
+        phase = _Phase(server, 1, logs, db_pid)
         try:
             raw = asyncio.run(run_raw_cycle(phase.url, min(tasks, 20_000), 4))
             _wait_purged(phase.url)
@@ -305,7 +348,7 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
         result: dict[str, Any] = {**plain, **raw, **kernel}
         if flow_control:
             _wait_purged(server.with_database(""))
-            phase = _Phase(server, apps, logs)
+            phase = _Phase(server, apps, logs, db_pid)
             try:
                 controlled = _end_to_end(phase, tasks, workers, rate, concurrency, keys)
             finally:

@@ -38,7 +38,6 @@ class ApiService:
     """The ``orbit api`` daemon: serves the application until drained."""
 
     name = "api"
-    serves_health = True  # /healthz, /readyz and /metrics are routes of the API itself
 
     def __init__(self, config: OrbitConfig, db: Database, gate: ReadinessGate) -> None:
         self.config = config
@@ -47,7 +46,8 @@ class ApiService:
 
     async def start(self) -> None:
         self.runner = ServiceRunner(
-            self.app, access_log=None, shutdown_timeout=self.config.service.drain_timeout_s
+            self.app, access_log=None, shutdown_timeout=self.config.service.drain_timeout_s,
+            http=self.config.http,
         )
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.config.api.host, self.config.api.port)

@@ -10,7 +10,12 @@ from typing import Any
 
 from aiohttp import web
 
-from orbit_common.service.http.openapi import OPERATIONAL_PATHS, PROBLEM, SECURITY_SCHEMES
+from orbit_common.service.http.openapi import (
+    OPERATIONAL_PATHS,
+    PROBLEM,
+    READINESS,
+    SECURITY_SCHEMES,
+)
 
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 
@@ -140,6 +145,7 @@ DOCUMENT: dict[str, Any] = {
         "securitySchemes": SECURITY_SCHEMES,
         "schemas": {
             "Problem": PROBLEM,
+            "Readiness": READINESS,
             "Grant": {
                 "type": "object",
                 "properties": {k: {"type": "array", "items": {"type": "string"}}

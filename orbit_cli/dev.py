@@ -3,7 +3,10 @@
 ``orbit dev up`` starts Orbit's private database (unless ``ORBIT_DATABASE_URL`` is set), applies
 migrations, bootstraps once (``.orbit/bootstrap.json``, mode 0600) and runs every daemon as a
 supervised child process until Ctrl-C, restarting a daemon that dies. State lives in ``.orbit/``
-and survives a restart.
+and survives a restart. On the private database the migrations run as the instance's
+administrator and the bootstrap and the daemons as the least-privileged runtime user
+(``orbit_devdb.RUNTIME_USER``: rows only, no DDL); with ``ORBIT_DATABASE_URL`` everything uses
+that URL.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ def dev_db() -> None:
 @click.option("--database", default="orbit")
 def db_start(root: Path, database: str) -> None:
     """Start (initialising on first use) the private instance; prints its URL."""
+    try:
+        devdb.database_identifier(database)  # refused before the instance is even started
+    except devdb.InvalidName as exc:
+        raise click.BadParameter(str(exc), param_hint="--database") from exc
     instance = devdb.start(root)
     devdb.create_database(instance, database)
     click.echo(instance.url(database))
@@ -78,26 +85,37 @@ def _wait_http(url: str, timeout_s: float) -> bool:
 @click.option("--dispatcher-port", type=int,
               default=lambda: int(os.environ.get("ORBIT_DISPATCHER_PORT", "0")) or None,
               show_default="API port + 1 or $ORBIT_DISPATCHER_PORT")
-def dev_up(root: Path, api_port: int, dispatcher_port: int | None) -> None:
+@click.option("--operator-port", type=int,
+              default=lambda: int(os.environ.get("ORBIT_SERVICE_METRICS_PORT", "0")),
+              show_default="0 or $ORBIT_SERVICE_METRICS_PORT",
+              help="First operator-listener port (/metrics, detailed /readyz): the API gets it, "
+                   "the next daemons the ports after it; 0 lets each daemon pick a free one.")
+def dev_up(root: Path, api_port: int, dispatcher_port: int | None, operator_port: int) -> None:
     """Run the whole stack locally until Ctrl-C."""
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     instance: devdb.Instance | None = None
-    url = os.environ.get("ORBIT_DATABASE_URL", "")
+    url = runtime_url = os.environ.get("ORBIT_DATABASE_URL", "")
     if not url:
         click.echo(f"starting the private database in {root / 'mysql'} …")
         instance = devdb.start(root / "mysql")
-        devdb.create_database(instance, "orbit")
-        url = instance.url("orbit")
-    parsed = DatabaseUrl.parse(url)
-    click.echo(f"database: {parsed.render()}")
     try:
+        if instance is not None:
+            devdb.create_database(instance, "orbit")
+            instance = devdb.ensure_runtime_user(instance, "orbit")
+            url, runtime_url = instance.url("orbit"), instance.runtime_url("orbit")
+        parsed = DatabaseUrl.parse(url)
+        click.echo(f"database: {parsed.render()}")
+        if runtime_url != url:
+            click.echo(f"daemons:  {DatabaseUrl.parse(runtime_url).render()} "
+                       f"({devdb.RUNTIME_PRIVILEGES} only)")
         applied = migrator.Migrator(parsed).up(log=click.echo)
         click.echo(f"migrations: applied {len(applied)}" if applied else "migrations: up to date")
         api_url = f"http://127.0.0.1:{api_port}"
-        ports = Ports(api=api_port, dispatcher=dispatcher_port or api_port + 1)
-        _bootstrap_once(root, url, api_url, ports.dispatcher_url)
-        _supervise(root, url, ports)
+        ports = Ports(api=api_port, dispatcher=dispatcher_port or api_port + 1,
+                      operator=operator_port)
+        _bootstrap_once(root, runtime_url, api_url, ports.dispatcher_url)
+        _supervise(root, runtime_url, ports)
     finally:
         if instance is not None:
             click.echo("stopping the private database …")
@@ -108,6 +126,10 @@ def dev_up(root: Path, api_port: int, dispatcher_port: int | None) -> None:
 class Ports:
     api: int
     dispatcher: int
+    operator: int = 0  # the first operator-listener port; 0: each daemon picks a free one
+
+    def operator_port(self, daemon: str) -> int:
+        return self.operator + DAEMONS.index(daemon) if self.operator else 0
 
     @property
     def api_url(self) -> str:
@@ -148,8 +170,16 @@ def _bootstrap_once(root: Path, url: str, api_url: str, dispatcher_url: str) -> 
     click.echo(f"  namespace = {doc['namespace']}")
 
 
-def _spawn(name: str, env: dict[str, str]) -> subprocess.Popen[Any]:
+def _spawn(name: str, env: dict[str, str], ports: Ports) -> subprocess.Popen[Any]:
+    env = {**env, "ORBIT_SERVICE_METRICS_PORT": str(ports.operator_port(name))}
     return subprocess.Popen([sys.executable, "-m", "orbit_cli", name], env=env)
+
+
+def _operator_note(ports: Ports) -> str:
+    if not ports.operator:
+        return "each daemon's operator listener on a free port (see its log)"
+    return ", ".join(f"{name} http://127.0.0.1:{ports.operator_port(name)}/metrics"
+                     for name in DAEMONS)
 
 
 def _supervise(root: Path, url: str, ports: Ports) -> None:
@@ -163,13 +193,14 @@ def _supervise(root: Path, url: str, ports: Ports) -> None:
         stopping = True
 
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    children = {name: _spawn(name, env) for name in DAEMONS}
+    children = {name: _spawn(name, env, ports) for name in DAEMONS}
     restarts = dict.fromkeys(DAEMONS, 0)
     try:
         if _wait_http(f"{api_url}/readyz", 30):
             click.echo(f"\nOrbit is up.\n  API:    {api_url}  (try: curl -H 'Authorization: "
                        f"Bearer <api_key>' {api_url}/v1/whoami)\n  health: {api_url}/readyz\n"
                        f"  workers: {ports.dispatcher_url}  (docs/api/worker.md)\n"
+                       f"  metrics: {_operator_note(ports)}\n"
                        f"  key:    {root / 'bootstrap.json'}\nPress Ctrl-C to stop.")
         else:
             click.echo("warning: the API did not become ready within 30 s; see its logs above")
@@ -181,7 +212,7 @@ def _supervise(root: Path, url: str, ports: Ports) -> None:
                     delay = min(30, 2 ** min(restarts[name], 5))
                     click.echo(f"{name} exited with {code}; restarting in {delay}s")
                     time.sleep(delay)
-                    children[name] = _spawn(name, env)
+                    children[name] = _spawn(name, env, ports)
             time.sleep(0.2)
     finally:
         for child in children.values():

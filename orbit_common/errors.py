@@ -47,6 +47,11 @@ class JsonTooDeep(BadRequest):
     title = "The request body nests too deeply"
 
 
+class JsonTooComplex(BadRequest):
+    code = "json_too_complex"
+    title = "The JSON document holds too many arrays and objects"
+
+
 MAX_LISTED_ERRORS = 100
 
 
@@ -159,10 +164,27 @@ class ApplicationQuotaExceeded(TooManyRequests):
     title = "Application quota exceeded"
 
 
+class RequestTimeout(OrbitError):
+    """The request head or body did not arrive in time ([http] header/body_timeout_s)."""
+
+    status = 408
+    code = "request_timeout"
+    title = "The request did not arrive in time"
+
+
 class PayloadTooLarge(OrbitError):
     status = 413
     code = "payload_too_large"
     title = "The request body is too large"
+
+
+class ResultTooLarge(PayloadTooLarge):
+    """A finish report whose results and errors exceed ``[dispatcher].max_result_bytes``: the
+    whole request is refused and changes nothing; the lease continues, so the worker can report
+    the attempt another way (e.g. ``failed``) before it expires."""
+
+    code = "result_too_large"
+    title = "The finish report's results are larger than the dispatcher stores"
 
 
 class UnsupportedMediaType(OrbitError):
@@ -205,6 +227,13 @@ class ServiceUnavailable(OrbitError):
     status = 503
     code = "service_unavailable"
     title = "The service is temporarily unavailable"
+
+
+class TooManyConnections(ServiceUnavailable):
+    """A client address already holds [http] max_connections_per_client connections."""
+
+    code = "too_many_connections"
+    title = "Too many connections from this client address"
 
 
 class DatabaseUnavailable(ServiceUnavailable):
@@ -270,3 +299,17 @@ class SourceLinkMissing(Conflict):
 
     code = "source_link_missing"
     title = "The task's source link is missing"
+
+
+class TooManyFrames(TooManyRequests):
+    """A worker WebSocket sent more frames in one second than ``max_frames_per_second``."""
+
+    code = "too_many_frames"
+    title = "Too many WebSocket frames per second; closing"
+
+
+class TooManyInvalidFrames(BadRequest):
+    """A worker WebSocket kept sending frames answered with request errors."""
+
+    code = "too_many_invalid_frames"
+    title = "Too many invalid WebSocket frames; closing"

@@ -14,7 +14,12 @@ from aiohttp import web
 
 from orbit_common.pulse import workers
 from orbit_common.pulse.leases import MAX_BATCH, OUTCOMES
-from orbit_common.service.http.openapi import OPERATIONAL_PATHS, PROBLEM, SECURITY_SCHEMES
+from orbit_common.service.http.openapi import (
+    OPERATIONAL_PATHS,
+    PROBLEM,
+    READINESS,
+    SECURITY_SCHEMES,
+)
 from orbit_dispatcher import protocol
 
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
@@ -47,11 +52,15 @@ NAMESPACE = {"name": "namespace", "in": "path", "required": True, "schema": NAME
 SESSION = {"name": "session_id", "in": "path", "required": True, "schema": ID}
 COMMON = {
     "400": _problem("Malformed or invalid input (validation_failed, malformed_json, "
-                    "duplicate_json_key, json_too_deep, content_encoding_invalid)"),
+                    "duplicate_json_key, json_too_deep, json_too_complex: more than 50,000 "
+                    "arrays and objects, content_encoding_invalid)"),
     "401": _problem("Missing or invalid credential (unauthenticated, invalid_credential)"),
     "404": _problem("namespace_not_found or session_not_found (another tenant's session is "
                     "not found either)"),
-    "413": _problem("payload_too_large"),
+    "413": _problem("payload_too_large: the body is over the dispatcher's message limit "
+                    "(default 1 MiB); finish only: result_too_large, the results and errors of "
+                    "the request over its result limit (default 960 KiB; nothing written, the "
+                    "lease goes on). See docs/api/worker.md §6"),
     "415": _problem("unsupported_media_type or unsupported_content_encoding"),
     "503": _problem("Database unavailable or the dispatcher draining; retry elsewhere"),
 }
@@ -86,10 +95,15 @@ DOCUMENT: dict[str, Any] = {
         **OPERATIONAL_PATHS,
         BASE: {"post": {
             "summary": "Register a worker session (fences the instance's older sessions)",
+            "description": "A worker instance belongs to the credential that registered it: "
+            "another credential registering its instance_key is refused (409 "
+            "instance_owned_elsewhere) and changes nothing.",
             "operationId": "registerWorkerSession", "parameters": [NAMESPACE],
             "requestBody": _body("RegisterRequest"),
             "responses": {"201": _json("Session", "The new session"), **COMMON,
-                          "403": _problem("The credential lacks workers.work (forbidden)")},
+                          "403": _problem("The credential lacks workers.work (forbidden)"),
+                          "409": _problem("instance_owned_elsewhere: the instance belongs "
+                                          "to another credential")},
         }},
         BASE + "/{session_id}": {"delete": {
             "summary": "Close the session (attempts in flight are not affected)",
@@ -100,7 +114,12 @@ DOCUMENT: dict[str, Any] = {
             "summary": "The WebSocket channel (preferred): upgrade, then JSON text frames",
             "description": "Frames: ready, start, renew, finish (client); grants, cancel, reply, "
             "error (dispatcher). start/renew/finish must carry an id. A binary frame is "
-            "answered with an error frame (binary_frame_unsupported) and close code 1003.",
+            "answered with an error frame (binary_frame_unsupported) and close code 1003; a "
+            "frame over [dispatcher].max_message_bytes (default 1 MiB) closes the socket with "
+            "1009; more than max_frames_per_second frames a second (too_many_frames) or "
+            "max_invalid_frames refused frames a minute (too_many_invalid_frames) with 1008 "
+            "(docs/api/worker.md §6). When the session's credential is revoked or its "
+            "application disabled, an error frame (invalid_credential) and close code 4401.",
             "operationId": "workerWebSocket", "parameters": [NAMESPACE, SESSION],
             "responses": {"101": {"description": "Switching protocols"}, **SESSION_ERRORS,
                           "409": _problem("session_lost: fenced or expired; register again")},
@@ -131,6 +150,7 @@ DOCUMENT: dict[str, Any] = {
         "securitySchemes": SECURITY_SCHEMES,
         "schemas": {
             "Problem": PROBLEM,
+            "Readiness": READINESS,
             "RegisterRequest": {
                 "type": "object", "additionalProperties": False,
                 "required": ["instance_key", "queues", "handlers"],

@@ -25,6 +25,10 @@ from orbit_common.pulse.leases import (
 TOKEN_MAX = 128
 REPORT_ID_MAX = 128
 ERROR_MAX_BYTES = 64 * 1024
+# Arrays and objects in one worker message. Parsing is linear in them (and the parser holds the
+# GIL), so this bounds a message's parsing cost whatever its content: 50,000 keep it to tens of
+# milliseconds, while 1 MiB of records of a few fields each stays well inside.
+MAX_CONTAINERS = 50_000
 REF_FIELDS = {"attempt_id", "token", "generation"}
 FINISH_FIELDS = REF_FIELDS | {"report_id", "outcome", "result", "error", "retryable"}
 
@@ -68,8 +72,13 @@ def parse_refs(doc: Any) -> list[AttemptRef]:
     return [_ref(item, f"$.items[{i}]", REF_FIELDS) for i, item in enumerate(_items(doc))]
 
 
-def parse_finish(doc: Any) -> list[FinishReport]:
+def parse_finish(doc: Any, max_result_bytes: int) -> list[FinishReport]:
+    """``{"items": [FinishReport, …]}``. The stored results and errors of all items together
+    are at most ``max_result_bytes`` (``[dispatcher].max_result_bytes``), so one finish never
+    writes more than the database accepts in a statement; past it the whole request is refused
+    with ``result_too_large`` and changes nothing (the lease goes on)."""
     reports = []
+    stored = 0
     for i, item in enumerate(_items(doc)):
         path = f"$.items[{i}]"
         ref = _ref(item, path, FINISH_FIELDS)
@@ -87,8 +96,8 @@ def parse_finish(doc: Any) -> list[FinishReport]:
         result = None
         if outcome == "succeeded":
             result = jsondoc.dumps(item.get("result"))
-            if len(result.encode()) > 16 * 1024 * 1024:
-                raise _problem(f"{path}.result", "at most 16 MiB")
+            stored += len(result.encode())
+            _check_stored(stored, max_result_bytes, f"{path}.result")
         elif "result" in item:
             raise _problem(f"{path}.result", "only a succeeded outcome has a result")
         error = item.get("error")
@@ -97,11 +106,28 @@ def parse_finish(doc: Any) -> list[FinishReport]:
                 raise _problem(f"{path}.error", "a succeeded outcome has no error")
             if not isinstance(error, dict):
                 raise _problem(f"{path}.error", "an object, e.g. {\"type\": …, \"message\": …}")
-            if len(jsondoc.dumps(error).encode()) > ERROR_MAX_BYTES:
+            size = len(jsondoc.dumps(error).encode())
+            if size > ERROR_MAX_BYTES:
                 raise _problem(f"{path}.error", f"at most {ERROR_MAX_BYTES} bytes")
+            stored += size
+            _check_stored(stored, max_result_bytes, f"{path}.error")
         reports.append(FinishReport(ref=ref, report_id=report_id.encode(), outcome=outcome,
                                     result=result, error=error, retryable=retryable))
     return reports
+
+
+def _check_stored(stored: int, limit: int, path: str) -> None:
+    if stored > limit:
+        raise errors.ResultTooLarge(
+            f"{path}: the results and errors of one finish may come to at most {limit} bytes"
+            " (as stored: compact JSON, UTF-8); send a large result in a finish of its own, or"
+            " report the attempt failed", path=path, max_result_bytes=limit)
+
+
+def loads(data: bytes | str) -> Any:
+    """A worker message as a document: strict JSON, at most :data:`MAX_CONTAINERS` arrays and
+    objects (counted before parsing), nested at most 32 deep."""
+    return jsondoc.loads_strict(data, max_containers=MAX_CONTAINERS)
 
 
 def _time(value: Any) -> str | None:

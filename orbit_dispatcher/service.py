@@ -14,6 +14,19 @@ since they complete without waiting). Nothing in memory is authoritative: a kill
 loses only connections and the pool's order; leases it granted expire and the recovery scan
 (here too, on every replica, SKIP LOCKED) resolves them.
 
+Revocation (docs/api/worker.md): a WebSocket is authenticated once, at the upgrade; after that,
+every start, renew and finish re-reads the session's credential in its transaction, and a watch
+re-reads the credentials of all open sessions every ``credential_check_s``. A session whose
+credential was revoked (or application disabled) gets an ``invalid_credential`` error frame and is
+closed with :data:`CREDENTIAL_CLOSE_CODE`; its leases take the lost-session path.
+
+Limits (docs/api/worker.md §6): one message (frame or HTTP body) is at most
+``max_message_bytes`` (aiohttp refuses a larger frame from its header and closes with 1009),
+parsed off the event loop when large, with its arrays and objects counted before parsing; the
+results of one finish are at most ``max_result_bytes`` (``result_too_large``, the lease goes
+on); a socket sending more than ``max_frames_per_second`` frames, or more than
+``max_invalid_frames`` refused ones a minute, is closed with 1008.
+
 Liveness (docs/runbooks/liveness.md): renewals and session heartbeats run on their own small
 connection pool (the *renewal lane*), so they never wait for a connection behind claims and
 finishes held up by a lock; renewals touch only attempt and task rows, never a counter row. The
@@ -32,6 +45,7 @@ import logging
 import os
 import random
 import socket
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
@@ -40,7 +54,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from orbit_common import errors
 from orbit_common.db.pool import Database, open_database
-from orbit_common.model import ids, jsondoc
+from orbit_common.model import ids
 from orbit_common.platform import principals
 from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import dispatch, leases, usage, workers
@@ -62,10 +76,44 @@ CLAIMS = prometheus_client.Counter("orbit_dispatch_claims_total",
 RECOVERED = prometheus_client.Counter("orbit_recovery_tasks_total",
                                       "Tasks resolved by the recovery scan.", ["kind"])
 SESSIONS = prometheus_client.Gauge("orbit_dispatch_sessions", "WebSocket sessions connected.")
+REVOKED_SESSIONS = prometheus_client.Counter(
+    "orbit_dispatch_sessions_revoked_total",
+    "WebSocket sessions closed because their credential was revoked or application disabled.")
 HEARTBEAT_S = 10.0
 CANCEL_SCAN_S = 1.0
 MAX_POLL_WAIT_MS = 30_000
 OPS_IN_FLIGHT = 4  # frames of one WebSocket running at once (each one transaction at most)
+# Close code of a WebSocket whose credential was revoked or whose application was disabled
+# (the private-use range; 4401 after HTTP 401): register again with a valid key.
+CREDENTIAL_CLOSE_CODE = 4401
+PARSE_INLINE_CHARS = 64 * 1024  # larger frames are parsed off the event loop
+INVALID_WINDOW_S = 60.0  # max_invalid_frames counts the request errors of this long
+FLOOD_CLOSE = WSCloseCode.POLICY_VIOLATION  # 1008: too many frames, or too many invalid ones
+
+
+class RateWindow:
+    """Whether more than ``limit`` events fell within ``window_s`` (a sliding window over the
+    last ``limit`` event times, monotonic clock)."""
+
+    def __init__(self, limit: int, window_s: float) -> None:
+        self.window_s = window_s
+        self.times: deque[float] = deque(maxlen=limit)
+
+    def exceeded(self, now: float) -> bool:
+        """Record one event at ``now``; True when it is one too many."""
+        full = len(self.times) == self.times.maxlen
+        if full and now - self.times[0] < self.window_s:
+            return True
+        self.times.append(now)
+        return False
+
+
+def _parse_frame(text: str) -> Any:
+    """A client frame as a document, or the request error it is."""
+    try:
+        return protocol.loads(text)
+    except errors.OrbitError as exc:
+        return exc
 
 
 class Connection:
@@ -84,6 +132,9 @@ class Connection:
         self.in_flight = asyncio.Semaphore(OPS_IN_FLIGHT)
         self.renewals_in_flight = asyncio.Semaphore(OPS_IN_FLIGHT)
         self.frames: set[asyncio.Task[None]] = set()
+        limits = service.config.dispatcher
+        self.frame_rate = RateWindow(limits.max_frames_per_second, 1.0)
+        self.invalid = RateWindow(limits.max_invalid_frames, INVALID_WINDOW_S)
 
     @property
     def slots(self) -> int:
@@ -113,6 +164,9 @@ class Connection:
         if isinstance(exc, workers.SessionLost):
             await self.lost()
             return
+        if isinstance(exc, errors.InvalidCredential):
+            await self.revoked()
+            return
         code = exc.code if isinstance(exc, errors.OrbitError) else "internal_error"
         detail = exc.detail if isinstance(exc, errors.OrbitError) else "claiming failed"
         log.warning("closing a worker session after a failed claim: %s", exc,
@@ -128,6 +182,22 @@ class Connection:
                                             "expired; register again"})
         await self.ws.close()
 
+    async def revoked(self, request_id: str | None = None) -> None:
+        """The session's credential was revoked or its application disabled: an ``error``
+        frame (``invalid_credential``), then close with :data:`CREDENTIAL_CLOSE_CODE`; the
+        session row is closed as the connection ends (``http_ws``)."""
+        if self.closing:
+            return
+        self.closing = True
+        self.service.pool.discard(self.demand)
+        REVOKED_SESSIONS.inc()
+        refusal = errors.InvalidCredential("the session's credential was revoked or its "
+                                           "application disabled; closing")
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.send_json({"type": "error", "id": request_id, "code": refusal.code,
+                                  "detail": refusal.detail})
+        await self.ws.close(code=CREDENTIAL_CLOSE_CODE, message=b"credential revoked")
+
     async def refuse_binary(self) -> None:
         """The protocol is JSON text frames: say so, then close with 1003 (unsupported data)."""
         refusal = errors.BinaryFrameUnsupported("frames must be JSON text frames; closing")
@@ -135,6 +205,16 @@ class Connection:
             await self.send_json({"type": "error", "id": None, "code": refusal.code,
                                   "detail": refusal.detail})
         await self.ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"text frames only")
+
+    async def close_for(self, refusal: errors.OrbitError, reason: bytes) -> None:
+        """Answer a flood with an ``error`` frame, then close with 1008 (policy violation)."""
+        self.closing = True
+        log.warning("closing a worker WebSocket: %s", refusal.detail,
+                    extra={"code": refusal.code})
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.send_json({"type": "error", "id": None, "code": refusal.code,
+                                  "detail": refusal.detail})
+        await self.ws.close(code=FLOOD_CLOSE, message=reason)
 
     async def heartbeat(self) -> None:
         while not self.closing:
@@ -163,20 +243,27 @@ class Connection:
                 await self.send_json({"type": "cancel",
                                       "attempt_ids": [a.hex() for a in fresh]})
 
-    async def receive(self, text: str) -> None:
+    async def receive(self, text: str) -> bool:
         """Start handling one client frame; waits (so the socket is not read further) while
         :data:`OPS_IN_FLIGHT` frames of its kind are running. Renewals have a budget of their
-        own: a renewal never waits behind finishes stuck on a lock."""
-        try:
-            doc: Any = jsondoc.loads_strict(text)
-        except errors.OrbitError as exc:
-            doc = exc
+        own: a renewal never waits behind finishes stuck on a lock. False when the frame was
+        one too many (the socket is closed: stop reading)."""
+        if self.frame_rate.exceeded(asyncio.get_running_loop().time()):
+            limit = self.service.config.dispatcher.max_frames_per_second
+            await self.close_for(errors.TooManyFrames(
+                f"more than {limit} frames in one second; closing"), b"too many frames")
+            return False
+        if len(text) <= PARSE_INLINE_CHARS:
+            doc: Any = _parse_frame(text)
+        else:  # tens to hundreds of milliseconds of parsing: not on the event loop
+            doc = await asyncio.to_thread(_parse_frame, text)
         renewal = isinstance(doc, dict) and doc.get("type") == "renew"
         budget = self.renewals_in_flight if renewal else self.in_flight
         await budget.acquire()
         task = asyncio.create_task(self._run_frame(doc, budget), name="ws-frame")
         self.frames.add(task)
         task.add_done_callback(self.frames.discard)
+        return True
 
     async def _run_frame(self, doc: Any, budget: asyncio.Semaphore) -> None:
         try:
@@ -228,18 +315,26 @@ class Connection:
             items = await op(self.session, doc)
             await self.send_json({"type": "reply", "id": request_id, "op": kind,
                                   "items": items})
+        except errors.InvalidCredential:
+            await self.revoked(request_id)  # the operation's transaction found it revoked
         except errors.OrbitError as exc:
             await self.send_json({"type": "error", "id": request_id, "code": exc.code,
-                                  "detail": exc.detail,
+                                  "detail": exc.detail, **exc.extra,
                                   **({"errors": exc.errors}
                                      if isinstance(exc, errors.ValidationFailed) else {})})
+            if exc.status < 500 and self.invalid.exceeded(asyncio.get_running_loop().time()):
+                # A request error is the client's; a worker that keeps making them is broken
+                # or hostile (a database outage, 503, is nobody's fault and never counts).
+                limit = self.service.config.dispatcher.max_invalid_frames
+                await self.close_for(errors.TooManyInvalidFrames(
+                    f"more than {limit} invalid frames in {INVALID_WINDOW_S:.0f} seconds;"
+                    " closing"), b"too many invalid frames")
 
 
 class DispatcherService:
     """``orbit dispatcher``: the aiohttp application plus the recovery loop."""
 
     name = "dispatcher"
-    serves_health = True
 
     def __init__(self, config: OrbitConfig, db: Database, gate: ReadinessGate) -> None:
         self.config = config
@@ -267,7 +362,8 @@ class DispatcherService:
 
     async def start(self) -> None:
         self.runner = ServiceRunner(self.app, access_log=None,
-                                    shutdown_timeout=self.config.service.drain_timeout_s)
+                                    shutdown_timeout=self.config.service.drain_timeout_s,
+                                    http=self.config.http)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.config.dispatcher.host, self.config.dispatcher.port)
         await site.start()
@@ -322,6 +418,48 @@ class DispatcherService:
         yield
         await self.pool.close()
 
+    async def _credentials_ctx(self, _app: web.Application) -> AsyncIterator[None]:
+        """The credential watch runs while the application does."""
+        watch = asyncio.create_task(self._credential_watch(), name="dispatch-credentials")
+        try:
+            yield
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+
+    async def _credential_watch(self) -> None:
+        """Every ``credential_check_s``: re-read the credentials of the open WebSocket sessions
+        (one read for all of them) and close the sessions of those revoked or of a disabled
+        application. A database error keeps the sockets (the next pass decides)."""
+        interval = self.config.dispatcher.credential_check_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_credentials()
+            except Exception:
+                log.exception("credential check failed")  # the next pass tries again
+
+    async def check_credentials(self) -> int:
+        """One pass of the credential watch; returns how many sessions it closed."""
+        open_ = [c for c in self.connections if not c.closing]
+        if not open_:
+            return 0
+        try:
+            active = await dispatch.active_credentials(
+                self.db, [c.session.credential_id for c in open_])
+        except errors.OrbitError as exc:
+            log.warning("credential check failed: %s", exc, extra={"code": exc.code})
+            return 0
+        revoked = [c for c in open_ if c.session.credential_id not in active]
+        for conn in revoked:
+            log.info("closing a worker session: its credential is no longer valid",
+                     extra={"session_id": conn.session.id.hex(),
+                            "credential_id": conn.session.credential_id.hex()})
+        # At once, not one after another: a client slow to answer the close delays no other.
+        await asyncio.gather(*(conn.revoked() for conn in revoked), return_exceptions=True)
+        return len(revoked)
+
     async def _lane_ctx(self, _app: web.Application) -> AsyncIterator[None]:
         """The renewal lane's pool lives as long as the application."""
         lane = await open_database(self.db.url, minsize=1,
@@ -353,14 +491,17 @@ class DispatcherService:
         return [protocol.renew_json(o) for o in out]
 
     async def op_finish(self, session: Session, doc: Any) -> list[dict[str, Any]]:
-        reports = protocol.parse_finish(doc)
+        # Encoding and measuring the results can take a while (up to max_result_bytes): in a
+        # thread, so the event loop keeps serving the other sessions and the health probes.
+        reports = await asyncio.to_thread(protocol.parse_finish, doc,
+                                          self.config.dispatcher.max_result_bytes)
         await self.beats.fresh()
         out = await dispatch.finish(self.db, session, reports)
         return [protocol.finish_json(o) for o in out]
 
     async def _recovery_loop(self) -> None:
         interval = self.config.dispatcher.recovery_interval_s
-        gauges = usage.UsageGauges()
+        gauges = usage.UsageGauges(tenant_labels=self.config.service.metrics_tenant_labels)
         next_gauges = 0.0
         while True:
             await asyncio.sleep(interval * random.uniform(0.5, 1.5))  # noqa: S311
@@ -404,9 +545,11 @@ class DispatcherService:
 
     def _make_app(self) -> web.Application:
         app = service_app(self.config, self.db, self.gate,
-                          authenticate=principals.authenticate)
+                          authenticate=principals.authenticate,
+                          max_body_bytes=self.config.dispatcher.max_message_bytes)
         app.cleanup_ctx.append(self._lane_ctx)
         app.cleanup_ctx.append(self._pool_ctx)
+        app.cleanup_ctx.append(self._credentials_ctx)
         app.router.add_get("/v1/openapi.json", openapi.openapi)
         base = "/v1/namespaces/{namespace}/worker/sessions"  # documented in openapi.py
         app.router.add_post(base, self.http_register)
@@ -471,7 +614,10 @@ class DispatcherService:
         session = await self._load(request, live=True)
         if self.draining:
             raise errors.ServiceUnavailable("the dispatcher is draining; connect to another")
-        ws = web.WebSocketResponse(heartbeat=20, max_msg_size=32 * 1024 * 1024)
+        # aiohttp refuses a frame of max_msg_size bytes or more from its header, before any of
+        # its payload is buffered, and closes with 1009 (message too big).
+        ws = web.WebSocketResponse(
+            heartbeat=20, max_msg_size=self.config.dispatcher.max_message_bytes + 1)
         await ws.prepare(request)
         conn = Connection(self, session, ws)
         self.connections.add(conn)
@@ -481,11 +627,15 @@ class DispatcherService:
         try:
             async for message in ws:
                 if message.type == WSMsgType.TEXT:
-                    await conn.receive(message.data)
+                    if not await conn.receive(message.data):
+                        break
                 elif message.type == WSMsgType.BINARY:
                     await conn.refuse_binary()
                     break
                 elif message.type == WSMsgType.ERROR:
+                    # aiohttp has closed the socket (1009 for a frame over max_message_bytes).
+                    log.info("worker WebSocket closed on a protocol error: %s", message.data,
+                             extra={"close_code": ws.close_code})
                     break
                 if any(t.done() for t in loops):
                     break
@@ -542,8 +692,9 @@ class DispatcherService:
 
 
 async def _read_object(request: web.Request) -> dict[str, Any]:
-    """A JSON object body (strict parsing, size limit, content type) for worker calls."""
-    doc = await read_document(request)
+    """A JSON object body (strict parsing, size and container limits, content type) for worker
+    calls."""
+    doc = await read_document(request, max_containers=protocol.MAX_CONTAINERS)
     if not isinstance(doc, dict):
         raise errors.ValidationFailed([{"path": "$", "message": "expected a JSON object"}])
     return doc

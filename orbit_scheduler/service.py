@@ -39,7 +39,6 @@ DUE = prometheus_client.Gauge(
 
 class SchedulerService:
     name = "scheduler"
-    serves_health = False
 
     def __init__(self, config: OrbitConfig, db: Database, gate: ReadinessGate) -> None:
         self.config = config.scheduler

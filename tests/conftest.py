@@ -20,6 +20,7 @@ from orbit_common.platform import authz, commands
 from orbit_common.platform.audit import Actor
 from orbit_common.service.config import ApiConfig, DatabaseConfig, OrbitConfig
 from orbit_common.service.health import ReadinessGate
+from orbit_common.service.http.server import operator_app
 from tests.support import database
 from tests.support.proxy import FaultProxy
 from tests.support.servers import ServiceTestServer
@@ -116,6 +117,18 @@ async def api(db: Database, db_url: DatabaseUrl) -> AsyncIterator[TestClient[Any
     config = api_config(db_url)
     gate = ReadinessGate(SchemaChecker(db))
     client = TestClient(ServiceTestServer(create_app(config, db, gate)))
+    await client.start_server()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def operator(db: Database) -> AsyncIterator[TestClient[Any, Any]]:
+    """The operator listener (/metrics, detailed /readyz) served in-process on its own socket;
+    it reports this process's metrics, so it sees what the ``api`` fixture counted."""
+    client = TestClient(ServiceTestServer(operator_app(ReadinessGate(SchemaChecker(db)))))
     await client.start_server()
     try:
         yield client

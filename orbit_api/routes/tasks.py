@@ -22,7 +22,7 @@ from orbit_common.model import jsondoc
 from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import queries, queues, resources, tasks
 from orbit_common.pulse.model import AttemptState, TaskState
-from orbit_common.service.http.body import int_param, query_params, read_json
+from orbit_common.service.http.body import int_param, off_loop, query_params, read_json
 from orbit_common.service.http.context import DB
 
 BASE = "/v1/namespaces/{namespace}/tasks"
@@ -45,11 +45,16 @@ async def submit_task(request: web.Request) -> web.Response:
     namespace = request.match_info["namespace"]
     await tasks.authorize_submission(request.app[DB], principal, namespace)
     dto, _ = await read_json(request, tasks.SubmitRequest)
-    exact = jsondoc.loads_strict(await request.read(), keep_number_text=True)
-    spec, problems = tasks.validate(dto, _input_of(exact), "$")
-    if spec is None:
-        raise errors.ValidationFailed(problems)
-    items = tasks.make_items(principal, [(spec, key, "$", "Idempotency-Key")])
+    raw = await request.read()
+
+    def prepare() -> list[tasks.Item]:
+        exact = jsondoc.loads_strict(raw, keep_number_text=True)
+        spec, problems = tasks.validate(dto, _input_of(exact), "$")
+        if spec is None:
+            raise errors.ValidationFailed(problems)
+        return tasks.make_items(principal, [(spec, key, "$", "Idempotency-Key")])
+
+    items = await off_loop(len(raw), prepare)
     (accepted,) = await tasks.submit(request.app[DB], principal, namespace=namespace, items=items)
     return json_response(accepted.receipt, status=201)
 
@@ -71,18 +76,23 @@ async def submit_batch(request: web.Request) -> web.Response:
         raise errors.ValidationFailed(
             [{"path": "$.tasks", "message": f"1-{tasks.MAX_BATCH} items"}]
         )
-    exact = jsondoc.loads_strict(await request.read(), keep_number_text=True)
-    problems: list[dict[str, str]] = []
-    specs = []
-    for index, item in enumerate(dto.tasks):
-        path = f"$.tasks[{index}]"
-        spec, found = tasks.validate(item, _input_of(exact["tasks"][index]), path)
-        problems += found
-        if spec is not None:
-            specs.append((spec, item.idempotency_key, path, f"{path}.idempotency_key"))
-    if problems:
-        raise errors.ValidationFailed(problems)
-    items = tasks.make_items(principal, specs)
+    raw = await request.read()
+
+    def prepare() -> list[tasks.Item]:
+        exact = jsondoc.loads_strict(raw, keep_number_text=True)
+        problems: list[dict[str, str]] = []
+        specs = []
+        for index, item in enumerate(dto.tasks):
+            path = f"$.tasks[{index}]"
+            spec, found = tasks.validate(item, _input_of(exact["tasks"][index]), path)
+            problems += found
+            if spec is not None:
+                specs.append((spec, item.idempotency_key, path, f"{path}.idempotency_key"))
+        if problems:
+            raise errors.ValidationFailed(problems)
+        return tasks.make_items(principal, specs)
+
+    items = await off_loop(len(raw), prepare)
     accepted = await tasks.submit(request.app[DB], principal, namespace=namespace, items=items)
     return json_response(
         {"tasks": [{**a.receipt, "replayed": a.replayed} for a in accepted]}, status=201

@@ -31,7 +31,8 @@ FROM orbit_schema_migrations
 """
 DURABILITY = """
 SELECT @@innodb_flush_log_at_trx_commit AS flush_log_at_trx_commit, @@log_bin AS log_bin,
-       @@sync_binlog AS sync_binlog, @@binlog_format AS binlog_format, VERSION() AS version
+       @@sync_binlog AS sync_binlog, @@binlog_format AS binlog_format, VERSION() AS version,
+       @@max_allowed_packet AS max_allowed_packet
 """
 
 
@@ -55,8 +56,21 @@ class SchemaReport:
         }
 
 
-def durability_warnings(settings: dict[str, Any]) -> list[str]:
+def packet_bytes_needed(max_result_bytes: int) -> int:
+    """The ``max_allowed_packet`` a finish of ``max_result_bytes`` needs: its statements carry
+    every result of the batch once, each byte escaped to at most two, plus up to 256 rows of
+    ids and summaries (1 MiB is ample for those)."""
+    return 2 * max_result_bytes + 1024 * 1024
+
+
+def durability_warnings(settings: dict[str, Any], min_packet_bytes: int = 0) -> list[str]:
     warnings = []
+    packet = settings.get("max_allowed_packet")
+    if packet is not None and int(packet) < min_packet_bytes:
+        warnings.append(
+            f"max_allowed_packet is {int(packet)} bytes, below the {min_packet_bytes} that"
+            " [dispatcher].max_result_bytes needs: a large finish would fail (1153)"
+        )
     if int(settings["flush_log_at_trx_commit"]) != 1:
         warnings.append(
             "innodb_flush_log_at_trx_commit is not 1: a crash can lose acknowledged commits"
@@ -72,9 +86,11 @@ def durability_warnings(settings: dict[str, Any]) -> list[str]:
 class SchemaChecker:
     """Compares the database with the migration files this process was started with."""
 
-    def __init__(self, db: Database, directory: Path | None = None) -> None:
+    def __init__(self, db: Database, directory: Path | None = None, *,
+                 min_packet_bytes: int = 0) -> None:
         self.db = db
         self.files = migrator.discover(directory)
+        self.min_packet_bytes = min_packet_bytes
 
     async def check(self) -> SchemaReport:
         return await self.db.read("schema.check", self._check)
@@ -97,7 +113,7 @@ class SchemaChecker:
         ]
         if foreign_keys:
             problems.append(f"{foreign_keys} foreign keys found; Orbit's schema has none")
-        warnings = durability_warnings(settings)
+        warnings = durability_warnings(settings, self.min_packet_bytes)
         warnings.extend(
             f"migration {e.id} was applied by a newer version; replace this process soon"
             for e in entries

@@ -3,10 +3,10 @@
 Protocol
 --------
 A domain transaction is one ``async def body(cur) -> T`` that issues its statements on the cursor
-it is given (rows come back as dicts) and never commits; the runner owns BEGIN, COMMIT and
-ROLLBACK. Everything the body needs that must stay the same across re-runs -- new ids, the
-request digest, the idempotency key -- is computed *before* the runner is called, so every
-re-run carries the same operation identity.
+it is given (rows come back as dicts) and never commits; the runner owns the boundaries (the
+body's first statement begins the transaction, then COMMIT or ROLLBACK). Everything the body
+needs that must stay the same across re-runs -- new ids, the request digest, the idempotency key
+-- is computed *before* the runner is called, so every re-run carries the same operation identity.
 
 Failure handling, by where it happens:
 
@@ -152,8 +152,7 @@ class TransactionRunner:
         lost_commit: BaseException | None = None
         try:
             async with conn.cursor(Cursor) as cur:
-                await _set_isolation(conn, cur, isolation)
-                await cur.execute("START TRANSACTION")
+                await _begin(conn, cur, isolation)
                 result = await body(cur)
             phase = _Phase.COMMIT
             await _commit_even_if_cancelled(conn)
@@ -225,6 +224,17 @@ async def _commit_even_if_cancelled(conn: Any) -> None:
 
 
 _SESSION_ISOLATION = "_orbit_session_isolation"
+
+
+async def _begin(conn: Any, cur: Any, isolation: Isolation) -> None:
+    """Ready the connection for the body. No START TRANSACTION: the connections run with
+    autocommit off, so the body's first statement begins the transaction (one round trip fewer
+    per transaction). Every use of a connection ends in COMMIT or ROLLBACK; one still inside a
+    transaction is a bug, logged, and its stray transaction is rolled back first."""
+    if conn.get_transaction_status():
+        log.error("a pooled connection was inside a transaction; rolling it back")
+        await conn.rollback()
+    await _set_isolation(conn, cur, isolation)
 
 
 async def _set_isolation(conn: Any, cur: Any, isolation: Isolation) -> None:

@@ -38,6 +38,29 @@ class JsonNumber(str):
         return f"JsonNumber({str.__repr__(self)})"
 
 
+class RawJson(str):
+    """A JSON document's text, already validated, that :func:`dumps` splices in verbatim.
+
+    Lets a stored result be embedded in a larger document (a result event's snapshot, late
+    evidence) without parsing and re-encoding it: a 1 MiB result costs a copy, not a parse.
+    Only code that holds text produced by :func:`dumps` (or checked by :func:`loads_strict`)
+    makes one.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"RawJson({str.__repr__(self)})"
+
+
+class _Tokens(dict[str, JsonNumber]):
+    """The :class:`JsonNumber` of each number token of one document, made once per token."""
+
+    def __missing__(self, token: str) -> JsonNumber:
+        number = self[token] = JsonNumber(token)
+        return number
+
+
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
@@ -58,21 +81,29 @@ _WS = re.compile(r"[ \t\n\r]*")
 _PLAIN = json.JSONDecoder()
 
 
-def _depth(text: str, limit: int = MAX_DEPTH) -> int:
+def _depth(text: str, limit: int = MAX_DEPTH, max_containers: int | None = None) -> int:
     """Maximum nesting depth of arrays/objects, ignoring brackets inside strings; at most
     ``limit + 1`` (deeper is not measured). Every step is a regular-expression pass (C speed):
     strings are removed (an unterminated one hides the rest, as the parser will refuse it),
-    then each pass removes the innermost ``[]``/``{}`` pairs, at most ``limit + 1`` passes."""
+    then each pass removes the innermost ``[]``/``{}`` pairs, at most ``limit + 1`` passes.
+    With ``max_containers``, more arrays and objects than that are refused first."""
     brackets = _STRING.sub("", text)
     quote = brackets.find('"')
     if quote >= 0:
         brackets = brackets[:quote]
     brackets = _NOT_BRACKET.sub("", brackets)
+    if max_containers is not None:
+        containers = brackets.count("[") + brackets.count("{")
+        if containers > max_containers:
+            raise errors.JsonTooComplex(
+                f"JSON holds {containers} arrays and objects; at most {max_containers}")
     depth = 0
     while brackets and depth <= limit:
         inner = _INNERMOST.sub("", brackets)
-        if inner == brackets:  # unbalanced: the parser reports it
-            break
+        if inner == brackets:
+            # Unbalanced (every well-nested sequence holds an adjacent pair): not JSON. Refused
+            # here, because the parser would recurse into ``[[[[…`` until a RecursionError.
+            raise errors.MalformedJson("unbalanced brackets: not valid JSON")
         brackets, depth = inner, depth + 1
     return depth + (1 if brackets and depth > limit else 0)
 
@@ -135,12 +166,15 @@ def _items_over(text: str, at: int, limit: int) -> bool:
 
 
 def loads_strict(
-    data: bytes | str, *, max_depth: int = MAX_DEPTH, keep_number_text: bool = False
+    data: bytes | str, *, max_depth: int = MAX_DEPTH, keep_number_text: bool = False,
+    max_containers: int | None = None,
 ) -> Any:
     """Parse a JSON document strictly (see the module docstring).
 
     With ``keep_number_text`` every number is a :class:`JsonNumber` holding its token; no
-    numeric conversion happens, so no number is too long or out of range.
+    numeric conversion happens, so no number is too long or out of range. ``max_containers``
+    bounds the arrays and objects, counted before parsing: they are what the parser spends its
+    time on (each is an object the garbage collector tracks), and it holds the GIL throughout.
     """
     if isinstance(data, bytes):
         try:
@@ -149,13 +183,16 @@ def loads_strict(
             raise errors.MalformedJson("the body is not valid UTF-8") from exc
     else:
         text = data
-    if _depth(text, max_depth) > max_depth:
+    if _depth(text, max_depth, max_containers) > max_depth:
         raise errors.JsonTooDeep(f"JSON nests deeper than {max_depth} levels")
-    numbers: dict[str, Any] = (
-        {"parse_float": JsonNumber, "parse_int": JsonNumber}
-        if keep_number_text
-        else {"parse_float": decimal.Decimal}
-    )
+    if keep_number_text:
+        # One JsonNumber per distinct token: a str subclass costs about 20 times a str to make,
+        # and a body of 500,000 numbers repeats most of them.
+        tokens = _Tokens()
+        numbers: dict[str, Any] = {"parse_float": tokens.__getitem__,
+                                   "parse_int": tokens.__getitem__}
+    else:
+        numbers = {"parse_float": decimal.Decimal}
     try:
         value = json.loads(
             text, object_pairs_hook=_pairs, parse_constant=_refuse_constant, **numbers
@@ -166,8 +203,16 @@ def loads_strict(
         raise errors.MalformedJson("a number has too many digits") from exc
     except decimal.InvalidOperation as exc:  # an exponent beyond the decimal context's range
         raise errors.MalformedJson("a number is out of range") from exc
-    _check_strings(value)
+    except RecursionError as exc:  # unreachable after _depth; kept so no input can crash a caller
+        raise errors.JsonTooDeep(f"JSON nests deeper than {max_depth} levels") from exc
+    if _MAYBE_SURROGATE.search(text) is not None:
+        _check_strings(value)
     return value
+
+
+# A lone surrogate can only come from a \uD800-\uDFFF escape (UTF-8 cannot hold one) or from a
+# str argument that holds one already; without either, the tree walk below has nothing to find.
+_MAYBE_SURROGATE = re.compile(r"\\u[dD][89abcdefABCDEF]|[\ud800-\udfff]")
 
 
 def _check_strings(value: Any) -> None:
@@ -229,7 +274,7 @@ def _encode_exact(value: Any, *, sort_keys: bool) -> str:
         return "true"
     if value is False:
         return "false"
-    if isinstance(value, JsonNumber):  # before str: it is one
+    if isinstance(value, JsonNumber | RawJson):  # before str: they are strings
         return str(value)
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
@@ -249,5 +294,7 @@ def _encode_exact(value: Any, *, sort_keys: bool) -> str:
         )
         return "{" + inner + "}"
     if isinstance(value, list | tuple):
+        if all(type(v) is JsonNumber for v in value):  # a list of numbers: their own text
+            return "[" + ",".join(value) + "]"
         return "[" + ",".join(_encode_exact(v, sort_keys=sort_keys) for v in value) + "]"
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")

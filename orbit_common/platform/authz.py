@@ -44,6 +44,9 @@ class Action(enum.StrEnum):
 
 
 ACTIONS = frozenset(a.value for a in Action)
+# Actions on a whole namespace: disabling it stops every queue in it, so only a grant that
+# covers every queue (``"*"``) allows them — a key scoped to some queues may not.
+NAMESPACE_WIDE = frozenset({Action.NAMESPACES_MANAGE.value})
 MAX_GRANTS = 64
 MAX_PATTERNS = 64
 _NAME_PREFIX = re.compile(r"\A[a-z0-9][a-z0-9._-]{0,62}\Z")
@@ -77,6 +80,8 @@ class Grant:
     queues: tuple[str, ...] = ("*",)
 
     def allows(self, action: str, namespace: str, queue: str | None) -> bool:
+        if action in NAMESPACE_WIDE and "*" not in self.queues:
+            return False
         return (
             any(matches(p, namespace) for p in self.namespaces)
             and any(matches(p, action) for p in self.actions)

@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 
 from orbit_common import errors
+from orbit_common.db.batch import placeholders
 from orbit_common.db.clock import as_utc
 from orbit_common.model import digests, ids
 from orbit_common.platform import PLATFORM_NAMESPACE_ID, authz
@@ -285,6 +286,23 @@ SELECT c.grants FROM orbit_credentials c
 JOIN orbit_applications a ON a.id = c.application_id
 WHERE c.id = %s AND c.state = 'ACTIVE' AND a.state = 'ACTIVE'
 """
+
+
+# The dispatcher's re-check of its open sessions' credentials (by primary key).
+ACTIVE_AMONG = """
+SELECT c.id FROM orbit_credentials c
+JOIN orbit_applications a ON a.id = c.application_id
+WHERE c.id IN ({}) AND c.state = 'ACTIVE' AND a.state = 'ACTIVE'
+"""
+
+
+async def active_among(cur: Any, credential_ids: Sequence[bytes]) -> set[bytes]:
+    """Which of ``credential_ids`` are ACTIVE credentials of ACTIVE applications (one read)."""
+    ordered = sorted(set(credential_ids))
+    if not ordered:
+        return set()
+    await cur.execute(ACTIVE_AMONG.format(placeholders(len(ordered))), ordered)
+    return {row["id"] for row in await cur.fetchall()}
 
 
 NAMESPACE_STATE = "SELECT state FROM orbit_namespaces WHERE id = %s"

@@ -6,7 +6,8 @@ step it takes is one function here, which opens the transaction and calls the do
 docs/architecture.md). Nothing here decides anything the bodies do not: these functions only
 draw the transaction boundaries and name them (the name labels the runner's metrics).
 
-Sessions: :func:`register`, :func:`load_session`, :func:`heartbeat`, :func:`close`. Attempts:
+Sessions: :func:`register`, :func:`load_session`, :func:`heartbeat`, :func:`close`,
+:func:`active_credentials`. Attempts:
 :func:`claim`, :func:`start`, :func:`renew`, :func:`finish`, :func:`cancel_requested`. Recovery
 (every replica, SKIP LOCKED): :func:`recover_leases`, :func:`expire_waiting`,
 :func:`expire_sessions`.
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orbit_common.db.pool import Database
+from orbit_common.platform import credentials
 from orbit_common.platform.credentials import Principal
 from orbit_common.pulse import leases, outages, workers
 from orbit_common.pulse.workers import QueueRef, Session
@@ -60,6 +62,13 @@ async def heartbeat(db: Database, session: Session, *, name: str = "dispatch.hea
 
 async def close(db: Database, session: Session, *, name: str = "dispatch.close") -> None:
     await db.transaction(name, lambda cur: workers.close(cur, session))
+
+
+async def active_credentials(db: Database, credential_ids: Sequence[bytes]) -> set[bytes]:
+    """Which of the open sessions' credentials are still ACTIVE, of an ACTIVE application
+    (read-only; the dispatcher closes the sessions of the others)."""
+    return await db.read("dispatch.credentials",
+                         lambda cur: credentials.active_among(cur, credential_ids))
 
 
 # --- attempts ------------------------------------------------------------------------------

@@ -271,13 +271,18 @@ def _double_range_problem(tree: Any) -> bool:
     stack = [tree]
     while stack:
         value = stack.pop()
-        if isinstance(value, jsondoc.JsonNumber):
-            if math.isinf(float(value)):
+        children = (value if type(value) is list else list(value.values())
+                    if type(value) is dict else [value])
+        # Comprehensions, not a loop step per item: an input may hold 500,000 numbers. Without
+        # an exponent a number overflows only with more than 308 digits; only the numbers with
+        # one (or that long) are converted.
+        numbers = [v for v in children if type(v) is jsondoc.JsonNumber]
+        if numbers:
+            text = "".join(numbers)
+            if ("e" in text or "E" in text or max(map(len, numbers)) > 308) and any(
+                    math.isinf(float(v)) for v in numbers):
                 return True
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-        elif isinstance(value, list):
-            stack.extend(value)
+        stack.extend([v for v in children if type(v) is list or type(v) is dict])
     return False
 
 

@@ -22,7 +22,9 @@ Metrics (prometheus_client): ``orbit_backpressure_refusals_total`` counts 429 an
 code (orbit_common/service/http/middleware.py). :class:`UsageGauges` sets
 ``orbit_queue_oldest_waiting_seconds``, ``orbit_queue_unfinished_tasks`` and
 ``orbit_permits_held`` from one :func:`read_snapshot`; a daemon calls
-:meth:`UsageGauges.refresh` periodically.
+:meth:`UsageGauges.refresh` periodically. They are labelled by namespace and queue; with
+per-tenant labels turned off (``[service] metrics_tenant_labels = false``) every gauge is one
+series labelled :data:`ALL` (:func:`collapsed`), so ``/metrics`` names no tenant.
 """
 
 from __future__ import annotations
@@ -171,23 +173,45 @@ async def read_snapshot(cur: Any) -> Snapshot:
 # --- gauges ---------------------------------------------------------------------------------------
 
 
+# The namespace and queue label of the collapsed series. Names start with [a-z0-9]
+# (orbit_common/model/names.py), so no namespace or queue can be called this.
+ALL = "_all"
+
+
+def collapsed(snapshot: Snapshot) -> Snapshot:
+    """The snapshot as one tenant-free series: the oldest wait is the maximum over every queue,
+    unfinished tasks and held permits are sums (zero when there is no queue)."""
+    oldest = max((lag.oldest_waiting for lag in snapshot.queues), default=dt.timedelta(0))
+    unfinished = sum(lag.unfinished_tasks for lag in snapshot.queues)
+    return Snapshot(measured_at=snapshot.measured_at,
+                    queues=(QueueLag(namespace=ALL, queue=ALL, unfinished_tasks=unfinished,
+                                     oldest_waiting=oldest),),
+                    permits_held={ALL: sum(snapshot.permits_held.values())})
+
+
 class UsageGauges:
     """The usage gauges, set from a :class:`Snapshot`. Label sets that disappear from the
-    snapshot are removed, so a gauge never reports a queue that no longer exists.
+    snapshot are removed, so a gauge never reports a queue that no longer exists. Without
+    ``tenant_labels`` the snapshot is :func:`collapsed` first: one series, labelled
+    :data:`ALL`.
 
     ``registry`` is for tests; by default the gauges live in the process-wide registry that
     ``/metrics`` serves (created once per process, on first use).
     """
 
-    def __init__(self, registry: prometheus_client.CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: prometheus_client.CollectorRegistry | None = None, *,
+                 tenant_labels: bool = True) -> None:
         if registry is None:
             self.oldest, self.unfinished, self.permits = _default_gauges()
         else:
             self.oldest, self.unfinished, self.permits = _make_gauges(registry)
+        self.tenant_labels = tenant_labels
         self._queues: set[tuple[str, str]] = set()
         self._namespaces: set[str] = set()
 
     def set(self, snapshot: Snapshot) -> None:
+        if not self.tenant_labels:
+            snapshot = collapsed(snapshot)
         queues = set()
         for lag in snapshot.queues:
             labels = (lag.namespace, lag.queue)

@@ -3,9 +3,18 @@
 Identity: a *worker instance* is the stable identity a worker reports (``instance_key``, e.g.
 host and process name); a *session* is one connection of it. Registering a session increments the
 instance's ``session_generation`` and fences every older ACTIVE session of that instance: a fenced
-session gets no new leases and its heartbeats fail. Attempts are not bound to a session: a worker
+session gets no new leases and its heartbeats fail. A session of the same instance adopts the
+instance's attempts (start and renew record it on the attempt: ``leases/common.py``), so a worker
 that reconnects keeps renewing and finishing its attempts with their attempt id, secret token and
-generation (the token is the execution credential, the session only the dispatch channel).
+generation.
+
+Ownership: an instance belongs to the *credential* that registered it (``credential_id``). Only
+that credential may register sessions of it, and so fence its sessions and adopt its attempts;
+another credential -- even one of the same application, since every credential that can reach a
+namespace is of the namespace's application -- is refused with ``instance_owned_elsewhere`` and
+changes nothing. When the owner is revoked, the instance passes to the next credential that
+registers it (key rotation: a worker restarted with its new key keeps its ``instance_key``
+once the old key is revoked); that registration fences the revoked credential's sessions.
 
 A session lives while it heartbeats (``expires_at`` in database time); the recovery scan marks
 lapsed ones EXPIRED. Authorization (``workers.work`` on the namespace and each queue) is checked
@@ -67,9 +76,11 @@ class Session:
 
 
 SELECT_INSTANCE = """
-SELECT id, session_generation FROM pulse_worker_instances
+SELECT id, session_generation, credential_id FROM pulse_worker_instances
 WHERE namespace_id = %s AND instance_key = %s FOR UPDATE
 """
+# The owner's state, read to decide whether another credential may take the instance over.
+OWNER_STATE = "SELECT state FROM orbit_credentials WHERE id = %s"
 INSERT_INSTANCE = """
 INSERT INTO pulse_worker_instances (namespace_id, id, instance_key, credential_id,
   session_generation, revision, created_at, updated_at)
@@ -78,8 +89,8 @@ VALUES (%s, %s, %s, %s, 0, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 BUMP_INSTANCE = """
 UPDATE pulse_worker_instances
 SET session_generation = session_generation + 1, revision = revision + 1,
-    updated_at = UTC_TIMESTAMP(6)
-WHERE namespace_id = %s AND id = %s AND session_generation = %s
+    credential_id = %s, updated_at = UTC_TIMESTAMP(6)
+WHERE namespace_id = %s AND id = %s AND session_generation = %s AND credential_id = %s
 """
 FENCE_OLDER = """
 UPDATE pulse_worker_sessions SET state = 'FENCED', closed_at = UTC_TIMESTAMP(6)
@@ -164,9 +175,11 @@ async def register(
     concurrency_keys: bool = True,
     ttl_s: int = SESSION_TTL_S,
 ) -> Session:
-    """Register a session, fencing the instance's older ones.
+    """Register a session, fencing the instance's older ones; only the instance's owner may
+    (:class:`InstanceOwnedElsewhere` otherwise, and nothing changes).
 
-    Locks, in order: the instance row (FOR UPDATE), older ACTIVE session rows, the new row.
+    Locks, in order: the instance row (FOR UPDATE; the owner's credential row is read plainly),
+    older ACTIVE session rows, the new row.
     """
     validate_registration(queues, handlers, max_in_flight)
     raw_key = instance_key.encode()
@@ -189,8 +202,14 @@ async def register(
                 raise
         await cur.execute(SELECT_INSTANCE, (ns.id, raw_key))
         row = await cur.fetchone()
-    instance, generation = row["id"], int(row["session_generation"]) + 1
-    await cur.execute(BUMP_INSTANCE, (ns.id, instance, generation - 1))
+    instance, generation, owner = (row["id"], int(row["session_generation"]) + 1,
+                                   row["credential_id"])
+    if owner != principal.credential_id and await _owner_active(cur, owner):
+        raise InstanceOwnedElsewhere(
+            f"the worker instance {instance_key!r} belongs to another credential; register with"
+            " another instance_key, or revoke that credential to hand the instance over")
+    await cur.execute(BUMP_INSTANCE, (principal.credential_id, ns.id, instance, generation - 1,
+                                      owner))
     if cur.rowcount != 1:
         raise errors.StaleRevision("the worker instance changed concurrently")
     await cur.execute(FENCE_OLDER, (ns.id, instance))
@@ -207,6 +226,18 @@ async def register(
                    handlers=tuple(handlers), max_in_flight=max_in_flight, expires_at=expires,
                    application_id=principal.application_id, concurrency_keys=concurrency_keys,
                    ttl_s=ttl_s)
+
+
+class InstanceOwnedElsewhere(errors.Conflict):
+    code = "instance_owned_elsewhere"
+    title = "The worker instance belongs to another credential"
+
+
+async def _owner_active(cur: Any, owner: bytes) -> bool:
+    """Whether the instance's owning credential still holds it (it is not revoked)."""
+    await cur.execute(OWNER_STATE, (owner,))
+    row = await cur.fetchone()
+    return row is not None and row["state"] == credentials.CredentialState.ACTIVE
 
 
 class SessionLost(errors.Conflict):

@@ -52,6 +52,39 @@ class ApiConfig:
     public_url: str = ""
 
 
+# 960 KiB: a result at the limit fits a 1 MiB message with its envelope (ids, token, report id).
+MAX_RESULT_BYTES = 960 * 1024
+# Results are MEDIUMTEXT (16 MiB - 1 byte) and a result event's snapshot holds the result, the
+# error (at most 64 KiB) and a task summary: no setting may let a result reach the column size.
+RESULT_BYTES_CEILING = 15 * 1024 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class HttpConfig:
+    """Connection limits of every HTTP listener: the API, the worker gateway and the health
+    listener (docs/configuration.md, ``[http]``). A slow or greedy client costs one client."""
+
+    # The whole request head must arrive within header_timeout_s of the connection's accept
+    # (or, on a keep-alive connection, of the next request's first byte); the body within
+    # body_timeout_s of its head. Otherwise 408 request_timeout and the connection closes.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    # An idle keep-alive connection (no request in progress) is closed after this long.
+    keepalive_timeout_s: float = 75.0
+    # Open connections per client address (IPv6: per /64); 0 is no limit. Worker WebSockets
+    # count, and behind a reverse proxy every connection is the proxy's.
+    max_connections_per_client: int = 256
+
+    def checked(self) -> HttpConfig:
+        """This configuration, or a :class:`ConfigError` naming the key that is out of range."""
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            if not 0 < getattr(self, name) <= 86400:
+                raise ConfigError(f"invalid [http] setting: {name} must be in (0, 86400]")
+        if self.max_connections_per_client < 0:
+            raise ConfigError("invalid [http] setting: max_connections_per_client must be >= 0")
+        return self
+
+
 @attrs.frozen(kw_only=True)
 class DispatcherConfig:
     """The worker gateway (``orbit dispatcher``)."""
@@ -77,6 +110,22 @@ class DispatcherConfig:
     heartbeat_interval_s: float = 1.0
     outage_threshold_s: float = 2.0
     node: str = ""  # observability label; defaults to host:pid
+    # How often the open WebSocket sessions' credentials are re-read: a revoked credential's
+    # (or disabled application's) sessions are closed within this many seconds.
+    credential_check_s: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
+    # Worker-protocol limits (docs/api/worker.md#6-限制): the largest message (a WebSocket text
+    # frame, or a request body on the dispatcher's HTTP routes), the largest results and errors
+    # one finish may store together (below what one statement may carry: the database's
+    # max_allowed_packet must exceed 2 x max_result_bytes + 1 MiB, docs/configuration.md), and
+    # the flood limits per WebSocket (past either, the socket is closed with 1008).
+    max_message_bytes: int = attrs.field(
+        default=1024 * 1024, validator=[attrs.validators.ge(64 * 1024),
+                                        attrs.validators.le(64 * 1024 * 1024)])
+    max_result_bytes: int = attrs.field(
+        default=MAX_RESULT_BYTES, validator=[attrs.validators.ge(1024),
+                                             attrs.validators.le(RESULT_BYTES_CEILING)])
+    max_frames_per_second: int = attrs.field(default=2000, validator=attrs.validators.ge(1))
+    max_invalid_frames: int = attrs.field(default=10, validator=attrs.validators.ge(1))
 
 
 @attrs.frozen(kw_only=True)
@@ -97,15 +146,20 @@ class ServiceConfig:
     log_format: str = "json"  # json | text
     drain_timeout_s: float = 30.0
     readiness_interval_s: float = 5.0
-    # Daemons other than the API serve /healthz, /readyz and /metrics here.
+    # The operator listener (docs/configuration.md): every daemon serves /metrics, the detailed
+    # /readyz and /healthz here, never on its public port. Port 0 picks a free port (logged).
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
+    # false: the usage gauges' namespace and queue labels collapse to one "_all" series
+    # (ages are the maximum, counts the sum), so no tenant's name appears in /metrics.
+    metrics_tenant_labels: bool = True
 
 
 @attrs.frozen(kw_only=True)
 class OrbitConfig:
     database: DatabaseConfig = attrs.field(factory=DatabaseConfig)
     api: ApiConfig = attrs.field(factory=ApiConfig)
+    http: HttpConfig = attrs.field(factory=HttpConfig)
     dispatcher: DispatcherConfig = attrs.field(factory=DispatcherConfig)
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     service: ServiceConfig = attrs.field(factory=ServiceConfig)
@@ -128,6 +182,19 @@ def _float(value: Any, _type: Any) -> float:
     return float(value)
 
 
+_BOOLEANS = {"true": True, "1": True, "yes": True, "on": True,
+             "false": False, "0": False, "no": False, "off": False}
+
+
+def _bool(value: Any, _type: Any) -> bool:
+    # TOML gives booleans; the environment gives strings (bool("false") would be True).
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _BOOLEANS:
+        return _BOOLEANS[value.strip().lower()]
+    raise TypeError(f"{value!r} is not a boolean (true or false)")
+
+
 def _str(value: Any, _type: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{value!r} is not a string")
@@ -138,10 +205,12 @@ _converter = cattrs.Converter(forbid_extra_keys=True)
 _converter.register_structure_hook(int, _int)
 _converter.register_structure_hook(float, _float)
 _converter.register_structure_hook(str, _str)
+_converter.register_structure_hook(bool, _bool)
 
 SECTIONS: dict[str, type[Any]] = {
     "database": DatabaseConfig,
     "api": ApiConfig,
+    "http": HttpConfig,
     "dispatcher": DispatcherConfig,
     "scheduler": SchedulerConfig,
     "service": ServiceConfig,
@@ -156,6 +225,14 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
             if environ.get(name, "") != "":
                 result.setdefault(section, {})[field.name] = environ[name]
     return result
+
+
+def _format_error(exc: BaseException, type_: type | None) -> str:
+    """cattrs' wording, plus what an attrs validator said (``'max_result_bytes' must be …``)."""
+    text = cattrs.v.format_exception(exc, type_)
+    if type(exc) is ValueError and str(exc).startswith("'"):
+        return f"{text}: {exc}"
+    return text
 
 
 def load_config(path: Path | None = None, environ: dict[str, str] | None = None) -> OrbitConfig:
@@ -173,5 +250,5 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
     try:
         return _converter.structure(data, OrbitConfig)
     except cattrs.BaseValidationError as exc:
-        messages = "; ".join(cattrs.transform_error(exc))
+        messages = "; ".join(cattrs.transform_error(exc, format_exception=_format_error))
         raise ConfigError(f"invalid configuration: {messages}") from exc

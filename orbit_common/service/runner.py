@@ -1,8 +1,9 @@
 """The process runner every daemon uses.
 
 Lifecycle: configure JSON logging → open the database pool → start the readiness gate → serve
-``/healthz``, ``/readyz`` and ``/metrics`` on ``[service] metrics_host:metrics_port`` (unless
-the service serves them itself, as the API does) → start the service → wait for SIGTERM/SIGINT
+the operator listener (``/healthz``, the detailed ``/readyz`` and ``/metrics``) on
+``[service] metrics_host:metrics_port`` for every daemon → start the service (whose public port,
+if it has one, answers only ``/healthz`` and a bare ``/readyz``) → wait for SIGTERM/SIGINT
 → ``service.drain()`` (stop taking new work, finish in-flight transactions) bounded by
 ``drain_timeout_s`` → ``service.close()`` → close the pool. A second signal during the drain
 stops waiting and closes at once.
@@ -19,10 +20,10 @@ from typing import Protocol
 from aiohttp import web
 
 from orbit_common.db.pool import Database, open_database
-from orbit_common.db.schema import SchemaChecker
-from orbit_common.service.config import OrbitConfig
-from orbit_common.service.health import GATE_KEY, ReadinessGate, add_health_routes
-from orbit_common.service.http.server import ServiceRunner
+from orbit_common.db.schema import SchemaChecker, packet_bytes_needed
+from orbit_common.service.config import HttpConfig, OrbitConfig
+from orbit_common.service.health import ReadinessGate
+from orbit_common.service.http.server import ServiceRunner, operator_app
 from orbit_common.service.logging import configure_logging
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,6 @@ class Service(Protocol):
     """A long-running daemon. ``start`` returns once it runs in the background."""
 
     name: str
-    serves_health: bool
-    """True when the service answers /healthz, /readyz and /metrics on its own HTTP port."""
 
     async def start(self) -> None: ...
 
@@ -72,14 +71,16 @@ async def serve(
         config.database.parsed(), minsize=config.database.pool_min,
         maxsize=config.database.pool_max, session=config.database.session(),
     )
-    gate = ReadinessGate(SchemaChecker(db), config.service.readiness_interval_s)
+    # Every daemon reports whether the server's max_allowed_packet fits the result limit.
+    checker = SchemaChecker(
+        db, min_packet_bytes=packet_bytes_needed(config.dispatcher.max_result_bytes))
+    gate = ReadinessGate(checker, config.service.readiness_interval_s)
     service = factory(config, db, gate)
-    health: web.AppRunner | None = None
+    operator: web.AppRunner | None = None
     try:
-        if not service.serves_health:
-            health = await start_health_server(
-                gate, config.service.metrics_host, config.service.metrics_port
-            )
+        operator = await start_operator_server(
+            gate, config.service.metrics_host, config.service.metrics_port, http=config.http
+        )
         await gate.refresh()
         if not gate.is_ready:
             log.warning("not ready yet", extra={"readiness": gate.details()})
@@ -91,8 +92,8 @@ async def serve(
         await _drain(service, config.service.drain_timeout_s, hurry)
     finally:
         await service.close()
-        if health is not None:
-            await health.cleanup()
+        if operator is not None:
+            await operator.cleanup()
         await gate.stop()
         await db.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -117,18 +118,19 @@ async def _drain(service: Service, timeout_s: float, hurry: asyncio.Event) -> No
         await drain
 
 
-async def start_health_server(gate: ReadinessGate, host: str, port: int) -> web.AppRunner:
-    """Serve /healthz, /readyz and /metrics for a daemon that has no HTTP API of its own."""
-    app = web.Application()
-    app[GATE_KEY] = gate
-    add_health_routes(app)
+async def start_operator_server(gate: ReadinessGate, host: str, port: int, *,
+                                http: HttpConfig | None = None) -> web.AppRunner:
+    """Serve the operator listener (/healthz, the detailed /readyz, /metrics) on its own
+    address, apart from any public port."""
+    app = operator_app(gate)
     # ServiceRunner: a request the HTTP parser refuses is one WARNING line without its bytes
     # (aiohttp's own handler logs the offending header, credentials included, with a traceback).
-    runner = ServiceRunner(app, access_log=None)
+    runner = ServiceRunner(app, access_log=None, http=http)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    log.info("health endpoints listening", extra={"addresses": [str(a) for a in runner.addresses]})
+    log.info("operator listener (metrics, readiness details) listening",
+             extra={"addresses": [str(a) for a in runner.addresses]})
     return runner
 
 

@@ -108,7 +108,8 @@ def test_not_ready_until_migrated(server_url: DatabaseUrl, tmp_path: Path) -> No
     daemon = ApiDaemon(db_url=url, log=tmp_path / "api.log")
     try:
         daemon.wait_listening()
-        status, body = http("GET", f"{daemon.url}/readyz")
+        assert http("GET", f"{daemon.url}/readyz") == (503, {"ready": False})
+        status, body = http("GET", f"{daemon.ops_url}/readyz")  # the reasons: operators only
         assert status == 503
         assert any("pending" in problem for problem in body["problems"])
         assert http("GET", f"{daemon.url}/healthz")[0] == 200

@@ -50,14 +50,15 @@ class Stack:
     """One ``orbit dev up`` process with its output captured to a file."""
 
     def __init__(self, state: Path, port: int, env: dict[str, str], log: Path,
-                 dispatcher_port: int) -> None:
+                 dispatcher_port: int, operator_port: int = 0) -> None:
         self.state = state
         self.api_url = f"http://127.0.0.1:{port}"
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [str(BIN / "orbit"), "dev", "up", "--dir", str(state), "--api-port", str(port),
-                 "--dispatcher-port", str(dispatcher_port)],
+                 "--dispatcher-port", str(dispatcher_port),
+                 "--operator-port", str(operator_port)],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -68,9 +69,9 @@ class Stack:
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Until bootstrap.json exists and /readyz answers 200 (or the deadline passes)."""
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 pytest.fail(f"orbit dev up exited with {self.proc.returncode}:\n{self.output()}")
@@ -81,7 +82,7 @@ class Stack:
                 except (urllib.error.URLError, ConnectionError, TimeoutError):
                     pass
             time.sleep(0.1)
-        pytest.fail(f"the stack was not ready within {START_TIMEOUT_S}s:\n{self.output()}")
+        pytest.fail(f"the stack was not ready within {timeout_s}s:\n{self.output()}")
 
     def interrupt(self) -> int:
         """Ctrl-C: SIGINT, then the exit status (fails if it takes longer than 60 s)."""
@@ -119,9 +120,17 @@ def test_dev_up_bootstraps_once_serves_and_survives_restart(
     state = tmp_path / "state"
     port, dispatcher_port = devdb.free_port(), devdb.free_port()
 
-    first = Stack(state, port, stack_env, tmp_path / "first.log", dispatcher_port)
+    operator_port = devdb.free_port()
+    first = Stack(state, port, stack_env, tmp_path / "first.log", dispatcher_port,
+                  operator_port)
     try:
         first.wait_ready()
+        # Operator data only on the API's operator listener (--operator-port), not its port.
+        assert _get(f"{first.api_url}/metrics")[0] == 404
+        assert _get(f"{first.api_url}/readyz") == (200, {"ready": True})
+        status, details = _get(f"http://127.0.0.1:{operator_port}/readyz")
+        assert status == 200, details
+        assert set(details["migrations"].values()) == {"applied"}
         bootstrap_file = state / "bootstrap.json"
         assert stat.S_IMODE(bootstrap_file.stat().st_mode) == 0o600
         original = bootstrap_file.read_bytes()
@@ -167,3 +176,51 @@ def test_dev_up_bootstraps_once_serves_and_survives_restart(
         assert second.interrupt() == 0, second.output()
     finally:
         second.kill()
+
+
+@pytest.mark.slow
+def test_dev_up_on_the_private_database_runs_the_daemons_as_the_runtime_user(
+    tmp_path: Path,
+) -> None:
+    """Without ORBIT_DATABASE_URL: the private instance, migrated by its administrator; the
+    bootstrap and every daemon connect as the runtime user (rows only)."""
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
+    port, dispatcher_port = devdb.free_port(), devdb.free_port()
+    stack = Stack(state, port, env, tmp_path / "private.log", dispatcher_port)
+    try:
+        try:
+            stack.wait_ready(timeout_s=90)  # includes initialising a new instance
+        except pytest.fail.Exception:
+            error_log = state / "mysql" / "error.log"  # shown with the failure
+            print(error_log.read_text()[-3000:] if error_log.exists() else "no error.log")
+            raise
+        doc = json.loads((state / "bootstrap.json").read_text())
+        status, _ = _get(f"{stack.api_url}/v1/whoami",
+                         {"Authorization": f"Bearer {doc['api_key']}"})
+        assert status == 200
+        instance = devdb.load(state / "mysql")
+        assert instance is not None
+        assert instance.runtime_password is not None  # kept in db.json for the next start
+        assert "orbit_runtime" in stack.output()
+
+        def users() -> dict[str, int]:
+            conn = instance.connect()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT user, COUNT(*) FROM information_schema.PROCESSLIST"
+                                " WHERE db = 'orbit' GROUP BY user")
+                    return dict(cur.fetchall())
+            finally:
+                conn.close()
+
+        # Each of the three daemons holds connections (the scheduler's loops poll on theirs).
+        deadline = time.monotonic() + 20
+        while users().get(devdb.RUNTIME_USER, 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert set(users()) == {devdb.RUNTIME_USER}, users()
+        assert users()[devdb.RUNTIME_USER] >= 3
+        assert stack.interrupt() == 0, stack.output()
+    finally:
+        stack.kill()
+        devdb.stop(state / "mysql")

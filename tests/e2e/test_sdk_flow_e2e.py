@@ -103,14 +103,15 @@ async def test_a_full_queue_is_a_typed_refusal_with_retry_after(stack: Stack) ->
         await orbit.update_queue("tight", revision=queue.revision, max_unfinished_tasks=None)
         await orbit.submit("tight", "h", {})
         assert (await orbit.get_application_resources()).unfinished_tasks == 2
-    # The refusal and the queue's usage reach the operators' metrics: the API counts the 429,
-    # the dispatcher's gauges (refreshed every 0.5 s in this stack) show the queue's counter.
-    status, text = http_text(f"{stack.api.url}/metrics")
+    # The refusal and the queue's usage reach the operators' metrics (each daemon's operator
+    # listener): the API counts the 429, the dispatcher's gauges (refreshed every 0.5 s in this
+    # stack) show the queue's counter.
+    status, text = http_text(f"{stack.api.ops_url}/metrics")
     assert status == 200
     assert 'orbit_backpressure_refusals_total{code="queue_full"} 1.0' in text
 
     def gauge_shows_two() -> bool:
-        _, body = http_text(f"{stack.dispatchers[0].url}/metrics")
+        _, body = http_text(f"{stack.dispatchers[0].ops_url}/metrics")
         return (f'orbit_queue_unfinished_tasks{{namespace="{stack.namespace}",queue="tight"}} 2.0'
                 in body)
 

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path, dispatchers=1)
+    # The daemons run as a least-privileged runtime user (rows only), as the dev stack runs them:
+    # every path below works without DDL privileges.
+    s = Stack(tmp_path, dispatchers=1, runtime_user=True)
     try:
         yield s
     finally:

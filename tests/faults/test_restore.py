@@ -85,10 +85,12 @@ def orbit_admin(stack: Stack, *args: str) -> str:
 
 
 def empty_claims(dispatcher: DispatcherDaemon) -> float:
-    """Claim transactions of the dispatcher's pool that granted nothing (its /metrics)."""
+    """Claim transactions of the dispatcher's pool that granted nothing (its operator
+    listener's /metrics)."""
     status, _ = http("GET", f"{dispatcher.url}/readyz")
     assert status == 200
-    with urllib.request.urlopen(f"{dispatcher.url}/metrics", timeout=5) as response:  # noqa: S310
+    with urllib.request.urlopen(f"{dispatcher.ops_url}/metrics",  # noqa: S310 - loopback
+                                timeout=5) as response:
         text = response.read().decode()
     match = re.search(r'^orbit_dispatch_claim_turns_total\{outcome="empty"\} (\S+)$', text,
                       re.MULTILINE)

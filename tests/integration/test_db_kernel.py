@@ -145,6 +145,23 @@ async def test_a_domain_error_rolls_back_everything(db: Database) -> None:
                          (app_id,)) == 0
 
 
+async def test_a_transaction_costs_no_begin_round_trip(db_url: DatabaseUrl) -> None:
+    """The runner sends no START TRANSACTION (autocommit is off: the body's first statement
+    begins the transaction); the rollback test above shows the body is still one unit."""
+    database = await open_database(db_url, minsize=1, maxsize=1)
+
+    async def begins(cur: Any) -> int:
+        await cur.execute("SHOW SESSION STATUS LIKE 'Com_begin'")
+        return int((await cur.fetchone())["Value"])
+
+    try:
+        first = await database.transaction("test.begins", begins)
+        await database.transaction("test.noop", lambda cur: cur.execute("SELECT 1"))
+        assert await database.transaction("test.begins", begins) == first
+    finally:
+        await database.close()
+
+
 async def test_check_violation_surfaces_as_integrity_error(db: Database) -> None:
     async def body(cur: Any) -> None:
         await cur.execute(

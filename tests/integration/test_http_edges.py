@@ -2,7 +2,8 @@
 
 Requests the HTTP parser refuses never reach the application: they must still be answered with
 a problem document and cost one WARNING line, not a text/plain body and an ERROR traceback. A
-client that goes away while sending its body is a client disconnect, not a server error.
+client that goes away while sending its body is a client disconnect, not a server error: one
+INFO line, counted as status 499 in the request metrics.
 """
 
 from __future__ import annotations
@@ -122,6 +123,14 @@ async def test_a_client_gone_mid_body_is_one_line_not_an_unhandled_error(
     dispatcher = any("worker" in r.canonical for r in server.app.router.resources())
     target = (f"/v1/namespaces/{tenant.namespace}/worker/sessions".encode() if dispatcher
               else b"/v1/namespaces")
+    route = ("/v1/namespaces/{namespace}/worker/sessions" if dispatcher else "/v1/namespaces")
+
+    def counted(status: str) -> float:
+        return prometheus_client.REGISTRY.get_sample_value(
+            "orbit_http_requests_total",
+            {"route": route, "method": "POST", "status": status}) or 0.0
+
+    before = {status: counted(status) for status in ("400", "499", "500")}
     head = b"\r\n".join([
         b"POST " + target + b" HTTP/1.1", b"Host: localhost",
         b"Authorization: Bearer " + tenant.api_key.encode(),
@@ -146,3 +155,7 @@ async def test_a_client_gone_mid_body_is_one_line_not_an_unhandled_error(
     assert gone[0].exc_info is None
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], (
         caplog.text)
+    # Counted as nginx's 499 (client closed request): neither a server error nor a 400 answer.
+    await until(lambda: counted("499") > before["499"], message="the request counted")
+    assert {status: counted(status) for status in ("400", "499", "500")} == {
+        **before, "499": before["499"] + 1}

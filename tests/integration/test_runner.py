@@ -25,7 +25,6 @@ class RecordingService:
     db: Database
     gate: ReadinessGate
     name: str = "recording"
-    serves_health: bool = False
     calls: list[str] = attrs.field(factory=list)
     drain_seconds: float = 0.0
 

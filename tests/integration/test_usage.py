@@ -128,6 +128,42 @@ async def test_the_gauges_are_set_from_real_rows(db: Database, tenant: Tenant) -
     assert value("orbit_queue_unfinished_tasks", namespace=ns, queue="busy") == 4
 
 
+async def test_without_tenant_labels_the_gauges_are_one_series_naming_no_tenant(
+    db: Database, tenant: Tenant
+) -> None:
+    busy = await make_queue(db, tenant, name="busy")
+    waiting = await add_tasks(db, tenant, busy, 2, handler="h")
+    await _shift(db, tenant, waiting[0], -600, 0)
+    registry = prometheus_client.CollectorRegistry()
+    snapshot = await usage.UsageGauges(registry, tenant_labels=False).refresh(db)
+    assert (tenant.namespace, "busy") in {(lag.namespace, lag.queue) for lag in snapshot.queues}
+
+    text = prometheus_client.generate_latest(registry).decode()
+    assert tenant.namespace not in text
+    assert 'queue="busy"' not in text
+    every = {"namespace": usage.ALL, "queue": usage.ALL}
+    # The aggregate of the very snapshot the gauges were set from: sums, and the worst age.
+    assert _value(registry, "orbit_queue_unfinished_tasks", **every) == sum(
+        lag.unfinished_tasks for lag in snapshot.queues)
+    oldest = _value(registry, "orbit_queue_oldest_waiting_seconds", **every)
+    assert oldest == max(lag.oldest_waiting for lag in snapshot.queues).total_seconds()
+    assert oldest is not None
+    assert oldest >= 600
+    assert _value(registry, "orbit_permits_held", namespace=usage.ALL) == sum(
+        snapshot.permits_held.values())
+    series = [s for m in registry.collect() for s in m.samples]
+    assert len(series) == 3  # one per gauge
+
+
+def test_collapsing_an_installation_without_queues_reports_zeros() -> None:
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    empty = usage.collapsed(usage.Snapshot(measured_at=now, queues=(), permits_held={}))
+    assert empty.queues == (usage.QueueLag(namespace=usage.ALL, queue=usage.ALL,
+                                           unfinished_tasks=0,
+                                           oldest_waiting=dt.timedelta(0)),)
+    assert empty.permits_held == {usage.ALL: 0}
+
+
 async def test_the_default_gauges_are_served_by_the_process_registry(db: Database) -> None:
     first, second = usage.UsageGauges(), usage.UsageGauges()
     assert first.oldest is second.oldest  # registered once per process

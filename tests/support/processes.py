@@ -63,8 +63,12 @@ class Daemon:
             **os.environ,
             "ORBIT_DATABASE_URL": db_url.render(hide_password=False),
             "ORBIT_SERVICE_READINESS_INTERVAL_S": "0.5",
+            "ORBIT_SERVICE_METRICS_PORT": str(free_port()),
             **(env or {}),
         }
+        # The operator listener: /metrics and the detailed /readyz (never on a public port).
+        self.ops_port = int(full_env["ORBIT_SERVICE_METRICS_PORT"])
+        self.ops_url = f"http://127.0.0.1:{self.ops_port}"
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "orbit_cli", *command],
@@ -92,11 +96,12 @@ class Daemon:
 
 
 class ApiDaemon(Daemon):
-    def __init__(self, *, db_url: DatabaseUrl, log: Path, port: int | None = None) -> None:
+    def __init__(self, *, db_url: DatabaseUrl, log: Path, port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(["api"], db_url=db_url, log=log,
-                         env={"ORBIT_API_PORT": str(self.port)})
+                         env={"ORBIT_API_PORT": str(self.port), **(env or {})})
 
     def wait_listening(self, timeout: float = 20) -> None:
         def up() -> bool:

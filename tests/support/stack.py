@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -14,15 +15,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pymysql
 
+import orbit_devdb as devdb
 from orbit_common.db.pool import DatabaseUrl, connect_sync
 from tests.support import database
 from tests.support.processes import Daemon, free_port, http, wait_until
 
 
 class DispatcherDaemon(Daemon):
-    def __init__(self, *, db_url: DatabaseUrl, log: Path, port: int | None = None) -> None:
+    def __init__(self, *, db_url: DatabaseUrl, log: Path, port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(["dispatcher"], db_url=db_url, log=log, env={
@@ -30,6 +34,7 @@ class DispatcherDaemon(Daemon):
             "ORBIT_DISPATCHER_RECOVERY_INTERVAL_S": "0.3",
             "ORBIT_DISPATCHER_GAUGE_INTERVAL_S": "0.5",
             "ORBIT_SERVICE_DRAIN_TIMEOUT_S": "5",
+            **(env or {}),
         })
 
     def wait_listening(self, timeout: float = 20) -> None:
@@ -43,27 +48,45 @@ class DispatcherDaemon(Daemon):
 
 
 class Stack:
-    """API + dispatchers on a fresh, migrated database with a bootstrapped tenant."""
+    """API + dispatchers on a fresh, migrated database with a bootstrapped tenant.
+
+    ``url`` is the administrator's (tests' assertions, migrations); the bootstrap and the
+    daemons use ``daemon_url``: the same, or with ``runtime_user`` a least-privileged user
+    made for this stack (orbit_devdb.grant_runtime: rows only), as the dev stack runs them."""
 
     def __init__(self, tmp: Path, *, dispatchers: int = 1,
-                 server: DatabaseUrl | None = None) -> None:
+                 server: DatabaseUrl | None = None, runtime_user: bool = False) -> None:
         from tests.support.processes import ApiDaemon
 
         self.tmp = tmp
         self.server = server or database.server_url()
         self.db_name = database.scratch_name("orbit_stack")
         self.url = database.create_database(self.server, self.db_name)
+        self.runtime_user: str | None = None
+        self.daemon_url = self.url
+        if runtime_user:
+            self.runtime_user = f"rt_{secrets.token_hex(6)}"
+            password = secrets.token_urlsafe(18)
+            conn = database.admin_connection(self.server)
+            try:
+                devdb.grant_runtime(conn, self.db_name, self.runtime_user, password)
+            finally:
+                conn.close()
+            self.daemon_url = attrs.evolve(self.url, user=self.runtime_user, password=password,
+                                           host="127.0.0.1", unix_socket=None)
         boot = subprocess.run(
             [sys.executable, "-m", "orbit_cli", "admin", "bootstrap", "--application",
              "stack", "--namespace", "stack"],
-            env={**os.environ, "ORBIT_DATABASE_URL": self.url.render(hide_password=False)},
+            env={**os.environ,
+                 "ORBIT_DATABASE_URL": self.daemon_url.render(hide_password=False)},
             capture_output=True, text=True, check=True)
         doc = json.loads(boot.stdout)
         self.api_key = doc["api_key"]
         self.namespace = doc["namespace"]
         self.auth = {"Authorization": f"Bearer {self.api_key}"}
-        self.api = ApiDaemon(db_url=self.url, log=tmp / "api.log")
-        self.dispatchers = [DispatcherDaemon(db_url=self.url, log=tmp / f"dispatcher-{i}.log")
+        self.api = ApiDaemon(db_url=self.daemon_url, log=tmp / "api.log")
+        self.dispatchers = [DispatcherDaemon(db_url=self.daemon_url,
+                                             log=tmp / f"dispatcher-{i}.log")
                             for i in range(dispatchers)]
         self.api.wait_listening()
         for d in self.dispatchers:
@@ -142,5 +165,15 @@ class Stack:
             daemon.stop()
         with contextlib.suppress(pymysql.err.MySQLError):
             database.drop_database(self.server, self.db_name)
+        if self.runtime_user is not None:
+            with contextlib.suppress(pymysql.err.MySQLError):
+                conn = database.admin_connection(self.server)
+                try:
+                    with conn.cursor() as cur:
+                        for host in devdb.ACCOUNT_HOSTS:
+                            # generated and checked by grant_runtime
+                            cur.execute(f"DROP USER IF EXISTS '{self.runtime_user}'@'{host}'")
+                finally:
+                    conn.close()
 
 

@@ -191,6 +191,16 @@ def test_a_request_is_allowed_when_one_grant_matches_all_parts() -> None:
     assert not authz.allowed((), "namespaces.read", "team-a")
 
 
+def test_a_namespace_wide_action_needs_a_grant_on_every_queue() -> None:
+    # Disabling a namespace stops every queue in it: a key scoped to some queues may not.
+    scoped = authz.parse_grants([{"namespaces": ["ops"], "actions": ["*"], "queues": ["mail*"]}])
+    assert not authz.allowed(scoped, "namespaces.manage", "ops")
+    assert authz.allowed(scoped, "namespaces.create", "ops")  # a new namespace has no queues
+    assert authz.allowed(scoped, "tasks.submit", "ops", "mail-out")
+    every = authz.parse_grants([{"namespaces": ["ops"], "actions": ["namespaces.manage"]}])
+    assert authz.allowed(every, "namespaces.manage", "ops")
+
+
 def test_sees_namespace_ignores_actions() -> None:
     grants = authz.parse_grants([{"namespaces": ["team-*"], "actions": ["namespaces.create"]}])
     assert authz.sees_namespace(grants, "team-a")

@@ -148,3 +148,37 @@ def test_out_of_range_session_limits_are_errors(name: str, value: str) -> None:
     config = load_config(None, {name: value})
     with pytest.raises(ConfigError, match="invalid \\[database\\] setting"):
         config.database.session()
+
+
+def test_the_credential_check_interval_is_a_positive_number_of_seconds() -> None:
+    assert load_config(None, {}).dispatcher.credential_check_s == 5.0
+    config = load_config(None, {"ORBIT_DISPATCHER_CREDENTIAL_CHECK_S": "0.5"})
+    assert config.dispatcher.credential_check_s == 0.5
+    with pytest.raises(ConfigError,
+                       match=r"'credential_check_s' must be > 0: 0.0 @ \$\.dispatcher"):
+        load_config(None, {"ORBIT_DISPATCHER_CREDENTIAL_CHECK_S": "0"})
+
+
+@pytest.mark.parametrize(("value", "expected"), [("false", False), ("0", False), ("OFF", False),
+                                                 ("true", True), ("1", True), ("yes", True)])
+def test_per_tenant_metric_labels_are_a_boolean_from_the_environment(
+    value: str, expected: bool
+) -> None:
+    config = load_config(None, {"ORBIT_SERVICE_METRICS_TENANT_LABELS": value})
+    assert config.service.metrics_tenant_labels is expected
+
+
+def test_per_tenant_metric_labels_default_on_and_read_from_the_file(tmp_path: Path) -> None:
+    assert load_config(None, {}).service.metrics_tenant_labels is True
+    path = _toml(tmp_path, "[service]\nmetrics_tenant_labels = false\nmetrics_port = 9180\n")
+    service = load_config(path, {}).service
+    assert (service.metrics_tenant_labels, service.metrics_port) == (False, 9180)
+
+
+@pytest.mark.parametrize("text", ['[service]\nmetrics_tenant_labels = "maybe"\n',
+                                  "[service]\nmetrics_tenant_labels = 1\n"])
+def test_a_tenant_labels_value_that_is_not_a_boolean_is_an_error(
+    tmp_path: Path, text: str
+) -> None:
+    with pytest.raises(ConfigError, match=r"\$\.service\.metrics_tenant_labels"):
+        load_config(_toml(tmp_path, text), {})

@@ -67,6 +67,30 @@ def test_brackets_inside_strings_do_not_count_towards_depth() -> None:
     assert jsondoc.loads_strict(text) == json.loads(text)
 
 
+@pytest.mark.parametrize("text", [
+    "[" * 1_000_000,  # was a RecursionError out of the parser: it recursed before failing
+    '{"a":' * 100_000,
+    "[" * 10 + '"]]]]]]]]]]',  # an unterminated string hides the closing brackets
+    "[[}]",
+    "[]]",
+])
+def test_unbalanced_brackets_are_malformed_json_without_recursing(text: str) -> None:
+    with pytest.raises(errors.MalformedJson):
+        jsondoc.loads_strict(text)
+
+
+def test_max_containers_bounds_arrays_and_objects_before_parsing() -> None:
+    text = json.dumps([[], {}, {"a": [1, "[[{{"]}])  # 5 containers; brackets in strings aside
+    assert jsondoc.loads_strict(text, max_containers=5) == json.loads(text)
+    with pytest.raises(errors.JsonTooComplex):
+        jsondoc.loads_strict(text, max_containers=4)
+
+
+def test_raw_json_is_spliced_verbatim() -> None:
+    raw = jsondoc.RawJson('{"n": 1E+5, "s": "x"}')
+    assert jsondoc.dumps({"result": raw, "a": None}) == '{"result":{"n": 1E+5, "s": "x"},"a":null}'
+
+
 def test_max_depth_can_be_lowered() -> None:
     assert jsondoc.loads_strict("[[1]]", max_depth=2) == [[1]]
     with pytest.raises(errors.JsonTooDeep):
@@ -93,11 +117,21 @@ def test_invalid_utf8_is_refused(data: bytes) -> None:
         jsondoc.loads_strict(data)
 
 
-@pytest.mark.parametrize("text", ['"\\ud800"', '{"a": ["x\\udfffy"]}', '{"\\udc00": 1}'])
+@pytest.mark.parametrize("text", ['"\\ud800"', '{"a": ["x\\udfffy"]}', '{"\\udc00": 1}',
+                                  '["\\uDBFF"]', '"\ud800"'])
 def test_lone_surrogate_escapes_are_refused(text: str) -> None:
     # They decode to strings that cannot be encoded as UTF-8 (nor stored, nor digested).
     with pytest.raises(errors.MalformedJson):
         jsondoc.loads_strict(text)
+
+
+def test_numbers_keep_their_text_in_long_lists() -> None:
+    numbers = [f"{n}.{n % 7}0" for n in range(2000)] * 3 + ["-0", "1E+5"]
+    document = jsondoc.loads_strict("[" + ",".join(numbers) + "]", keep_number_text=True)
+    assert document == numbers
+    assert all(type(n) is jsondoc.JsonNumber for n in document)
+    assert jsondoc.dumps(document) == "[" + ",".join(numbers) + "]"
+    assert jsondoc.dumps({"a": document[:2]}) == '{"a":[0.00,1.10]}'
 
 
 def test_a_surrogate_pair_escape_is_one_character() -> None:

@@ -175,6 +175,14 @@ def test_input_numbers_beyond_a_double_are_refused_anywhere() -> None:
     assert paths(input=[{"a": [big]}]) == ["$.input"]
     assert ok(input=[jsondoc.JsonNumber("1.7976931348623157e308"),
                      jsondoc.JsonNumber("1e-400")]).input is not None
+    # Without an exponent only a number of more than 308 digits overflows; in a long list of
+    # numbers, at the top level and as an object's value.
+    huge = jsondoc.JsonNumber("9" * 309)
+    assert paths(input=[jsondoc.JsonNumber("0")] * 1000 + [huge]) == ["$.input"]
+    assert paths(input=huge) == ["$.input"]
+    assert paths(input={"a": [jsondoc.JsonNumber("1")], "b": huge}) == ["$.input"]
+    assert ok(input=[jsondoc.JsonNumber("9" * 308), jsondoc.JsonNumber("1E+308")] * 1000
+              ).input is not None
 
 
 # --- the idempotency digest ---------------------------------------------------------------------

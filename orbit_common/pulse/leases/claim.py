@@ -38,7 +38,7 @@ import attrs
 
 from orbit_common import errors
 from orbit_common.db.batch import multi_insert, placeholders, values_table
-from orbit_common.db.clock import as_utc, db_now, to_db
+from orbit_common.db.clock import as_utc, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import ids
 from orbit_common.platform import authz, credentials
@@ -98,8 +98,11 @@ SESSION_FOR_CLAIM = """
 SELECT expires_at > UTC_TIMESTAMP(6) AS alive FROM pulse_worker_sessions
 WHERE namespace_id = %s AND id = %s AND state = 'ACTIVE' FOR UPDATE
 """
+# The claim's clock is read with the count (a plain read after the session's lock): one round
+# trip fewer. The gates' shared locks read after it wait only while a pause commits, so a clock
+# read before that wait can only shorten the offer and see fewer tasks due.
 SESSION_LIVE_ATTEMPTS = """
-SELECT COUNT(*) AS n FROM pulse_attempts
+SELECT COUNT(*) AS n, UTC_TIMESTAMP(6) AS now FROM pulse_attempts
 WHERE namespace_id = %s AND worker_session_id = %s AND state IN ('OFFERED', 'RUNNING')
 """
 
@@ -141,15 +144,16 @@ INSERT_ATTEMPTS = (
 )
 
 
-async def _session_room(cur: Any, session: Session) -> int:
+async def _session_room(cur: Any, session: Session) -> tuple[int, dt.datetime]:
     """Lock the session (it must be ACTIVE and alive) and count the room its ``max_in_flight``
-    leaves next to its live attempts."""
+    leaves next to its live attempts; with the database's clock."""
     await cur.execute(SESSION_FOR_CLAIM, (session.namespace_id, session.id))
     row = await cur.fetchone()
     if row is None or not row["alive"]:
         raise SessionLost()
     await cur.execute(SESSION_LIVE_ATTEMPTS, (session.namespace_id, session.id))
-    return max(0, session.max_in_flight - int((await cur.fetchone())["n"]))
+    found = await cur.fetchone()
+    return max(0, session.max_in_flight - int(found["n"])), as_utc(found["now"])
 
 
 async def _session_may_work(cur: Any, session: Session, queue: QueueRef) -> None:
@@ -180,14 +184,14 @@ async def claim(cur: Any, session: Session, queue: QueueRef, limit: int) -> list
     limit = max(0, min(limit, MAX_BATCH))
     if limit == 0:
         return []
-    limit = min(limit, await _session_room(cur, session))
+    room, now = await _session_room(cur, session)
+    limit = min(limit, room)
     if limit == 0:
         return []
     await _session_may_work(cur, session, queue)
     gates, frozen = await gates_and_dispatch(cur, session.namespace_id, [queue.gate_id])
     if gates[queue.gate_id] != "OPEN" or frozen:
         return []
-    now = await db_now(cur)
     when = to_db(now)
     await cur.execute(
         _claim_sql(len(session.handlers), session.concurrency_keys),

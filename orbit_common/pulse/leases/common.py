@@ -8,7 +8,10 @@ Identities (specification 000 §3, 001 §5)
     (``worker_session_id``), and start, renew and finish verify that the caller's session is
     ACTIVE, alive and of the attempt's worker instance. A new session of the same instance (a
     reconnecting worker) adopts the attempt on its next start or renew; a session of another
-    instance cannot touch it; a fenced session's report is kept as late evidence.
+    instance cannot touch it; a fenced session's report is kept as late evidence. The session's
+    credential is part of it too: an instance belongs to one credential (``workers.py``), and a
+    session whose credential was revoked or whose application was disabled may not start, renew
+    or finish anything (:func:`lock_for` raises ``invalid_credential``; nothing is recorded).
 
 Locks
     Every transaction of the protocol follows the one lock order of ``docs/architecture.md``
@@ -111,9 +114,15 @@ ATTEMPT_COLUMNS = (
     "id, task_id, queue_id, generation, token_digest, concurrency_token, worker_instance_id,"
     " worker_session_id, state, started_at, lease_expires_at"
 )
+# The caller session's liveness, and its credential's (the credential and its application
+# ACTIVE): uncorrelated subqueries by primary key, NULL when the session does not exist.
 ATTEMPT_TASKS_AND_SESSION = (
     "SELECT a.id, a.task_id, (SELECT s.state = 'ACTIVE' AND s.expires_at > UTC_TIMESTAMP(6)"
-    " FROM pulse_worker_sessions s WHERE s.namespace_id = %s AND s.id = %s) AS session_live"
+    " FROM pulse_worker_sessions s WHERE s.namespace_id = %s AND s.id = %s) AS session_live,"
+    " (SELECT c.state = 'ACTIVE' AND p.state = 'ACTIVE' FROM pulse_worker_sessions s"
+    "  JOIN orbit_credentials c ON c.id = s.credential_id"
+    "  JOIN orbit_applications p ON p.id = c.application_id"
+    "  WHERE s.namespace_id = %s AND s.id = %s) AS credential_active"
     " FROM pulse_attempts a WHERE a.namespace_id = %s AND a.id IN ({})"
 )
 LOCK_TASKS = (
@@ -131,14 +140,22 @@ async def lock_for(cur: Any, session: SessionIdentity,
     """Lock the named attempts' tasks, then the attempts (the lock order); and whether the
     caller's ``session`` is ACTIVE and alive, read by the same first statement (a plain read:
     a fence that commits after it is caught by the task rows -- fence-all expires the leases
-    under their locks -- and a reconnect's fence leaves the same instance, which may act)."""
+    under their locks -- and a reconnect's fence leaves the same instance, which may act).
+
+    The same statement re-reads the session's credential: when it was revoked or its
+    application disabled, :class:`errors.InvalidCredential` (401) and the transaction changes
+    nothing -- no start, renewal, result, receipt or evidence is taken from a revoked key."""
     namespace_id = session.namespace_id
     if not attempt_ids:
         return {}, False
     unique = sorted(set(attempt_ids))
     await cur.execute(ATTEMPT_TASKS_AND_SESSION.format(placeholders(len(unique))),
-                      (namespace_id, session.id, namespace_id, *unique))
+                      (namespace_id, session.id, namespace_id, session.id, namespace_id,
+                       *unique))
     rows = list(await cur.fetchall())
+    if rows and rows[0]["credential_active"] is not None and not rows[0]["credential_active"]:
+        raise errors.InvalidCredential("the session's credential was revoked or its"
+                                       " application disabled")
     live = bool(rows) and bool(rows[0]["session_live"])
     return await _lock_found(cur, namespace_id, {row["id"]: row["task_id"] for row in rows}), live
 

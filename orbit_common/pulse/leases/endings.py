@@ -97,7 +97,9 @@ def _snapshot(ending: Ending) -> dict[str, Any]:
         "state": decision.task_state.value, "revision": ending.revision,
         "outcome_reason": decision.outcome_reason, "attempts_used": task["attempts_used"],
         "effect_uncertain": decision.effect_uncertain,
-        "result": jsondoc.loads_strict(ending.result) if ending.result is not None else None,
+        # Spliced in as written (the writer stored this text): no second parse of a result
+        # that may be up to [dispatcher].max_result_bytes.
+        "result": jsondoc.RawJson(ending.result) if ending.result is not None else None,
         "error": ending.error, **ending.snapshot_extra,
     }
 

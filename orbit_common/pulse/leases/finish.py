@@ -86,16 +86,21 @@ class ReportConflict(errors.Conflict):
 
 
 # Earlier receipts of a finish batch in one round trip: by report id (uq_receipts_report), and
-# accepted ones by identical content under any report id (ix_receipts_operation).
+# accepted ones by identical content under any report id (ix_receipts_operation); with the
+# database's clock (a plain read after the attempts' locks), so one row comes back even when no
+# receipt does.
 EARLIER_RECEIPTS = """
-SELECT 'report' AS found_by, attempt_id, report_id, request_digest, response
-FROM pulse_attempt_receipts
-WHERE namespace_id = %s AND (attempt_id, report_id) IN ({pairs})
-UNION ALL
-SELECT 'content', attempt_id, report_id, request_digest, response
-FROM pulse_attempt_receipts
-WHERE namespace_id = %s AND operation = 'finish' AND (attempt_id, request_digest) IN ({pairs})
-  AND JSON_EXTRACT(response, '$.accepted') = true
+SELECT clock.now, r.found_by, r.attempt_id, r.report_id, r.request_digest, r.response
+FROM (SELECT UTC_TIMESTAMP(6) AS now) clock LEFT JOIN (
+  SELECT 'report' AS found_by, attempt_id, report_id, request_digest, response
+  FROM pulse_attempt_receipts
+  WHERE namespace_id = %s AND (attempt_id, report_id) IN ({pairs})
+  UNION ALL
+  SELECT 'content', attempt_id, report_id, request_digest, response
+  FROM pulse_attempt_receipts
+  WHERE namespace_id = %s AND operation = 'finish' AND (attempt_id, request_digest) IN ({pairs})
+    AND JSON_EXTRACT(response, '$.accepted') = true
+) r ON 1 = 1
 """
 INSERT_RECEIPTS = (
     "INSERT INTO pulse_attempt_receipts (namespace_id, id, attempt_id, report_id, operation,"
@@ -103,10 +108,11 @@ INSERT_RECEIPTS = (
 )
 
 
-async def _replays(cur: Any, namespace_id: bytes,
-                   reports: Sequence[FinishReport]) -> dict[int, FinishOutcome]:
+async def _replays(cur: Any, namespace_id: bytes, reports: Sequence[FinishReport]
+                   ) -> tuple[dict[int, FinishOutcome], dt.datetime]:
     """Earlier receipts: by report id (a conflicting re-use raises), then by identical content
-    under another report id (an already applied report returns its original receipt)."""
+    under another report id (an already applied report returns its original receipt); and the
+    database's clock."""
     found: dict[int, FinishOutcome] = {}
     marks = ", ".join(["(%s, %s)"] * len(reports))
     await cur.execute(EARLIER_RECEIPTS.format(pairs=marks), (
@@ -114,10 +120,12 @@ async def _replays(cur: Any, namespace_id: bytes,
         namespace_id, *[v for r in reports for v in (r.ref.attempt_id, r.digest())]))
     by_report: dict[tuple[bytes, bytes], dict[str, Any]] = {}
     by_digest: dict[tuple[bytes, bytes], dict[str, Any]] = {}
-    for row in await cur.fetchall():
+    rows = list(await cur.fetchall())
+    now = as_utc(rows[0]["now"])
+    for row in rows:
         if row["found_by"] == "report":
             by_report[(row["attempt_id"], row["report_id"])] = row
-        else:
+        elif row["found_by"] is not None:
             by_digest[(row["attempt_id"], row["request_digest"])] = row
     for index, report in enumerate(reports):
         row = by_report.get((report.ref.attempt_id, report.report_id))
@@ -133,7 +141,7 @@ async def _replays(cur: Any, namespace_id: bytes,
         row = by_digest.get((report.ref.attempt_id, report.digest()))
         if row is not None:
             found[index] = _replayed(report, row["response"])
-    return found
+    return found, now
 
 
 def _replayed(report: FinishReport, response: str) -> FinishOutcome:
@@ -214,10 +222,12 @@ async def finish(cur: Any, session: SessionIdentity,
     forged = {i for i, r in enumerate(reports)
               if (lk := locked.get(r.ref.attempt_id)) is None or not lk.matches(r.ref)}
     authentic = [(i, r) for i, r in enumerate(reports) if i not in forged]
-    found = await _replays(cur, namespace_id, [r for _, r in authentic]) if authentic else {}
+    if authentic:
+        found, now = await _replays(cur, namespace_id, [r for _, r in authentic])
+    else:  # every report forged: nothing is decided, the clock only stamps the answer
+        found, now = {}, await db_now(cur)
     replays = {authentic[j][0]: outcome for j, outcome in found.items()}
     pending, copies = _dedupe_batch([(i, r) for i, r in authentic if i not in replays])
-    now = await db_now(cur)
     outcomes: dict[int, FinishOutcome] = dict(replays)
     for index in forged:
         outcomes[index] = FinishOutcome(attempt_id=reports[index].ref.attempt_id,
@@ -238,7 +248,7 @@ async def finish(cur: Any, session: SessionIdentity,
             evidence.append(evidence_row(
                 namespace_id, lk, report.outcome.upper(),
                 report.retryable if report.outcome == "failed" else None,
-                {"result": jsondoc.loads_strict(report.result) if report.result else None,
+                {"result": jsondoc.RawJson(report.result) if report.result else None,
                  "error": report.error}, reason))
             receipts.append(_receipt(namespace_id, report, outcome))
             outcomes[index] = outcome

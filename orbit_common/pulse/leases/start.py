@@ -95,19 +95,25 @@ def execution_lease(now: dt.datetime, task: dict[str, Any],
 
 
 async def _queue_gates(cur: Any, namespace_id: bytes, queue_ids: set[bytes]
-                       ) -> tuple[dict[bytes, bytes], set[bytes]]:
-    """The queues' gate ids, and which queues have a start limit (one plain read)."""
+                       ) -> tuple[dict[bytes, bytes], set[bytes], dt.datetime]:
+    """The queues' gate ids, which queues have a start limit, and the database's clock: one
+    plain read after the attempts' locks (so the clock is read after every lock wait)."""
     if not queue_ids:
-        return {}, set()
+        return {}, set(), await db_now(cur)
     ordered = sorted(queue_ids)
     await cur.execute(
-        f"SELECT id, gate_id, max_starts_per_second FROM pulse_queues WHERE namespace_id = %s"
-        f" AND id IN ({placeholders(len(ordered))})",
+        f"SELECT q.id, q.gate_id, q.max_starts_per_second, clock.now"
+        f" FROM (SELECT UTC_TIMESTAMP(6) AS now) clock"
+        f" JOIN pulse_queues q ON q.namespace_id = %s"
+        f" AND q.id IN ({placeholders(len(ordered))})",
         (namespace_id, *ordered),
     )
     rows = list(await cur.fetchall())
+    if not rows:  # cannot happen (an attempt's queue is never deleted); the clock alone then
+        return {}, set(), await db_now(cur)
     return ({row["id"]: row["gate_id"] for row in rows},
-            {row["id"] for row in rows if row["max_starts_per_second"] is not None})
+            {row["id"] for row in rows if row["max_starts_per_second"] is not None},
+            as_utc(rows[0]["now"]))
 
 
 def _refusal(lk: Locked, now: dt.datetime, gates: dict[bytes, str], gate_of: dict[bytes, bytes],
@@ -147,9 +153,8 @@ async def start(cur: Any, session: SessionIdentity,
     check_batch(refs)
     namespace_id = session.namespace_id
     locked, live = await lock_for(cur, session, [r.attempt_id for r in refs])
-    now = await db_now(cur)
     queue_ids = {lk.attempt["queue_id"] for lk in locked.values()}
-    gate_of, start_limited = await _queue_gates(cur, namespace_id, queue_ids)
+    gate_of, start_limited, now = await _queue_gates(cur, namespace_id, queue_ids)
     gates, frozen = await gates_and_dispatch(cur, namespace_id, [
         *gate_of.values(),
         *(lk.task["workflow_gate_id"] for lk in locked.values()

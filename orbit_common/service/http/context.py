@@ -21,6 +21,8 @@ AUTHENTICATE: web.AppKey[Authenticate] = web.AppKey("authenticate")
 
 PRINCIPAL = web.RequestKey("principal", object)
 REQUEST_ID = web.RequestKey("request_id", str)
+# Set when the client went away before its request was read in full: nothing is answered.
+CLIENT_GONE = web.RequestKey("client_gone", bool)
 
 
 def principal_as(request: web.Request, cls: type[P]) -> P:

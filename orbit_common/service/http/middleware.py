@@ -1,6 +1,8 @@
 """Middlewares: request id, problem documents for every error, bearer authentication, metrics.
 
-Metrics: ``orbit_http_requests_total`` and ``orbit_http_request_seconds`` by route template;
+Metrics: ``orbit_http_requests_total`` and ``orbit_http_request_seconds`` by route template
+(a request whose client went away before its body arrived counts as status 499, nginx's "client
+closed request": nothing was answered, and it is neither a server error nor a bad request);
 :data:`BACKPRESSURE_REFUSALS` (``orbit_backpressure_refusals_total{code}``) for every 429
 answer, by problem code (the dispatcher also counts its ``start_rate_limited`` refusals in it).
 """
@@ -18,7 +20,13 @@ from aiohttp import web
 from orbit_common import errors
 from orbit_common.service.http import problems
 from orbit_common.service.http.body import ClientDisconnected
-from orbit_common.service.http.context import AUTHENTICATE, DB, PRINCIPAL, REQUEST_ID
+from orbit_common.service.http.context import (
+    AUTHENTICATE,
+    CLIENT_GONE,
+    DB,
+    PRINCIPAL,
+    REQUEST_ID,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +50,7 @@ BACKPRESSURE_REFUSALS = prometheus_client.Counter(
 )
 
 # Paths that need no credential. Everything else under /v1 does.
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/openapi.json"})
 
 
 def _route_label(request: web.Request) -> str:
@@ -57,7 +65,8 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     response = await handler(request)
     route = _route_label(request)
     HTTP_SECONDS.labels(route, request.method).observe(time.perf_counter() - started)
-    HTTP_REQUESTS.labels(route, request.method, str(response.status)).inc()
+    status = "499" if request.get(CLIENT_GONE) else str(response.status)
+    HTTP_REQUESTS.labels(route, request.method, status).inc()
     return response
 
 
@@ -92,6 +101,7 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
     except ClientDisconnected as exc:
         # Not a server error: the client went away mid-body. Nothing was read, nothing written;
         # the answer below is never delivered (aiohttp drops it with the connection).
+        request[CLIENT_GONE] = True
         log.info("client disconnected while sending the request body: %s", exc,
                  extra={"path": instance, "request_id": request.get(REQUEST_ID)})
         return problems.problem(

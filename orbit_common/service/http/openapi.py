@@ -4,22 +4,31 @@ from __future__ import annotations
 
 from typing import Any
 
-# The operational routes every HTTP daemon serves (health, readiness, metrics, its document).
+# The operational routes of every public HTTP port (liveness, bare readiness, the document).
+# /metrics and the detailed /readyz are served only on the operator listener ([service]
+# metrics_host:metrics_port, docs/configuration.md), so they are not part of a public document.
 OPERATIONAL_PATHS: dict[str, Any] = {
     "/healthz": {"get": {
         "summary": "Liveness", "security": [], "operationId": "healthz",
         "responses": {"200": {"description": "The process is alive"}}}},
     "/readyz": {"get": {
-        "summary": "Readiness: migrations applied, not dirty, zero foreign keys",
+        "summary": "Readiness: ready or not (the reasons are on the operator listener only)",
         "security": [], "operationId": "readyz",
-        "responses": {"200": {"description": "Ready"},
-                      "503": {"description": "Not ready; the body says why"}}}},
-    "/metrics": {"get": {
-        "summary": "Prometheus metrics", "security": [], "operationId": "metrics",
-        "responses": {"200": {"description": "Prometheus text format"}}}},
+        "responses": {
+            "200": {"description": "Ready", "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/Readiness"}}}},
+            "503": {"description": "Not ready", "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/Readiness"}}}}}}},
     "/v1/openapi.json": {"get": {
         "summary": "This document", "security": [], "operationId": "openapi",
         "responses": {"200": {"description": "OpenAPI 3.1 document"}}}},
+}
+
+
+# The public /readyz body: nothing about the database, its version or the migrations.
+READINESS: dict[str, Any] = {
+    "type": "object", "required": ["ready"], "additionalProperties": False,
+    "properties": {"ready": {"type": "boolean"}},
 }
 
 

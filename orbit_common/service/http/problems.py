@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -18,10 +19,11 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = "application/problem+json"
 
 
-def problem(
+def document(
     *, status: int, code: str, title: str, detail: str, instance: str | None = None,
     **extra: Any,
-) -> web.Response:
+) -> dict[str, Any]:
+    """The problem document itself (the body of :func:`problem`)."""
     doc: dict[str, Any] = {
         "type": f"/problems/{code}",
         "title": title,
@@ -32,6 +34,15 @@ def problem(
     if instance:
         doc["instance"] = instance
     doc.update(extra)
+    return doc
+
+
+def problem(
+    *, status: int, code: str, title: str, detail: str, instance: str | None = None,
+    **extra: Any,
+) -> web.Response:
+    doc = document(status=status, code=code, title=title, detail=detail, instance=instance,
+                   **extra)
     headers = {}
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="orbit"'
@@ -43,6 +54,17 @@ def problem(
         content_type=CONTENT_TYPE,
         headers=headers,
     )
+
+
+def raw_response(error: errors.OrbitError) -> bytes:
+    """A whole ``Connection: close`` HTTP/1.1 response for ``error``, for a connection that has
+    no request to answer (refused at accept)."""
+    body = json.dumps(document(status=error.status, code=error.code, title=error.title,
+                               detail=error.detail), ensure_ascii=False).encode()
+    head = (f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
+            f"Content-Type: {CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n")
+    return head.encode("ascii") + body
 
 
 def from_error(error: errors.OrbitError, instance: str | None = None) -> web.Response:

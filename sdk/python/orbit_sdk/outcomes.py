@@ -5,6 +5,7 @@ the handler                                      report
 ==============================================  ==========================================
 returns a JSON value                             ``succeeded`` with it as the result
 returns something JSON cannot encode             ``failed``, not retryable (ResultNotJson)
+returns a result over ``max_result_bytes``       ``failed``, not retryable (ResultTooLarge)
 raises RetryableError / ``retryable = True``     ``failed``, ``retryable=true``
 raises OutcomeUnknown                            ``unknown`` (the task goes to review)
 raises anything else                             ``failed``, not retryable
@@ -29,9 +30,13 @@ from orbit_sdk import jsonvalue
 from orbit_sdk.context import Grant
 from orbit_sdk.errors import OutcomeUnknown
 
-__all__ = ["Report", "from_exception", "interrupted", "missing_handler", "succeeded"]
+__all__ = ["Report", "from_exception", "interrupted", "missing_handler", "succeeded",
+           "too_large"]
 
 MESSAGE_MAX = 4000  # characters of an exception message kept in a report
+# The dispatcher's default [dispatcher].max_result_bytes: the results and errors of one finish
+# together, as compact UTF-8 JSON (docs/api/worker.md).
+MAX_RESULT_BYTES = 960 * 1024
 
 
 @attrs.define(eq=False)
@@ -45,6 +50,11 @@ class Report:
     retryable: bool | None = None
     report_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
     solo: bool = False  # after a batch was refused whole: sent alone to find the culprit
+    size: int = 0  # bytes of the result and error as the dispatcher stores them (about)
+
+    def __attrs_post_init__(self) -> None:
+        if self.error is not None and not self.size:
+            self.size = len(jsonvalue.dumps(self.error).encode())
 
     def item(self) -> dict[str, Any]:
         """The ``finish`` item: credentials, report id and outcome."""
@@ -64,13 +74,23 @@ def error_json(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__qualname__, "message": str(exc)[:MESSAGE_MAX]}
 
 
-def succeeded(grant: Grant, value: Any) -> Report:
+def succeeded(grant: Grant, value: Any, max_result_bytes: int = MAX_RESULT_BYTES) -> Report:
     try:
-        jsonvalue.dumps(value)
+        size = len(jsonvalue.dumps(value).encode())
     except (TypeError, ValueError) as exc:
         return Report(grant=grant, outcome="failed", retryable=False,
                       error={"type": "ResultNotJson", "message": str(exc)[:MESSAGE_MAX]})
-    return Report(grant=grant, outcome="succeeded", result=value)
+    if size > max_result_bytes:
+        return too_large(grant, f"the result is {size} bytes of JSON; the dispatcher stores at"
+                                f" most {max_result_bytes}")
+    return Report(grant=grant, outcome="succeeded", result=value, size=size)
+
+
+def too_large(grant: Grant, message: str) -> Report:
+    """A result the dispatcher will not store (``result_too_large``): the attempt failed, not
+    retryable (the same handler would return the same result)."""
+    return Report(grant=grant, outcome="failed", retryable=False,
+                  error={"type": "ResultTooLarge", "message": message[:MESSAGE_MAX]})
 
 
 def from_exception(grant: Grant, exc: Exception) -> Report:

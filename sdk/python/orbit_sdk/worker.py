@@ -121,6 +121,18 @@ def _offer_deadline(offer_expires_at: dt.datetime | None) -> float | None:
     return time.monotonic() + remaining if 0 < remaining < 86_400 else None
 
 
+def _sized(reports: list[outcomes.Report], budget: int) -> list[outcomes.Report]:
+    """The first reports whose results and errors fit one finish (at least one report)."""
+    batch: list[outcomes.Report] = []
+    total = 0
+    for report in reports:
+        if batch and total + report.size > budget:
+            break
+        batch.append(report)
+        total += report.size
+    return batch
+
+
 class Worker:
     """An automatic worker: ``@worker.handler("name")`` registers ``async def fn(ctx, input)``,
     ``await worker.run()`` works until SIGTERM/SIGINT (or :meth:`stop`).
@@ -131,7 +143,9 @@ class Worker:
     filed, so up to ``concurrency`` reports may still be on their way while as many handlers
     run.
     ``instance_key`` is this process's stable identity (default ``host:pid``); a new session
-    under the same key fences the older ones.
+    under the same key fences the older ones. ``max_result_bytes`` (the dispatcher's
+    ``[dispatcher].max_result_bytes``) bounds a result and the results of one finish batch: a
+    larger result is reported ``failed`` (``ResultTooLarge``) instead of being sent.
     """
 
     def __init__(
@@ -153,6 +167,7 @@ class Worker:
         default_lease: float = 30.0,
         exact_numbers: bool = False,
         transport: str = "auto",
+        max_result_bytes: int = outcomes.MAX_RESULT_BYTES,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -172,6 +187,7 @@ class Worker:
         self.default_lease = default_lease
         self.exact_numbers = exact_numbers
         self.transport = transport
+        self.max_result_bytes = max_result_bytes
         self._http = Transport(base_url, api_key, timeout=request_timeout, max_retries=0,
                                exact_numbers=exact_numbers)
         self._reconnect = Backoff(reconnect_initial, reconnect_max)
@@ -551,7 +567,8 @@ class Worker:
             return
         report: outcomes.Report | None
         try:
-            report = outcomes.succeeded(grant, await fn(attempt.ctx, grant.input))
+            report = outcomes.succeeded(grant, await fn(attempt.ctx, grant.input),
+                                        self.max_result_bytes)
         except asyncio.CancelledError:
             report = outcomes.interrupted(grant, attempt.stop_reason)
             if attempt.stop_reason is None:  # cancelled from outside the worker: propagate
@@ -676,7 +693,7 @@ class Worker:
             await asyncio.sleep(self.batch_delay)
             reports = list(self._reports.values())
             solo = [r for r in reports if r.solo]
-            batch = solo[:1] if solo else reports[:MAX_BATCH]
+            batch = solo[:1] if solo else _sized(reports[:MAX_BATCH], self.max_result_bytes)
             if len(batch) < len(reports):
                 event.set()
             try:
@@ -713,6 +730,13 @@ class Worker:
                 report.solo = True
             return
         report = batch[0]
+        if exc.code == "result_too_large" and report.outcome == "succeeded":
+            # The dispatcher stores less than this worker allowed: the lease goes on, so the
+            # attempt is reported failed instead (a new report, under a new report id).
+            log.error("result of attempt %s refused as too large; reporting it failed",
+                      report.grant.attempt_id)
+            self._reports[report.grant.attempt_id] = outcomes.too_large(report.grant, str(exc))
+            return
         log.error("report on attempt %s refused (%s); dropping it", report.grant.attempt_id,
                   exc)
         self._reports.pop(report.grant.attempt_id, None)

@@ -83,6 +83,7 @@ class FakeDispatcher:
         self.rate_limit_ms = 50
         self.offer_s = 30.0  # offer_expires_at of new grants, seconds from now
         self.refuse_starts: str | None = None  # refuse every start with this reason
+        self.max_result_bytes: int | None = None  # refuse larger finishes: result_too_large
         self.work = asyncio.Event()
         self.server: TestServer | None = None
         self.url = ""
@@ -306,6 +307,10 @@ class FakeDispatcher:
     def _answer(self, op: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not items or len(items) > 256:
             raise ValueError("batch_too_large")
+        if op == "finish" and self.max_result_bytes is not None and sum(
+                len(json.dumps(i.get("result"), separators=(",", ":")).encode())
+                for i in items if i["outcome"] == "succeeded") > self.max_result_bytes:
+            raise ValueError("result_too_large")
         handle = {"start": self._start, "renew": self._renew, "finish": self._finish}[op]
         return [handle(item) for item in items]
 

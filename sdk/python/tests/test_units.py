@@ -75,6 +75,10 @@ def test_the_outcome_table() -> None:
     assert rerun_safe is not None
     assert (rerun_safe.outcome, rerun_safe.retryable) == ("failed", True)
     assert outcomes.succeeded(GRANT, {1, 2}).error["type"] == "ResultNotJson"  # type: ignore[index]
+    too_large = outcomes.succeeded(GRANT, "x" * 100, max_result_bytes=101)
+    assert (too_large.outcome, too_large.retryable) == ("failed", False)
+    assert too_large.error["type"] == "ResultTooLarge"  # type: ignore[index]
+    assert outcomes.succeeded(GRANT, "x" * 99, max_result_bytes=101).outcome == "succeeded"
     first, again = outcomes.succeeded(GRANT, 1), outcomes.succeeded(GRANT, 1)
     assert first.report_id != again.report_id, "every report gets its own id"
 
@@ -128,3 +132,13 @@ def test_grants_carry_the_concurrency_key_and_its_fencing_token() -> None:
     plain = Grant.from_json({k: v for k, v in raw.items() if not k.startswith("concurrency")})
     assert (plain.concurrency_key, plain.concurrency_token) == (None, None)
     assert "secret" not in repr(GRANT)
+
+
+def test_finish_batches_keep_their_results_under_the_limit() -> None:
+    from orbit_sdk.worker import _sized
+
+    reports = [outcomes.succeeded(GRANT, "x" * 98) for _ in range(5)]  # 100 bytes each
+    assert [r.size for r in reports] == [100] * 5
+    assert len(_sized(reports, 250)) == 2
+    assert len(_sized(reports, 500)) == 5
+    assert len(_sized(reports, 10)) == 1, "a report alone is always sent"

@@ -344,6 +344,27 @@ async def test_a_grant_for_an_unknown_handler_is_reported_failed(
     assert fake.registrations[0]["max_in_flight"] == 16
 
 
+async def test_a_result_the_dispatcher_refuses_as_too_large_is_reported_failed(
+        fake: FakeDispatcher, make_worker: MakeWorker, run_worker: RunWorker) -> None:
+    """The dispatcher stores less than the worker allowed: ``result_too_large`` leaves the lease
+    running, and the worker reports the attempt failed (ResultTooLarge) instead."""
+    fake.max_result_bytes = 1000
+    worker = make_worker()
+
+    @worker.handler("big")
+    async def big(ctx: Context, data: Any) -> str:
+        return "x" * 2000
+
+    task_id = fake.add_task("big")
+    run_worker(worker)
+    await fake.until(lambda: fake.state(task_id) == "FINISHED")
+    item = outcome_of(fake, task_id)
+    assert (item["outcome"], item["retryable"], item["error"]["type"]) == \
+        ("failed", False, "ResultTooLarge")
+    assert any(m.body["items"][0].get("result") for m in fake.of_type("finish")), \
+        "the result was offered first"
+
+
 # --- flow control ----------------------------------------------------------------------------
 
 

@@ -169,7 +169,7 @@ async def test_disabling_the_application_makes_all_its_keys_fail_at_once(
     assert response.status == 200
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/v1/openapi.json"])
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/v1/openapi.json"])
 @pytest.mark.parametrize("authorization", [None, "Bearer orb_000000000000_" + "a" * 43, "junk"])
 async def test_public_paths_need_no_key(
     api: TestClient[Any, Any], path: str, authorization: str | None

@@ -24,6 +24,7 @@ writer's queue rows, keys, application row and result stream.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,6 +62,12 @@ class FinishReport:
     retryable: bool = False  # failed only: explicit evidence that a retry is safe
 
     def digest(self) -> bytes:
+        """The report's content digest (its receipts' ``request_digest``), computed once: a
+        finish consults it up to four times per report, and a result may be 960 KiB."""
+        return self._digest
+
+    @functools.cached_property
+    def _digest(self) -> bytes:
         body = {"outcome": self.outcome, "result": self.result, "error": self.error,
                 "retryable": self.retryable, "generation": self.ref.generation}
         return digests.domain_digest("orbit.finish.v1", self.ref.attempt_id,

@@ -17,14 +17,20 @@ from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.db.schema import SchemaChecker
 from orbit_common.service.config import MAX_RESULT_BYTES, DispatcherConfig
 from orbit_common.service.health import ReadinessGate
-from orbit_dispatcher.protocol import MAX_CONTAINERS
 from orbit_dispatcher.service import DispatcherService
 from tests.conftest import Tenant, api_config
 from tests.support.lease_fixtures import make_queue, scalar, task_row
 from tests.support.servers import ServiceTestServer
-from tests.support.worker_calls import base, register, running_attempt, text_result
+from tests.support.worker_calls import (
+    MIB,
+    base,
+    next_frame,
+    register,
+    running_attempt,
+    text_result,
+    worst_frames,
+)
 
-MIB = 1024 * 1024
 # Waiting for the answer to a 1 MiB message: a second of CPU or so, which two cores shared with
 # other test runs can stretch far past the usual 10 s.
 LARGE_S = 60
@@ -53,17 +59,6 @@ async def start_dispatcher(db: Database,
     for service, client in running:
         service.draining = True
         await client.close()
-
-
-async def next_frame(ws: aiohttp.ClientWebSocketResponse, kind: str, *,
-                     timeout: float = 10) -> dict[str, Any]:
-    async with asyncio.timeout(timeout):
-        while True:
-            message = await ws.receive()
-            assert message.type == aiohttp.WSMsgType.TEXT, message
-            frame = json.loads(message.data)
-            if frame["type"] == kind:
-                return frame
 
 
 async def closed_with(ws: aiohttp.ClientWebSocketResponse) -> int | None:
@@ -278,16 +273,7 @@ async def test_health_probes_are_answered_while_one_client_sends_its_worst(
     machine has two shared cores)."""
     client = await start_dispatcher(max_invalid_frames=100)
     url, (task_id,), (ref,) = await running_attempt(client, db, tenant)
-    arrays = MAX_CONTAINERS - 4  # the frame, its items, the item and the result are four
-    decimals = (MAX_RESULT_BYTES - 1 - 3 * arrays) // 4
-    worst_result = "[" + ",".join(["[]"] * arrays + ["1.5"] * decimals) + "]"
-    assert MAX_RESULT_BYTES - 4 < len(worst_result) <= MAX_RESULT_BYTES
-    finish = ('{"type": "finish", "id": "f", "items": [' + json.dumps(
-        {**ref, "report_id": "worst", "outcome": "succeeded"})[:-1] + ', "result": '
-        + worst_result + "}]}")
-    frames = ["[" * MIB, '{"type": "start", "id": "s", "items": [' + "[]," * 349_000 + "[]]}",
-              finish]
-    assert all(len(f) <= MIB for f in frames)
+    frames, worst_result = worst_frames(ref)
     latencies: list[float] = []
     stop = asyncio.Event()
 

@@ -31,7 +31,9 @@ from tests.support.invariants import check
 from tests.support.processes import Daemon, free_port, wait_until
 from tests.support.stack import Stack
 
-pytestmark = pytest.mark.slow
+# alone: the throughput-gap figure (< 2 s) is the platform's, not the test machine's; beside
+# another xdist worker's CPU-heavy tests on two cores it measured 2.04 s once (0.4-1.0 s alone).
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 STOP_S = 10.0
 MAX_GAP_S = 2.0

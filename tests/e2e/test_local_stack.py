@@ -25,6 +25,7 @@ import pytest
 import orbit_devdb as devdb
 from orbit_common.db import migrator
 from tests.support import database
+from tests.support.processes import wait_until
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 30.0
@@ -215,9 +216,8 @@ def test_dev_up_on_the_private_database_runs_the_daemons_as_the_runtime_user(
                 conn.close()
 
         # Each of the three daemons holds connections (the scheduler's loops poll on theirs).
-        deadline = time.monotonic() + 20
-        while users().get(devdb.RUNTIME_USER, 0) < 3 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: users().get(devdb.RUNTIME_USER, 0) >= 3, timeout=20, interval=0.2,
+                   message="three daemons connected as the runtime user")
         assert set(users()) == {devdb.RUNTIME_USER}, users()
         assert users()[devdb.RUNTIME_USER] >= 3
         assert stack.interrupt() == 0, stack.output()

@@ -85,7 +85,7 @@ def _frozen_holders(stack: Stack) -> set[Any]:
     with stack.sql() as conn, conn.cursor() as cur:
         cur.execute(IDLE_WRITERS)
         first = {row[0] for row in cur.fetchall()}
-        time.sleep(0.1)
+        time.sleep(0.1)  # two samples apart: "idle" means idle in both (a measurement, no wait)
         cur.execute(IDLE_WRITERS)
         return first & {row[0] for row in cur.fetchall()}
 

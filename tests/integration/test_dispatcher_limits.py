@@ -283,7 +283,7 @@ async def test_health_probes_are_answered_while_one_client_sends_its_worst(
             async with session.get(client.make_url("/healthz")) as response:
                 assert response.status == 200
             latencies.append(time.perf_counter() - began)
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the probe's pace
 
     async with aiohttp.ClientSession() as session:
         prober = asyncio.create_task(probe(session))

@@ -189,15 +189,8 @@ def seed(cur: Any) -> Seed:
 
 @pytest.fixture(scope="module")
 def seeded() -> Iterator[tuple[DatabaseUrl, Seed]]:
-    with migrations.scratch_databases() as scratch:
-        url = scratch.create(migrate=True)
-        conn = migrations.connect(url)
-        try:
-            with conn.cursor() as cur:
-                values = seed(cur)
-        finally:
-            conn.close()
-        yield url, values
+    with migrations.seeded_database(seed) as seeded_:
+        yield seeded_
 
 
 def explain(url: DatabaseUrl, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:

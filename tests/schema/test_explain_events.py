@@ -104,15 +104,8 @@ def seed(cur: Any) -> EventSeed:
 
 @pytest.fixture(scope="module")
 def seeded() -> Iterator[tuple[DatabaseUrl, EventSeed]]:
-    with migrations.scratch_databases() as scratch:
-        url = scratch.create(migrate=True)
-        conn = migrations.connect(url)
-        try:
-            with conn.cursor() as cur:
-                values = seed(cur)
-        finally:
-            conn.close()
-        yield url, values
+    with migrations.seeded_database(seed) as seeded_:
+        yield seeded_
 
 
 def _start() -> tuple[Any, ...]:

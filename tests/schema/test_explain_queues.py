@@ -115,15 +115,8 @@ def seed(cur: Any) -> QueueSeed:
 
 @pytest.fixture(scope="module")
 def seeded() -> Iterator[tuple[DatabaseUrl, QueueSeed]]:
-    with migrations.scratch_databases() as scratch:
-        url = scratch.create(migrate=True)
-        conn = migrations.connect(url)
-        try:
-            with conn.cursor() as cur:
-                values = seed(cur)
-        finally:
-            conn.close()
-        yield url, values
+    with migrations.seeded_database(seed) as seeded_:
+        yield seeded_
 
 
 def test_the_seed_is_large_enough(seeded: tuple[DatabaseUrl, QueueSeed]) -> None:

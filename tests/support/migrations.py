@@ -24,6 +24,7 @@ from orbit_common.db.pool import DatabaseUrl, connect_sync
 from tests.support import database
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 CLI = (sys.executable, "-m", "orbit_cli")
 # The console script installed next to this interpreter (pyproject's [project.scripts]).
@@ -63,6 +64,21 @@ def scratch_databases() -> Iterator[ScratchDatabases]:
         yield scratch
     finally:
         scratch.drop_all()
+
+
+@contextmanager
+def seeded_database(seed: Callable[[Any], S]) -> Iterator[tuple[DatabaseUrl, S]]:
+    """A migrated scratch database, seeded by ``seed(cursor)`` (autocommit), with what the seed
+    returned; dropped afterwards. The EXPLAIN tests' module fixtures are built on it."""
+    with scratch_databases() as scratch:
+        url = scratch.create(migrate=True)
+        conn = connect(url)
+        try:
+            with conn.cursor() as cur:
+                values = seed(cur)
+        finally:
+            conn.close()
+        yield url, values
 
 
 def copy_migrations(target: Path, extra: dict[str, str] | None = None) -> Path:

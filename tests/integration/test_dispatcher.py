@@ -20,6 +20,7 @@ from tests.support.database import connect_sync
 from tests.support.lease_fixtures import add_tasks, make_queue, scalar, task_row
 from tests.support.servers import ServiceTestServer
 from tests.support.waiting import statements_waiting, until
+from tests.support.worker_calls import next_frame
 
 
 @pytest.fixture
@@ -48,15 +49,6 @@ async def register(client: TestClient[Any, Any], tenant: Tenant, queue: str,
     assert response.status == 201, await response.text()
     return str((await response.json())["session_id"])
 
-
-async def next_frame(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
-    async with asyncio.timeout(10):
-        while True:
-            message = await ws.receive()
-            assert message.type == aiohttp.WSMsgType.TEXT, message
-            frame = json.loads(message.data)
-            if frame["type"] == kind:
-                return frame
 
 
 async def test_websocket_session_runs_a_task_end_to_end(

@@ -31,9 +31,22 @@ from tests.conftest import Tenant, make_key
 from tests.support.lease_fixtures import add_tasks, make_queue, scalar, task_row
 from tests.support.servers import ServiceTestServer
 from tests.support.waiting import until
+from tests.support.worker_calls import next_frame
 
 Client = TestClient[Any, Any]
 Ref = dict[str, Any]
+
+
+async def granted(ws: aiohttp.ClientWebSocketResponse, *, start: bool = True) -> dict[str, Any]:
+    """Ask for one task on the socket and take its grant (and, with ``start``, have its start
+    approved); the attempt reference."""
+    await ws.send_json({"type": "ready", "slots": 1})
+    grant = (await next_frame(ws, "grants"))["grants"][0]
+    ref = {k: grant[k] for k in ("attempt_id", "token", "generation")}
+    if start:
+        await ws.send_json({"type": "start", "id": "s1", "items": [ref]})
+        assert (await next_frame(ws, "reply"))["items"][0]["approved"] is True
+    return ref
 
 
 @pytest.fixture
@@ -100,14 +113,6 @@ async def started_grant(client: Client, tenant: Tenant, key: str, session_id: st
     return ref
 
 
-async def next_frame(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
-    async with asyncio.timeout(10):
-        while True:
-            message = await ws.receive()
-            assert message.type == aiohttp.WSMsgType.TEXT, message
-            frame = json.loads(message.data)
-            if frame["type"] == kind:
-                return frame
 
 
 async def closed(ws: aiohttp.ClientWebSocketResponse, within: float) -> list[dict[str, Any]]:
@@ -282,11 +287,7 @@ async def test_a_key_revoked_mid_task_is_refused_on_the_open_socket_and_over_htt
     session_id = await registered(client, tenant, key, queue.name, "w-revoked")
     async with client.ws_connect(f"{base(tenant)}/{session_id}/ws",
                                  headers=bearer(key)) as ws:
-        await ws.send_json({"type": "ready", "slots": 1})
-        grant = (await next_frame(ws, "grants"))["grants"][0]
-        ref = {k: grant[k] for k in ("attempt_id", "token", "generation")}
-        await ws.send_json({"type": "start", "id": "s1", "items": [ref]})
-        assert (await next_frame(ws, "reply"))["items"][0]["approved"] is True
+        ref = await granted(ws)
         await revoke(db, key)
         await ws.send_json({"type": "finish", "id": "f1", "items": [
             {**ref, "report_id": "r-1", "outcome": "succeeded", "result": {"by": "revoked"}}]})
@@ -321,11 +322,7 @@ async def test_a_silent_socket_of_a_revoked_key_is_closed_within_the_check_inter
     session_id = await registered(client, tenant, key, queue.name, "w-silent")
     async with client.ws_connect(f"{base(tenant)}/{session_id}/ws",
                                  headers=bearer(key)) as ws:
-        await ws.send_json({"type": "ready", "slots": 1})
-        grant = (await next_frame(ws, "grants"))["grants"][0]
-        ref = {k: grant[k] for k in ("attempt_id", "token", "generation")}
-        await ws.send_json({"type": "start", "id": "s1", "items": [ref]})
-        assert (await next_frame(ws, "reply"))["items"][0]["approved"] is True
+        await granted(ws)
         await revoke(db, key)
         loop = asyncio.get_running_loop()
         revoked_at = loop.time()
@@ -352,11 +349,7 @@ async def test_a_disabled_application_closes_its_sockets_and_refuses_their_frame
     idle = await registered(client, tenant, key, queue.name, "w-idle")
     async with client.ws_connect(f"{base(tenant)}/{busy}/ws", headers=bearer(key)) as busy_ws, \
             client.ws_connect(f"{base(tenant)}/{idle}/ws", headers=bearer(key)) as idle_ws:
-        await busy_ws.send_json({"type": "ready", "slots": 1})
-        grant = (await next_frame(busy_ws, "grants"))["grants"][0]
-        ref = {k: grant[k] for k in ("attempt_id", "token", "generation")}
-        await busy_ws.send_json({"type": "start", "id": "s1", "items": [ref]})
-        assert (await next_frame(busy_ws, "reply"))["items"][0]["approved"] is True
+        ref = await granted(busy_ws)
         await disable(db, tenant)
         await busy_ws.send_json({"type": "renew", "id": "r1", "items": [ref]})
         busy_frames = await closed(busy_ws, within=5)
@@ -380,9 +373,7 @@ async def test_a_start_after_the_revocation_is_refused_on_the_open_socket(
     session_id = await registered(client, tenant, key, queue.name, "w-start")
     async with client.ws_connect(f"{base(tenant)}/{session_id}/ws",
                                  headers=bearer(key)) as ws:
-        await ws.send_json({"type": "ready", "slots": 1})
-        grant = (await next_frame(ws, "grants"))["grants"][0]
-        ref = {k: grant[k] for k in ("attempt_id", "token", "generation")}
+        ref = await granted(ws, start=False)
         await revoke(db, key)
         await ws.send_json({"type": "start", "id": "s1", "items": [ref]})
         frames = await closed(ws, within=5)

@@ -100,6 +100,8 @@ def main() -> None:
     with app.connection_for_write() as connection, connection.Producer() as producer:
         for _ in range(args.tasks):
             noop.apply_async(producer=producer)
+        if not producer.channel._confirm_selected:  # py-amqp's flag: confirms were on
+            raise RuntimeError("celery: the messages were published without confirms")
     with tempfile.TemporaryDirectory(prefix="orbit-bench-celery-") as marks_dir:
         marks = Path(marks_dir)
         worker = subprocess.Popen(

@@ -58,6 +58,11 @@ async def consume(dsn: str, batch: int) -> None:
 async def measure(dsn: str, tasks: int) -> dict[str, float]:
     connection = await asyncpg.connect(dsn)
     try:
+        unlogged = await connection.fetchval(
+            "SELECT COUNT(*) FROM pg_class WHERE relname IN ('pgqueuer', 'pgqueuer_log')"
+            " AND relpersistence <> 'p'")
+        if unlogged:
+            raise RuntimeError("pgqueuer: its tables are not durable (UNLOGGED)")
         left = await connection.fetchval("SELECT COUNT(*) FROM pgqueuer")
         done = await connection.fetchval(
             "SELECT COUNT(*) FROM pgqueuer_log WHERE status = 'successful'")

@@ -127,6 +127,13 @@ class Postgres:
         self.root, self.as_owner = _private_dir("postgres")
         self.data = self.root / "data"
         self.port = free_port()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         self._run([str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U",
                    "postgres", "-E", "UTF8"])
         settings = {

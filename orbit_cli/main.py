@@ -533,6 +533,37 @@ def bench_tasks(count: int, workers: int, concurrency: int, rate: float | None, 
     click.echo(json.dumps(result))
 
 
+@bench.command("peers")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Interleaved rounds of Orbit, PgQueuer and Celery (the figures are medians).")
+@click.option("--tasks", "count", type=click.IntRange(min=1), default=20_000,
+              show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON line.")
+def bench_peers(rounds: int, count: int, as_json: bool) -> None:
+    """Orbit vs PgQueuer (durable PostgreSQL) and Celery (durable RabbitMQ), same machine.
+
+    Installs and starts the peers itself (apt-get, a virtualenv under ~/.cache); each system
+    drains a queue filled beforehand, timed from its first claim to its last finish.
+    """
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "bench" / "peers" / "run.py").exists():
+        raise click.ClickException("orbit bench runs from a source checkout")
+    sys.path.insert(0, str(root))
+    from bench.peers.run import run
+
+    def progress(line: str) -> None:
+        click.echo(line, err=True)
+
+    result = run(os.environ.get("ORBIT_DATABASE_URL"), rounds, count,
+                 progress=None if as_json else progress)
+    if not as_json:
+        click.echo("Orbit vs PgQueuer and Celery, draining a filled queue (medians of the"
+                   " interleaved rounds; same machine, same run):")
+    click.echo(json.dumps(result))
+
+
 @bench.command("schedules")
 @click.option("--schedules", "count", default=10_000, show_default=True)
 @click.option("--replicas", default=1, show_default=True, help="orbit scheduler processes.")

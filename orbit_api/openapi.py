@@ -33,7 +33,8 @@ def _json(schema_name: str, description: str) -> dict[str, Any]:
 
 COMMON_ERRORS = {
     "400": _problem("Malformed, invalid or unknown input (codes: validation_failed, "
-                    "malformed_json, duplicate_json_key, json_too_deep, invalid_cursor)"),
+                    "malformed_json, duplicate_json_key, json_too_deep, json_too_complex, "
+                    "invalid_cursor)"),
     "401": _problem("Missing or invalid credential (unauthenticated, invalid_credential)"),
     "503": _problem("Database unavailable or commit outcome unknown; retry"),
 }
@@ -68,7 +69,7 @@ def _namespace_state(summary: str, op_id: str, ok: str) -> dict[str, Any]:
         "responses": {
             "200": _json("Namespace", ok), **COMMON_ERRORS,
             "400": _problem("validation_failed (the reason is required), malformed_json, "
-                            "duplicate_json_key, json_too_deep"),
+                            "duplicate_json_key, json_too_deep, json_too_complex"),
             "403": _problem("The credential may not namespaces.manage this name (forbidden)"),
             "404": _problem("namespace_not_found: no such namespace in the caller's "
                             "application"),

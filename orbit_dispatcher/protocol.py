@@ -28,7 +28,7 @@ ERROR_MAX_BYTES = 64 * 1024
 # Arrays and objects in one worker message. Parsing is linear in them (and the parser holds the
 # GIL), so this bounds a message's parsing cost whatever its content: 50,000 keep it to tens of
 # milliseconds, while 1 MiB of records of a few fields each stays well inside.
-MAX_CONTAINERS = 50_000
+MAX_CONTAINERS = jsondoc.MAX_CONTAINERS
 REF_FIELDS = {"attempt_id", "token", "generation"}
 FINISH_FIELDS = REF_FIELDS | {"report_id", "outcome", "result", "error", "retryable"}
 

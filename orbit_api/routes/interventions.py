@@ -120,7 +120,8 @@ def _operation(summary: str, op_id: str, schema: str, ok: tuple[str, str], *, ba
             status: {"description": description,
                      "content": {"application/json": {
                          "schema": {"$ref": "#/components/schemas/TaskIntervention"}}}},
-            "400": _problem(bad + ", malformed_json, duplicate_json_key, json_too_deep"),
+            "400": _problem(bad + ", malformed_json, duplicate_json_key, json_too_deep, "
+                            "json_too_complex"),
             "401": _problem("unauthenticated, invalid_credential"),
             "403": _problem("forbidden"),
             "404": _problem("task_not_found, namespace_not_found"),

@@ -254,7 +254,8 @@ _IDEMPOTENCY_PARAM = {"name": "Idempotency-Key", "in": "header", "required": Fal
                       "schema": IDEMPOTENCY_KEY}
 _ERRORS = {
     "400": _problem("Malformed, invalid or unknown input (codes: validation_failed, "
-                    "malformed_json, duplicate_json_key, json_too_deep, invalid_cursor)"),
+                    "malformed_json, duplicate_json_key, json_too_deep, json_too_complex, "
+                    "invalid_cursor)"),
     "401": _problem("Missing or invalid credential (unauthenticated, invalid_credential)"),
     "503": _problem("Database unavailable or commit outcome unknown; retry"),
 }

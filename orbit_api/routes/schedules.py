@@ -309,7 +309,8 @@ _CURSOR_PARAM = {"name": "cursor", "in": "query", "schema": {"type": "string"},
                  "description": "next_cursor of the previous page (same other parameters)"}
 _ERRORS = {
     "400": _problem("Malformed, invalid or unknown input (codes: validation_failed, "
-                    "malformed_json, duplicate_json_key, json_too_deep, invalid_cursor)"),
+                    "malformed_json, duplicate_json_key, json_too_deep, json_too_complex, "
+                    "invalid_cursor)"),
     "401": _problem("Missing or invalid credential (unauthenticated, invalid_credential)"),
     "403": _problem("forbidden: the credential may not do this with schedules here"),
     "503": _problem("Database unavailable or commit outcome unknown; retry"),

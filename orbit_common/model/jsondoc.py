@@ -21,6 +21,13 @@ from typing import Any
 from orbit_common import errors
 
 MAX_DEPTH = 32
+# Arrays and objects per request body or worker message (counted before parsing): what the
+# parser spends its time and memory on.
+MAX_CONTAINERS = 50_000
+# Every pass over a large document runs as C calls over slices of at most this many
+# characters, with Python in between: a thread parsing a 1 MiB body hands the interpreter lock
+# back every few milliseconds, so the event loop (health probes included) keeps running.
+SLICE_CHARS = 64 * 1024
 
 
 class JsonNumber(str):
@@ -74,7 +81,9 @@ def _refuse_constant(name: str) -> Any:
     raise errors.MalformedJson(f"{name} is not valid JSON")
 
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# A string token, unrolled (a run of plain characters, then escape + run, ...): six times
+# faster than an alternation tried at every character.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _INNERMOST = re.compile(r"\[\]|\{\}")
 _WS = re.compile(r"[ \t\n\r]*")
@@ -87,11 +96,9 @@ def _depth(text: str, limit: int = MAX_DEPTH, max_containers: int | None = None)
     strings are removed (an unterminated one hides the rest, as the parser will refuse it),
     then each pass removes the innermost ``[]``/``{}`` pairs, at most ``limit + 1`` passes.
     With ``max_containers``, more arrays and objects than that are refused first."""
-    brackets = _STRING.sub("", text)
-    quote = brackets.find('"')
-    if quote >= 0:
-        brackets = brackets[:quote]
-    brackets = _NOT_BRACKET.sub("", brackets)
+    brackets = _outside_strings(text)
+    brackets = "".join(_NOT_BRACKET.sub("", brackets[at:at + SLICE_CHARS])
+                       for at in range(0, len(brackets), SLICE_CHARS))
     if max_containers is not None:
         containers = brackets.count("[") + brackets.count("{")
         if containers > max_containers:
@@ -106,6 +113,45 @@ def _depth(text: str, limit: int = MAX_DEPTH, max_containers: int | None = None)
             raise errors.MalformedJson("unbalanced brackets: not valid JSON")
         brackets, depth = inner, depth + 1
     return depth + (1 if brackets and depth > limit else 0)
+
+
+def _outside_strings(text: str) -> str:
+    """``text`` without its string tokens; an unterminated string hides the rest (the parser
+    refuses it). Slice by slice: strings in a slice are removed with one regular-expression
+    pass; one that runs past the slice's end stays unmatched -- and nothing after its opening
+    quote can match, since every quote inside it is escaped -- so the next slice starts at that
+    quote (a string longer than a slice gets a slice doubled until it ends)."""
+    if len(text) <= SLICE_CHARS:
+        kept = _STRING.sub("", text)
+        quote = kept.find('"')
+        return kept if quote < 0 else kept[:quote]
+    parts = []
+    at, size = 0, SLICE_CHARS
+    while at < len(text):
+        end = min(len(text), at + size)
+        piece = text[at:end]
+        kept = _STRING.sub("", piece)
+        quote = kept.find('"')
+        if quote < 0:
+            parts.append(kept)
+            at, size = end, SLICE_CHARS
+        elif end == len(text):  # unterminated
+            parts.append(kept[:quote])
+            break
+        elif quote == 0:  # a string longer than the slice begins here
+            size *= 2
+        else:
+            parts.append(kept[:quote])
+            # every string removed lies before the unmatched quote
+            at, size = at + quote + len(piece) - len(kept), SLICE_CHARS
+    return "".join(parts)
+
+
+def _search_sliced(pattern: re.Pattern[str], text: str, overlap: int) -> bool:
+    """Whether ``pattern`` (at most ``overlap + 1`` characters long) occurs in ``text``, in
+    slices of :data:`SLICE_CHARS`."""
+    return any(pattern.search(text, at, at + SLICE_CHARS + overlap) is not None
+               for at in range(0, max(len(text), 1), SLICE_CHARS))
 
 
 def _skip(text: str, at: int) -> int:
@@ -193,6 +239,12 @@ def loads_strict(
                                    "parse_int": tokens.__getitem__}
     else:
         numbers = {"parse_float": decimal.Decimal}
+    if len(text) > SLICE_CHARS:
+        # The C parser holds the interpreter lock from start to end unless it calls Python:
+        # objects call _pairs, and here numbers call Python functions too (a 1 MiB array of
+        # numbers is otherwise 50-90 ms without a pause for any other thread).
+        numbers = {name: _in_python(hook) for name, hook in numbers.items()}
+        numbers.setdefault("parse_int", _in_python(int))
     try:
         value = json.loads(
             text, object_pairs_hook=_pairs, parse_constant=_refuse_constant, **numbers
@@ -205,9 +257,18 @@ def loads_strict(
         raise errors.MalformedJson("a number is out of range") from exc
     except RecursionError as exc:  # unreachable after _depth; kept so no input can crash a caller
         raise errors.JsonTooDeep(f"JSON nests deeper than {max_depth} levels") from exc
-    if _MAYBE_SURROGATE.search(text) is not None:
+    if _search_sliced(_MAYBE_SURROGATE, text, 3):
         _check_strings(value)
     return value
+
+
+def _in_python(hook: Any) -> Any:
+    """``hook`` called from a Python frame (where the interpreter may switch threads)."""
+
+    def call(token: str) -> Any:
+        return hook(token)
+
+    return call
 
 
 # A lone surrogate can only come from a \uD800-\uDFFF escape (UTF-8 cannot hold one) or from a

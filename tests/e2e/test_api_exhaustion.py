@@ -40,7 +40,7 @@ from tests.support.exhaustion import (
 from tests.support.processes import ApiDaemon
 from tests.support.waiting import until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 MAX_BODY = 1024 * 1024
 SLOW_HEADS = 100

@@ -45,7 +45,7 @@ from tests.support.lease_fixtures import make_queue, scalar
 from tests.support.processes import Daemon, http, wait_until
 from tests.support.waiting import until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 MIB = 1024 * 1024
 SCHEDULES = 5

@@ -1,4 +1,4 @@
-"""Resource-exhaustion tests of a daemon (issue 11): a ``/healthz`` probe on its own thread
+"""Resource-exhaustion tests of a daemon (issue 11): a ``/healthz`` probe in its own process
 whose slowest answer bounds how long the event loop was blocked, the process's RSS, and slow
 clients that hold connections open by trickling a request."""
 
@@ -6,13 +6,47 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.client
+import json
+import subprocess
+import sys
 import threading
-import time
 from pathlib import Path
 
-PROBE_BOUND_S = 1.0  # generous: the CI machine has two shared cores (issue 11 wants < 100 ms)
+# Issue 11: the probe must stay under 100 ms. The tests that assert it are marked ``alone``
+# (script/test runs them with no other test beside them): the probe measures the daemon's event
+# loop, not a neighbour's load on the machine's two cores.
+PROBE_BOUND_S = 0.1
 RSS_BOUND_KIB = 200 * 1024
+
+# The probe loop, run in a process of its own: a thread of the test's process would share its
+# interpreter lock with the test's event loop (the slow clients, the worst requests' answers)
+# and time that too. It asks every 10 ms until its stdin closes and it has asked at least
+# ``minimum`` times, then prints one JSON line.
+_PROBE_SCRIPT = r"""
+import http.client, json, sys, threading, time
+host, port, minimum = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+halt = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), halt.set()), daemon=True).start()
+latencies, failures = [], []
+conn = http.client.HTTPConnection(host, port, timeout=10)
+print("ready", flush=True)
+while not halt.is_set() or len(latencies) < minimum:
+    started = time.perf_counter()
+    try:
+        conn.request("GET", "/healthz")
+        response = conn.getresponse()
+        response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        failures.append(repr(exc))
+        conn.close()
+        continue
+    latencies.append(time.perf_counter() - started)
+    if response.status != 200:
+        failures.append(f"status {response.status}")
+    halt.wait(0.01)
+conn.close()
+print(json.dumps({"latencies": latencies, "failures": failures}), flush=True)
+"""
 
 
 def rss_kib(pid: int) -> int:
@@ -22,35 +56,36 @@ def rss_kib(pid: int) -> int:
     raise AssertionError(f"no VmRSS for process {pid}")
 
 
-class Probe(threading.Thread):
-    """``GET /healthz`` on one keep-alive connection, every 10 ms, timing each answer."""
+class Probe:
+    """``GET /healthz`` on one keep-alive connection, every 10 ms, timing each answer, from a
+    process of its own. ``start()`` returns once it runs; ``halt.set()`` then ``join()``
+    collect its timings (at least ``minimum`` probes: ``join`` waits for them)."""
 
-    def __init__(self, host: str, port: int) -> None:
-        super().__init__(name="healthz-probe", daemon=True)
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, minimum: int = 21) -> None:
+        self.host, self.port, self.minimum = host, port, minimum
         self.latencies: list[float] = []
         self.failures: list[str] = []
         self.halt = threading.Event()
+        self._proc: subprocess.Popen[str] | None = None
 
-    def run(self) -> None:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+    def start(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _PROBE_SCRIPT, self.host, str(self.port), str(self.minimum)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        assert self._proc.stdout.readline().strip() == "ready"
+
+    def join(self, timeout: float) -> None:
+        self.halt.wait()
+        proc = self._proc
+        assert proc is not None
         try:
-            while not self.halt.is_set():
-                started = time.perf_counter()
-                try:
-                    conn.request("GET", "/healthz")
-                    response = conn.getresponse()
-                    response.read()
-                except (OSError, http.client.HTTPException) as exc:
-                    self.failures.append(repr(exc))
-                    conn.close()  # reconnects on the next request
-                    continue
-                self.latencies.append(time.perf_counter() - started)
-                if response.status != 200:
-                    self.failures.append(f"status {response.status}")
-                self.halt.wait(0.01)  # the probe interval
+            out, _ = proc.communicate(input="", timeout=timeout)
         finally:
-            conn.close()
+            if proc.poll() is None:
+                proc.kill()
+        found = json.loads(out.strip().splitlines()[-1])
+        self.latencies, self.failures = found["latencies"], found["failures"]
 
     @property
     def worst(self) -> float:

@@ -291,3 +291,51 @@ def test_documents_with_exact_numbers_take_the_exact_encoder() -> None:
     assert jsondoc.canonical(doc) == jsondoc._encode_exact(doc, sort_keys=True).encode()
     assert b'"b":12345678901234567890.123456789' in jsondoc.canonical(doc)
     assert jsondoc.dumps({"x": decimal.Decimal("1.50")}) == '{"x":1.50}'
+
+
+_ALPHABET = st.sampled_from(['"', "\\", "[", "]", "{", "}", "a", ",", " ", "é"])
+
+
+@settings(max_examples=300)
+@given(text=st.lists(_ALPHABET, max_size=200).map("".join),
+       slice_chars=st.integers(min_value=1, max_value=40))
+def test_strings_are_removed_slice_by_slice_exactly_as_in_one_pass(
+    text: str, slice_chars: int,
+) -> None:
+    # A large document's passes run over slices (the parsing thread yields in between); the
+    # result must be what one pass over the whole text gives, valid JSON or not.
+    whole = jsondoc._STRING.sub("", text)
+    quote = whole.find('"')
+    expected = whole if quote < 0 else whole[:quote]
+    saved = jsondoc.SLICE_CHARS
+    jsondoc.SLICE_CHARS = slice_chars
+    try:
+        assert jsondoc._outside_strings(text) == expected
+    finally:
+        jsondoc.SLICE_CHARS = saved
+
+
+def test_a_large_document_parses_as_a_small_one_does() -> None:
+    # Over SLICE_CHARS the numbers go through Python-level hooks; the values are the same.
+    items = [{"n": n, "x": n / 4, "s": f"[{n}]\\\"{{"} for n in range(20_000)]
+    text = json.dumps({"items": items})
+    assert len(text) > jsondoc.SLICE_CHARS
+    parsed = jsondoc.loads_strict(text)
+    assert parsed == json.loads(text, parse_float=decimal.Decimal)
+    exact = jsondoc.loads_strict(text, keep_number_text=True)
+    assert jsondoc.dumps(exact) == json.dumps({"items": items}, separators=(",", ":"))
+
+
+def test_a_lone_surrogate_on_a_slice_boundary_is_refused() -> None:
+    for shift in range(6):
+        pad = "x" * (jsondoc.SLICE_CHARS - 3 - shift)
+        text = '["' + pad + '\\ud800"]'
+        with pytest.raises(errors.MalformedJson):
+            jsondoc.loads_strict(text)
+
+
+def test_a_string_longer_than_a_slice_hides_its_brackets() -> None:
+    inner = "[" * (3 * jsondoc.SLICE_CHARS)
+    assert jsondoc.loads_strict('["' + inner + '", [1]]') == [inner, [1]]
+    with pytest.raises(errors.MalformedJson):  # unterminated: refused, not recursed into
+        jsondoc.loads_strict('["' + inner)

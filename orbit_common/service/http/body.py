@@ -74,6 +74,7 @@ PARSE_INLINE_BYTES = 64 * 1024
 def _parse(raw: bytes, precheck: Callable[[bytes], None] | None, parse: dict[str, Any]) -> Any:
     if precheck is not None:
         precheck(raw)
+    parse.setdefault("max_containers", jsondoc.MAX_CONTAINERS)
     return jsondoc.loads_strict(raw, **parse)
 
 

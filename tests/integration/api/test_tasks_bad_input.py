@@ -38,6 +38,9 @@ SUBMIT_CASES: list[tuple[str, bytes, str, str | None]] = [
      "duplicate_json_key", None),
     ("too-deep-input", b'{"queue": "work", "handler": "h", "input": ' + b"[" * 40 + b"]" * 40
      + b"}", "json_too_deep", None),
+    # 50,001 arrays and objects in all (the body's own object is one), counted before parsing
+    ("too-complex-input", b'{"queue": "work", "handler": "h", "input": ['
+     + b",".join([b"[]"] * 49_999) + b"]}", "json_too_complex", None),
     ("nan-input", b'{"queue": "work", "handler": "h", "input": [NaN]}', "malformed_json", None),
     ("double-overflow-input", b'{"queue": "work", "handler": "h", "input": {"x": 1e400}}',
      "validation_failed", "$.input"),

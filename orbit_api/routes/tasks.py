@@ -18,11 +18,11 @@ from orbit_api.openapi import (
 )
 from orbit_api.routes.platform import idempotency_key
 from orbit_common import errors
-from orbit_common.model import jsondoc
+from orbit_common.model import jsondoc, strict
 from orbit_common.platform.principals import principal_of
 from orbit_common.pulse import queries, queues, resources, tasks
 from orbit_common.pulse.model import AttemptState, TaskState
-from orbit_common.service.http.body import int_param, off_loop, query_params, read_json
+from orbit_common.service.http.body import int_param, off_loop, query_params, read_document
 from orbit_common.service.http.context import DB
 
 BASE = "/v1/namespaces/{namespace}/tasks"
@@ -38,23 +38,35 @@ def _input_of(exact: Any) -> Any:
     return exact.get("input", {}) if isinstance(exact, dict) else {}
 
 
+def _request_form(item: Any) -> Any:
+    """An item of the number-preserving parse as its DTO is structured from: numbers as the
+    normal parse makes them, except in ``input`` (kept as written, and not walked: it may hold
+    500,000 numbers; :func:`tasks.validate` takes it from the exact parse)."""
+    if type(item) is not dict:
+        return jsondoc.plain_numbers(item)
+    return {key: value if key == "input" else jsondoc.plain_numbers(value)
+            for key, value in item.items()}
+
+
 async def submit_task(request: web.Request) -> web.Response:
     query_params(request, ())
     key = idempotency_key(request)
     principal = principal_of(request)
     namespace = request.match_info["namespace"]
     await tasks.authorize_submission(request.app[DB], principal, namespace)
-    dto, _ = await read_json(request, tasks.SubmitRequest)
-    raw = await request.read()
+    # One parse, keeping every number's text (the stored input is byte-exact); the DTO is
+    # structured from it with plain numbers. A large body is parsed on a worker thread.
+    exact = await read_document(request, keep_number_text=True, check_numbers=True)
+    size = len(await request.read())  # the body as read (cached; inflated when encoded)
 
     def prepare() -> list[tasks.Item]:
-        exact = jsondoc.loads_strict(raw, keep_number_text=True)
+        dto = strict.structure(_request_form(exact), tasks.SubmitRequest)
         spec, problems = tasks.validate(dto, _input_of(exact), "$")
         if spec is None:
             raise errors.ValidationFailed(problems)
         return tasks.make_items(principal, [(spec, key, "$", "Idempotency-Key")])
 
-    items = await off_loop(len(raw), prepare)
+    items = await off_loop(size, prepare)
     (accepted,) = await tasks.submit(request.app[DB], principal, namespace=namespace, items=items)
     return json_response(accepted.receipt, status=201)
 
@@ -71,15 +83,19 @@ async def submit_batch(request: web.Request) -> web.Response:
     # The path first (authorization), then the size of the batch while its array is read,
     # and only then the items themselves.
     await tasks.authorize_submission(request.app[DB], principal, namespace)
-    dto, _ = await read_json(request, tasks.BatchRequest, precheck=tasks.check_batch_size)
-    if not 1 <= len(dto.tasks) <= tasks.MAX_BATCH:
-        raise errors.ValidationFailed(
-            [{"path": "$.tasks", "message": f"1-{tasks.MAX_BATCH} items"}]
-        )
-    raw = await request.read()
+    exact = await read_document(request, precheck=tasks.check_batch_size,
+                                keep_number_text=True, check_numbers=True)
+    size = len(await request.read())  # the body as read (cached; inflated when encoded)
 
     def prepare() -> list[tasks.Item]:
-        exact = jsondoc.loads_strict(raw, keep_number_text=True)
+        items = exact.get("tasks") if type(exact) is dict else None
+        form = ({**exact, "tasks": [_request_form(item) for item in items]}
+                if type(items) is list else jsondoc.plain_numbers(exact))
+        dto = strict.structure(form, tasks.BatchRequest)
+        if not 1 <= len(dto.tasks) <= tasks.MAX_BATCH:
+            raise errors.ValidationFailed(
+                [{"path": "$.tasks", "message": f"1-{tasks.MAX_BATCH} items"}]
+            )
         problems: list[dict[str, str]] = []
         specs = []
         for index, item in enumerate(dto.tasks):
@@ -92,7 +108,7 @@ async def submit_batch(request: web.Request) -> web.Response:
             raise errors.ValidationFailed(problems)
         return tasks.make_items(principal, specs)
 
-    items = await off_loop(len(raw), prepare)
+    items = await off_loop(size, prepare)
     accepted = await tasks.submit(request.app[DB], principal, namespace=namespace, items=items)
     return json_response(
         {"tasks": [{**a.receipt, "replayed": a.replayed} for a in accepted]}, status=201

@@ -132,3 +132,20 @@ def test_every_compact_document_round_trips_byte_exact(tree: Any) -> None:
 @given(trees, st.sampled_from([" ", "\n", "\t ", "\r\n  "]))
 def test_insignificant_whitespace_does_not_change_the_bytes(tree: Any, space: str) -> None:
     assert jsondoc.dumps(keep(render(tree, space))) == render(tree)
+
+
+@pytest.mark.parametrize("token", ["1" * 5000, "1.5e99999999999999999999999"])
+def test_checked_numbers_refuse_what_the_normal_parse_refuses(token: str) -> None:
+    # One number-preserving parse of a request body stands in for the normal parse too.
+    with pytest.raises(errors.MalformedJson):
+        jsondoc.loads_strict(token)
+    with pytest.raises(errors.MalformedJson):
+        jsondoc.loads_strict(f'{{"n": [{token}]}}', keep_number_text=True, check_numbers=True)
+
+
+def test_plain_numbers_are_what_the_normal_parse_makes() -> None:
+    text = '{"a": [1, -0, 1.50, 1e5, {"b": 2E-3}], "c": "1"}'
+    exact = jsondoc.loads_strict(text, keep_number_text=True, check_numbers=True)
+    assert jsondoc.plain_numbers(exact) == jsondoc.loads_strict(text)
+    assert [type(v) for v in jsondoc.plain_numbers(exact)["a"][:4]] == [int, int, type(
+        jsondoc.loads_strict("1.5")), type(jsondoc.loads_strict("1.5"))]

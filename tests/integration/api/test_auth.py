@@ -22,6 +22,13 @@ def _prefix(api_key: str) -> str:
     return api_key.split("_")[1]
 
 
+def _uppercase(prefix: str) -> str:
+    """The prefix in uppercase hex; one of twelve digits-only prefixes (p = 0.4 %) has no letter
+    to raise, so its first digit becomes an uppercase letter instead."""
+    upper = prefix.upper()
+    return upper if upper != prefix else "A" + prefix[1:]
+
+
 def _wrong_secret(api_key: str) -> str:
     last = api_key[-1]
     return api_key[:-1] + ("A" if last != "A" else "B")
@@ -61,7 +68,7 @@ async def test_bad_keys_are_invalid_credentials_and_all_look_the_same(
         "malformed": "orb_nothex_secret",
         "short-secret": f"orb_{_prefix(tenant.api_key)}_short",
         "uppercase-prefix": tenant.api_key.replace(
-            _prefix(tenant.api_key), _prefix(tenant.api_key).upper(), 1
+            _prefix(tenant.api_key), _uppercase(_prefix(tenant.api_key)), 1
         ),
         "unknown-prefix": "orb_000000000000_" + "a" * 43,
         "wrong-secret": _wrong_secret(tenant.api_key),

@@ -1,11 +1,16 @@
 """``orbit bench tasks``: no-op tasks end to end, against the raw queue cycle in the same run.
 
 Steps: a fresh database on ``ORBIT_DATABASE_URL``'s server (or a private instance), migrated and
-bootstrapped; the raw queue cycle (bench/rawqueue.py) on the same server; then the API, one
+bootstrapped; the raw queue cycle (bench/rawqueue.py) and the same-shape cycle (bench/shape.py)
+on the same server; Orbit's lease kernel alone (bench/kernelcycle.py); then the API, one
 dispatcher and W SDK worker processes; N no-op tasks submitted through the HTTP API in batches of
 500 (or at ``--rate`` tasks/s in small batches); wait until every task SUCCEEDED. Figures come
 from the database, not from the processes' own counters: start latency is ``attempt.started_at -
 task.created_at`` (both database time), commits per task are ``Com_commit`` deltas.
+
+With ``--backlog N`` the kernel and end-to-end phases run a second time on a fresh database
+holding N queued tasks (bench/backlog.py says where they are and why they stay queued);
+``backlog_ratio`` and ``backlog_kernel_ratio`` compare those figures with the empty ones.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from typing import Any
 import aiohttp
 
 import orbit_devdb as devdb
+from bench import backlog as backlogs
 from bench.common import cpu_seconds, free_port, percentile, post_json, wait_ready
 from bench.kernelcycle import run_kernel_cycle
 from bench.rawqueue import run_raw_cycle
+from bench.shape import run_shape_cycle
 from orbit_common.db.migrator import Migrator
 from orbit_common.db.pool import DatabaseUrl, connect_sync
 
@@ -245,9 +252,10 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
 
     started = time.perf_counter()
     submit_rates = asyncio.run(submit_everything())
+    # The SUCCEEDED tasks of the bench queues: the measured ones (a backlog stays WAITING).
     bench_queues = ("SELECT t.updated_at, t.created_at, t.namespace_id, t.id FROM pulse_tasks t"
                     " JOIN pulse_queues q ON q.namespace_id = t.namespace_id"
-                    " AND q.id = t.queue_id WHERE q.name = 'bench'")
+                    " AND q.id = t.queue_id WHERE q.name = 'bench' AND t.state = 'SUCCEEDED'")
     try:
         # Poll a few times a second (the count is a scan; polling it faster would load the
         # server being measured); the end time is the last finish's database time.
@@ -311,11 +319,52 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
     }
 
 
+BACKLOG_QUEUES = [f"backlog-{n}" for n in range(4)]
+
+
+def _kernel_and_end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None,
+                           concurrency: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Orbit's lease kernel alone (bench/kernelcycle.py) on its own queue, before any worker
+    runs, then end to end; each begins once InnoDB has purged the previous one's history."""
+    kernel_n = min(tasks, 20_000)
+    key, namespace = phase.tenants[0]
+    asyncio.run(_submit_all(phase.api, key, namespace, kernel_n, None, queue_name="kernel"))
+    _wait_purged(phase.url)
+    kernel = asyncio.run(run_kernel_cycle(phase.url, key, namespace, "kernel", kernel_n))
+    _wait_purged(phase.url)
+    return kernel, _end_to_end(phase, tasks, workers, rate, concurrency, 0)
+
+
+def _with_backlog(server: DatabaseUrl, logs: Path, db_pid: int | None, size: int, tasks: int,
+                  workers: int, rate: float | None, concurrency: int) -> dict[str, Any]:
+    """A fresh database with ``size`` tasks queued (bench/backlog.py), then the kernel and end
+    to end phases again; their figures prefixed ``backlog_``."""
+    _wait_purged(server.with_database(""))
+    phase = _Phase(server, 1, logs, db_pid)
+    try:
+        key, namespace = phase.tenants[0]
+        for name in BACKLOG_QUEUES:
+            post_json(f"{phase.api}/v1/namespaces/{namespace}/queues", key, {"name": name})
+        seeded = backlogs.seed(phase.url, namespace, BACKLOG_QUEUES, ["kernel", "bench"], size)
+        _wait_purged(phase.url)
+        kernel, measured = _kernel_and_end_to_end(phase, tasks, workers, rate, concurrency)
+    finally:
+        phase.close()
+    return {"backlog": size, "backlog_seed_s": seeded["backlog_seed_s"],
+            "backlog_kernel_tasks_per_s": kernel["kernel_tasks_per_s"],
+            **{f"backlog_{name}": measured[name] for name in (
+                "tasks_per_s", "start_p50_ms", "start_p99_ms", "commits_per_task",
+                "questions_per_task")}}
+
+
 def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
-        concurrency: int, keys: int = 0, apps: int = 1) -> dict[str, Any]:
-    """The raw cycle, the kernel, then end to end; with ``keys`` or ``apps`` also a plain end
-    to end phase first (its own fresh database), so the flow-control ratio compares two
-    figures from the same run."""
+        concurrency: int, keys: int = 0, apps: int = 1, backlog: int = 0) -> dict[str, Any]:
+    """The raw cycle, the same-shape cycle, the kernel, then end to end; with ``keys`` or
+    ``apps`` also a plain end to end phase first (its own fresh database), so the flow-control
+    ratio compares two figures from the same run; with ``backlog`` the kernel and end to end
+    once more over a fresh database holding that many queued tasks."""
+    if backlog and (keys or apps > 1):
+        raise ValueError("a backlog run measures the plain phase: no keys, one application")
     tmp = tempfile.TemporaryDirectory(prefix="orbit-bench-tasks-")
     private = None
     db_pid: int | None = None
@@ -332,20 +381,14 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
         try:
             raw = asyncio.run(run_raw_cycle(phase.url, min(tasks, 20_000), 4))
             _wait_purged(phase.url)
-            # Orbit's lease kernel alone (bench/kernelcycle.py) on its own queue, before any
-            # worker runs; each phase begins once InnoDB has purged the previous one's history.
-            kernel_n = min(tasks, 20_000)
-            key, namespace = phase.tenants[0]
-            asyncio.run(_submit_all(phase.api, key, namespace, kernel_n, None,
-                                    queue_name="kernel"))
-            _wait_purged(phase.url)
-            kernel = asyncio.run(run_kernel_cycle(phase.url, key, namespace, "kernel", kernel_n))
+            # The same-shape reference (bench/shape.py): Orbit's kind of rows, no more.
+            shape = asyncio.run(run_shape_cycle(phase.url, tasks, 4))
             _wait_purged(phase.url)
             flow_control = keys > 0 or apps > 1
-            plain = _end_to_end(phase, tasks, workers, rate, concurrency, 0)
+            kernel, plain = _kernel_and_end_to_end(phase, tasks, workers, rate, concurrency)
         finally:
             phase.close()
-        result: dict[str, Any] = {**plain, **raw, **kernel}
+        result: dict[str, Any] = {**plain, **raw, **shape, **kernel}
         if flow_control:
             _wait_purged(server.with_database(""))
             phase = _Phase(server, apps, logs, db_pid)
@@ -353,7 +396,7 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
                 controlled = _end_to_end(phase, tasks, workers, rate, concurrency, keys)
             finally:
                 phase.close()
-            result = {**controlled, **raw, **kernel,
+            result = {**controlled, **raw, **shape, **kernel,
                       "plain_tasks_per_s": plain["tasks_per_s"],
                       "flow_control_ratio": round(controlled["tasks_per_s"]
                                                   / plain["tasks_per_s"], 3)}
@@ -362,6 +405,15 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
             kernel["kernel_tasks_per_s"] / raw["raw_tasks_per_s"], 3)
         result["ratio_to_kernel"] = round(
             result["tasks_per_s"] / kernel["kernel_tasks_per_s"], 3)
+        result["ratio_to_shape"] = round(result["tasks_per_s"] / shape["shape_tasks_per_s"], 3)
+        if backlog:
+            loaded = _with_backlog(server, logs, db_pid, backlog, tasks, workers, rate,
+                                   concurrency)
+            result.update(loaded)
+            result["backlog_ratio"] = round(loaded["backlog_tasks_per_s"] / plain["tasks_per_s"],
+                                            3)
+            result["backlog_kernel_ratio"] = round(
+                loaded["backlog_kernel_tasks_per_s"] / kernel["kernel_tasks_per_s"], 3)
         return result
     finally:
         if private is not None:

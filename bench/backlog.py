@@ -74,10 +74,12 @@ CREATE_IDS = """
 CREATE TEMPORARY TABLE bench_backlog_ids (
   seq INT NOT NULL COMMENT '本批内序号（基准测试专用临时表）',
   id BINARY(16) NOT NULL COMMENT '任务 ID（基准测试专用临时表）',
+  event_id BINARY(16) NOT NULL COMMENT '任务的受理事件 ID（基准测试专用临时表）',
   PRIMARY KEY (seq)
 ) ENGINE=InnoDB COMMENT='基准测试：积压造数时一批任务的 ID'
 """
-FILL_IDS = "INSERT INTO bench_backlog_ids (seq, id) SELECT s.n, RANDOM_BYTES(16) FROM {}"
+FILL_IDS = ("INSERT INTO bench_backlog_ids (seq, id, event_id)"
+            " SELECT s.n, RANDOM_BYTES(16), RANDOM_BYTES(16) FROM {}")
 
 # Parameters: created base, created spacing (µs), available base, available spacing (µs),
 # priority modulus (1: all priority 0), deadline every k-th task (0: none), namespace, queue.
@@ -94,12 +96,13 @@ SELECT q.namespace_id, b.id, q.id, 'noop', '{}', 'WAITING', 1, MOD(b.seq + %s, %
   q.offer_lease_ms, q.execution_lease_ms, 0,
   %s + INTERVAL ((b.seq + %s) * %s) MICROSECOND, %s + INTERVAL ((b.seq + %s) * %s) MICROSECOND
 FROM bench_backlog_ids b JOIN pulse_queues q ON q.namespace_id = %s AND q.id = %s
+ORDER BY b.id
 """
 # The receipt of tasks.receipt_view as the event's payload, built by the server.
 INSERT_EVENTS = """
 INSERT INTO orbit_events (namespace_id, id, aggregate_type, aggregate_id, aggregate_revision,
   event_type, from_state, to_state, payload, occurred_at)
-SELECT t.namespace_id, RANDOM_BYTES(16), 'task', t.id, 1, 'task.accepted', NULL, 'WAITING',
+SELECT t.namespace_id, b.event_id, 'task', t.id, 1, 'task.accepted', NULL, 'WAITING',
   JSON_OBJECT('id', LOWER(HEX(t.id)), 'queue', %s, 'handler', t.handler, 'state', 'WAITING',
               'priority', t.priority, 'business_key', NULL, 'concurrency_key', NULL,
               'created_at', CONCAT(REPLACE(CAST(t.created_at AS CHAR), ' ', 'T'), '+00:00'),
@@ -109,6 +112,7 @@ SELECT t.namespace_id, RANDOM_BYTES(16), 'task', t.id, 1, 'task.accepted', NULL,
               'start_deadline_at', NULL, 'rerun_safe', JSON_EXTRACT('false', '$'), 'revision', 1),
   t.created_at
 FROM bench_backlog_ids b JOIN pulse_tasks t ON t.namespace_id = %s AND t.id = b.id
+ORDER BY b.event_id
 """
 QUEUE_COUNTER = ("UPDATE pulse_queues SET unfinished_tasks = unfinished_tasks + %s"
                  " WHERE namespace_id = %s AND id = %s")

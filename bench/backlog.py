@@ -27,14 +27,19 @@ How the backlog stays queued while the measured tasks run
 Speed: ids are made by the server (``RANDOM_BYTES(16)``, MySQL 8.4 and MariaDB 10.10+) into a
 temporary table of one chunk, from a sequence that is a cross join of a ten-row digits derived
 table (portable: no recursive CTE limit, no ``seq_`` engine); then one ``INSERT … SELECT`` of
-the chunk's tasks, one of their events and the counter updates commit together, chunk by chunk.
+the chunk's tasks (in primary-key order), one of their events (likewise) and the counter updates
+commit together, chunk by chunk, on two connections in parallel (each seeds half of the queues;
+the only row they share is the application's counter, updated last in each transaction).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import attrs
 
 from orbit_common.db.pool import DatabaseUrl, connect_sync
 from orbit_common.pulse import resources
@@ -127,27 +132,26 @@ def _queue_ids(cur: Any, namespace: str) -> tuple[bytes, bytes, dict[str, bytes]
     return namespace_id, application_id, dict(cur.fetchall())
 
 
-def seed(url: DatabaseUrl, namespace: str, other: list[str], same: list[str],
-         total: int) -> dict[str, Any]:
-    """Queue ``total`` WAITING tasks (the module docstring) in ``namespace``'s queues; returns
-    the seconds it took and the shares."""
-    shares = split(total, other, same)
+@attrs.frozen(kw_only=True)
+class _Target:
+    namespace_id: bytes
+    application_id: bytes
+    now: dt.datetime
+
+
+def _seed_queues(url: DatabaseUrl, target: _Target, queues: list[tuple[str, bytes, int, bool]],
+                 ) -> None:
+    """Queue the backlog of ``queues`` (name, id, count, behind the measured tasks?) on one
+    connection of its own, a chunk per transaction."""
     conn = connect_sync(url)
-    started = time.perf_counter()
     try:
         with conn.cursor() as cur:
-            namespace_id, application_id, queue_ids = _queue_ids(cur, namespace)
-            cur.execute("SELECT UTC_TIMESTAMP(6)")
-            now: dt.datetime = cur.fetchone()[0]
             cur.execute(CREATE_IDS)
-            for name, count in shares.items():
-                if count == 0:
-                    continue
-                queue_id = queue_ids[name]
+            past = target.now - dt.timedelta(days=1)
+            for name, queue_id, count, behind in queues:
                 spacing = max(1, DAY_US // count)  # the queue's backlog spans one day
-                past = now - dt.timedelta(days=1)
-                if name in same:  # accepted over the past day, due a day after the run
-                    created, available = past, now + dt.timedelta(days=1)
+                if behind:  # accepted over the past day, due a day after the run
+                    created, available = past, target.now + dt.timedelta(days=1)
                     priorities, deadline_every = 1, 0
                 else:  # accepted and due over the past day
                     created, available = past, past
@@ -160,15 +164,39 @@ def seed(url: DatabaseUrl, namespace: str, other: list[str], same: list[str],
                         offset, priorities, available, offset, spacing,
                         deadline_every, offset, max(deadline_every, 1), available, offset,
                         spacing, created, offset, spacing, created, offset, spacing,
-                        namespace_id, queue_id))
+                        target.namespace_id, queue_id))
                     if cur.rowcount != size:
                         raise RuntimeError(f"backlog: {cur.rowcount} of {size} tasks inserted")
-                    cur.execute(INSERT_EVENTS, (name, namespace_id))
-                    cur.execute(QUEUE_COUNTER, (size, namespace_id, queue_id))
-                    cur.execute(APPLICATION_COUNTER, (size, application_id))
+                    cur.execute(INSERT_EVENTS, (name, target.namespace_id))
+                    cur.execute(QUEUE_COUNTER, (size, target.namespace_id, queue_id))
+                    cur.execute(APPLICATION_COUNTER, (size, target.application_id))
                     conn.commit()
             cur.execute("DROP TEMPORARY TABLE bench_backlog_ids")
     finally:
         conn.close()
+
+
+def seed(url: DatabaseUrl, namespace: str, other: list[str], same: list[str],
+         total: int, connections: int = 2) -> dict[str, Any]:
+    """Queue ``total`` WAITING tasks (the module docstring) in ``namespace``'s queues over
+    ``connections`` parallel connections (each takes every ``connections``-th queue); returns
+    the seconds it took and the shares."""
+    shares = split(total, other, same)
+    started = time.perf_counter()
+    conn = connect_sync(url)
+    try:
+        with conn.cursor() as cur:
+            namespace_id, application_id, queue_ids = _queue_ids(cur, namespace)
+            cur.execute("SELECT UTC_TIMESTAMP(6)")
+            target = _Target(namespace_id=namespace_id, application_id=application_id,
+                             now=cur.fetchone()[0])
+    finally:
+        conn.close()
+    work = [(name, queue_ids[name], count, name in same)
+            for name, count in shares.items() if count]
+    with ThreadPoolExecutor(connections) as pool:
+        for done in [pool.submit(_seed_queues, url, target, work[n::connections])
+                     for n in range(connections) if work[n::connections]]:
+            done.result()
     return {"backlog": total, "backlog_seed_s": round(time.perf_counter() - started, 1),
             "backlog_shares": shares}

@@ -53,13 +53,15 @@ def _com_commit(url: DatabaseUrl) -> int:
 
 
 def _statements(url: DatabaseUrl) -> dict[str, int]:
-    """The server's statement counters (all clients): Questions and the Com_ kinds."""
+    """The server's statement counters (all clients): Questions and the Com_ kinds; and the
+    InnoDB page reads from disk (the buffer pool's misses)."""
     conn = connect_sync(url, autocommit=True)
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_select',"
                         " 'Com_insert', 'Com_update', 'Com_update_multi', 'Com_delete',"
-                        " 'Com_rollback', 'Com_begin', 'Com_set_option')")
+                        " 'Com_rollback', 'Com_begin', 'Com_set_option',"
+                        " 'Innodb_buffer_pool_reads')")
             return {name.lower(): int(value) for name, value in cur.fetchall()}
     finally:
         conn.close()
@@ -100,6 +102,55 @@ def _wait_purged(url: DatabaseUrl, timeout: float = 120) -> None:
             time.sleep(0.5)
     finally:
         conn.close()
+
+
+def _dirty_pages(cur: Any) -> int:
+    cur.execute("SHOW GLOBAL STATUS LIKE 'Innodb_buffer_pool_pages_dirty'")
+    return int(cur.fetchone()[1])
+
+
+def flush_settled(before: int, now: int) -> bool:
+    """Whether the page cleaner's burst is over: few dirty pages left, or fewer than 1 % gone
+    since the previous look."""
+    return now < 1000 or now > before * 0.99
+
+
+def _wait_flushed(url: DatabaseUrl, timeout: float = 180) -> None:
+    """Wait until InnoDB's page cleaner has finished the burst a bulk insert leaves behind.
+
+    After the backlog's million rows the cleaner writes back tens of thousands of pages for
+    20-30 s, then settles (the rest stays dirty until it is needed); measured beside the burst,
+    the kernel phase lost half its speed. Done when the dirty pages stop falling.
+    """
+    conn = connect_sync(url, autocommit=True)
+    try:
+        deadline = time.monotonic() + timeout
+        with conn.cursor() as cur:
+            before = _dirty_pages(cur)
+            while time.monotonic() < deadline:
+                time.sleep(2)
+                now = _dirty_pages(cur)
+                if flush_settled(before, now):
+                    return
+                before = now
+    finally:
+        conn.close()
+
+
+def _sizes(url: DatabaseUrl) -> dict[str, int]:
+    """The buffer pool and the task and event tables (data + indexes, InnoDB's estimate), MB."""
+    conn = connect_sync(url, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@innodb_buffer_pool_size")
+            pool = int(cur.fetchone()[0])
+            cur.execute("SELECT COALESCE(SUM(data_length + index_length), 0)"
+                        " FROM information_schema.TABLES WHERE table_schema = DATABASE()"
+                        " AND table_name IN ('pulse_tasks', 'orbit_events')")
+            tables = int(cur.fetchone()[0])
+    finally:
+        conn.close()
+    return {"buffer_pool_mb": pool >> 20, "backlog_tables_mb": tables >> 20}
 
 
 def _task_body(queue_name: str, size: int, first: int, keys: int) -> dict[str, Any]:
@@ -330,7 +381,10 @@ def _kernel_and_end_to_end(phase: _Phase, tasks: int, workers: int, rate: float 
     key, namespace = phase.tenants[0]
     asyncio.run(_submit_all(phase.api, key, namespace, kernel_n, None, queue_name="kernel"))
     _wait_purged(phase.url)
+    reads = _statements(phase.url)["innodb_buffer_pool_reads"]
     kernel = asyncio.run(run_kernel_cycle(phase.url, key, namespace, "kernel", kernel_n))
+    kernel["kernel_pool_reads_per_task"] = round(
+        (_statements(phase.url)["innodb_buffer_pool_reads"] - reads) / kernel_n, 2)
     _wait_purged(phase.url)
     return kernel, _end_to_end(phase, tasks, workers, rate, concurrency, 0)
 
@@ -347,14 +401,17 @@ def _with_backlog(server: DatabaseUrl, logs: Path, db_pid: int | None, size: int
             post_json(f"{phase.api}/v1/namespaces/{namespace}/queues", key, {"name": name})
         seeded = backlogs.seed(phase.url, namespace, BACKLOG_QUEUES, ["kernel", "bench"], size)
         _wait_purged(phase.url)
+        _wait_flushed(phase.url)
+        sizes = _sizes(phase.url)
         kernel, measured = _kernel_and_end_to_end(phase, tasks, workers, rate, concurrency)
     finally:
         phase.close()
-    return {"backlog": size, "backlog_seed_s": seeded["backlog_seed_s"],
+    return {"backlog": size, "backlog_seed_s": seeded["backlog_seed_s"], **sizes,
             "backlog_kernel_tasks_per_s": kernel["kernel_tasks_per_s"],
+            "backlog_kernel_pool_reads_per_task": kernel["kernel_pool_reads_per_task"],
             **{f"backlog_{name}": measured[name] for name in (
                 "tasks_per_s", "start_p50_ms", "start_p99_ms", "commits_per_task",
-                "questions_per_task")}}
+                "questions_per_task", "innodb_buffer_pool_reads_per_task")}}
 
 
 def run(url_text: str | None, tasks: int, workers: int, rate: float | None,

@@ -1,11 +1,16 @@
 """``orbit bench tasks``: no-op tasks end to end, against the raw queue cycle in the same run.
 
 Steps: a fresh database on ``ORBIT_DATABASE_URL``'s server (or a private instance), migrated and
-bootstrapped; the raw queue cycle (bench/rawqueue.py) on the same server; then the API, one
+bootstrapped; the raw queue cycle (bench/rawqueue.py) and the same-shape cycle (bench/shape.py)
+on the same server; Orbit's lease kernel alone (bench/kernelcycle.py); then the API, one
 dispatcher and W SDK worker processes; N no-op tasks submitted through the HTTP API in batches of
 500 (or at ``--rate`` tasks/s in small batches); wait until every task SUCCEEDED. Figures come
 from the database, not from the processes' own counters: start latency is ``attempt.started_at -
 task.created_at`` (both database time), commits per task are ``Com_commit`` deltas.
+
+With ``--backlog N`` the kernel and end-to-end phases run a second time on a fresh database
+holding N queued tasks (bench/backlog.py says where they are and why they stay queued);
+``backlog_ratio`` and ``backlog_kernel_ratio`` compare those figures with the empty ones.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from typing import Any
 import aiohttp
 
 import orbit_devdb as devdb
+from bench import backlog as backlogs
 from bench.common import cpu_seconds, free_port, percentile, post_json, wait_ready
 from bench.kernelcycle import run_kernel_cycle
 from bench.rawqueue import run_raw_cycle
+from bench.shape import run_shape_cycle
 from orbit_common.db.migrator import Migrator
 from orbit_common.db.pool import DatabaseUrl, connect_sync
 
@@ -46,13 +53,15 @@ def _com_commit(url: DatabaseUrl) -> int:
 
 
 def _statements(url: DatabaseUrl) -> dict[str, int]:
-    """The server's statement counters (all clients): Questions and the Com_ kinds."""
+    """The server's statement counters (all clients): Questions and the Com_ kinds; and the
+    InnoDB page reads from disk (the buffer pool's misses)."""
     conn = connect_sync(url, autocommit=True)
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW GLOBAL STATUS WHERE Variable_name IN ('Questions', 'Com_select',"
                         " 'Com_insert', 'Com_update', 'Com_update_multi', 'Com_delete',"
-                        " 'Com_rollback', 'Com_begin', 'Com_set_option')")
+                        " 'Com_rollback', 'Com_begin', 'Com_set_option',"
+                        " 'Innodb_buffer_pool_reads')")
             return {name.lower(): int(value) for name, value in cur.fetchall()}
     finally:
         conn.close()
@@ -93,6 +102,55 @@ def _wait_purged(url: DatabaseUrl, timeout: float = 120) -> None:
             time.sleep(0.5)
     finally:
         conn.close()
+
+
+def _dirty_pages(cur: Any) -> int:
+    cur.execute("SHOW GLOBAL STATUS LIKE 'Innodb_buffer_pool_pages_dirty'")
+    return int(cur.fetchone()[1])
+
+
+def flush_settled(before: int, now: int) -> bool:
+    """Whether the page cleaner's burst is over: few dirty pages left, or fewer than 1 % gone
+    since the previous look."""
+    return now < 1000 or now > before * 0.99
+
+
+def _wait_flushed(url: DatabaseUrl, timeout: float = 180) -> None:
+    """Wait until InnoDB's page cleaner has finished the burst a bulk insert leaves behind.
+
+    After the backlog's million rows the cleaner writes back tens of thousands of pages for
+    20-30 s, then settles (the rest stays dirty until it is needed); measured beside the burst,
+    the kernel phase lost half its speed. Done when the dirty pages stop falling.
+    """
+    conn = connect_sync(url, autocommit=True)
+    try:
+        deadline = time.monotonic() + timeout
+        with conn.cursor() as cur:
+            before = _dirty_pages(cur)
+            while time.monotonic() < deadline:
+                time.sleep(2)
+                now = _dirty_pages(cur)
+                if flush_settled(before, now):
+                    return
+                before = now
+    finally:
+        conn.close()
+
+
+def _sizes(url: DatabaseUrl) -> dict[str, int]:
+    """The buffer pool and the task and event tables (data + indexes, InnoDB's estimate), MB."""
+    conn = connect_sync(url, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@innodb_buffer_pool_size")
+            pool = int(cur.fetchone()[0])
+            cur.execute("SELECT COALESCE(SUM(data_length + index_length), 0)"
+                        " FROM information_schema.TABLES WHERE table_schema = DATABASE()"
+                        " AND table_name IN ('pulse_tasks', 'orbit_events')")
+            tables = int(cur.fetchone()[0])
+    finally:
+        conn.close()
+    return {"buffer_pool_mb": pool >> 20, "backlog_tables_mb": tables >> 20}
 
 
 def _task_body(queue_name: str, size: int, first: int, keys: int) -> dict[str, Any]:
@@ -245,9 +303,10 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
 
     started = time.perf_counter()
     submit_rates = asyncio.run(submit_everything())
+    # The SUCCEEDED tasks of the bench queues: the measured ones (a backlog stays WAITING).
     bench_queues = ("SELECT t.updated_at, t.created_at, t.namespace_id, t.id FROM pulse_tasks t"
                     " JOIN pulse_queues q ON q.namespace_id = t.namespace_id"
-                    " AND q.id = t.queue_id WHERE q.name = 'bench'")
+                    " AND q.id = t.queue_id WHERE q.name = 'bench' AND t.state = 'SUCCEEDED'")
     try:
         # Poll a few times a second (the count is a scan; polling it faster would load the
         # server being measured); the end time is the last finish's database time.
@@ -311,11 +370,58 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
     }
 
 
+BACKLOG_QUEUES = [f"backlog-{n}" for n in range(4)]
+
+
+def _kernel_and_end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None,
+                           concurrency: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Orbit's lease kernel alone (bench/kernelcycle.py) on its own queue, before any worker
+    runs, then end to end; each begins once InnoDB has purged the previous one's history."""
+    kernel_n = min(tasks, 20_000)
+    key, namespace = phase.tenants[0]
+    asyncio.run(_submit_all(phase.api, key, namespace, kernel_n, None, queue_name="kernel"))
+    _wait_purged(phase.url)
+    reads = _statements(phase.url)["innodb_buffer_pool_reads"]
+    kernel = asyncio.run(run_kernel_cycle(phase.url, key, namespace, "kernel", kernel_n))
+    kernel["kernel_pool_reads_per_task"] = round(
+        (_statements(phase.url)["innodb_buffer_pool_reads"] - reads) / kernel_n, 2)
+    _wait_purged(phase.url)
+    return kernel, _end_to_end(phase, tasks, workers, rate, concurrency, 0)
+
+
+def _with_backlog(server: DatabaseUrl, logs: Path, db_pid: int | None, size: int, tasks: int,
+                  workers: int, rate: float | None, concurrency: int) -> dict[str, Any]:
+    """A fresh database with ``size`` tasks queued (bench/backlog.py), then the kernel and end
+    to end phases again; their figures prefixed ``backlog_``."""
+    _wait_purged(server.with_database(""))
+    phase = _Phase(server, 1, logs, db_pid)
+    try:
+        key, namespace = phase.tenants[0]
+        for name in BACKLOG_QUEUES:
+            post_json(f"{phase.api}/v1/namespaces/{namespace}/queues", key, {"name": name})
+        seeded = backlogs.seed(phase.url, namespace, BACKLOG_QUEUES, ["kernel", "bench"], size)
+        _wait_purged(phase.url)
+        _wait_flushed(phase.url)
+        sizes = _sizes(phase.url)
+        kernel, measured = _kernel_and_end_to_end(phase, tasks, workers, rate, concurrency)
+    finally:
+        phase.close()
+    return {"backlog": size, "backlog_seed_s": seeded["backlog_seed_s"], **sizes,
+            "backlog_kernel_tasks_per_s": kernel["kernel_tasks_per_s"],
+            "backlog_kernel_pool_reads_per_task": kernel["kernel_pool_reads_per_task"],
+            **{f"backlog_{name}": measured[name] for name in (
+                "tasks_per_s", "start_p50_ms", "start_p99_ms", "commits_per_task",
+                "questions_per_task", "innodb_buffer_pool_reads_per_task")}}
+
+
 def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
-        concurrency: int, keys: int = 0, apps: int = 1) -> dict[str, Any]:
-    """The raw cycle, the kernel, then end to end; with ``keys`` or ``apps`` also a plain end
-    to end phase first (its own fresh database), so the flow-control ratio compares two
-    figures from the same run."""
+        concurrency: int, keys: int = 0, apps: int = 1, backlog: int = 0) -> dict[str, Any]:
+    """The raw cycle, the same-shape cycle, the kernel, then end to end; with ``keys`` or
+    ``apps`` also a plain end to end phase first (its own fresh database), so the flow-control
+    ratio compares two figures from the same run; with ``backlog`` the kernel and end to end
+    once more over a fresh database holding that many queued tasks."""
+    if backlog and (keys or apps > 1):
+        raise ValueError("a backlog run measures the plain phase: no keys, one application")
     tmp = tempfile.TemporaryDirectory(prefix="orbit-bench-tasks-")
     private = None
     db_pid: int | None = None
@@ -332,20 +438,14 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
         try:
             raw = asyncio.run(run_raw_cycle(phase.url, min(tasks, 20_000), 4))
             _wait_purged(phase.url)
-            # Orbit's lease kernel alone (bench/kernelcycle.py) on its own queue, before any
-            # worker runs; each phase begins once InnoDB has purged the previous one's history.
-            kernel_n = min(tasks, 20_000)
-            key, namespace = phase.tenants[0]
-            asyncio.run(_submit_all(phase.api, key, namespace, kernel_n, None,
-                                    queue_name="kernel"))
-            _wait_purged(phase.url)
-            kernel = asyncio.run(run_kernel_cycle(phase.url, key, namespace, "kernel", kernel_n))
+            # The same-shape reference (bench/shape.py): Orbit's kind of rows, no more.
+            shape = asyncio.run(run_shape_cycle(phase.url, tasks, 4))
             _wait_purged(phase.url)
             flow_control = keys > 0 or apps > 1
-            plain = _end_to_end(phase, tasks, workers, rate, concurrency, 0)
+            kernel, plain = _kernel_and_end_to_end(phase, tasks, workers, rate, concurrency)
         finally:
             phase.close()
-        result: dict[str, Any] = {**plain, **raw, **kernel}
+        result: dict[str, Any] = {**plain, **raw, **shape, **kernel}
         if flow_control:
             _wait_purged(server.with_database(""))
             phase = _Phase(server, apps, logs, db_pid)
@@ -353,7 +453,7 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
                 controlled = _end_to_end(phase, tasks, workers, rate, concurrency, keys)
             finally:
                 phase.close()
-            result = {**controlled, **raw, **kernel,
+            result = {**controlled, **raw, **shape, **kernel,
                       "plain_tasks_per_s": plain["tasks_per_s"],
                       "flow_control_ratio": round(controlled["tasks_per_s"]
                                                   / plain["tasks_per_s"], 3)}
@@ -362,6 +462,15 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
             kernel["kernel_tasks_per_s"] / raw["raw_tasks_per_s"], 3)
         result["ratio_to_kernel"] = round(
             result["tasks_per_s"] / kernel["kernel_tasks_per_s"], 3)
+        result["ratio_to_shape"] = round(result["tasks_per_s"] / shape["shape_tasks_per_s"], 3)
+        if backlog:
+            loaded = _with_backlog(server, logs, db_pid, backlog, tasks, workers, rate,
+                                   concurrency)
+            result.update(loaded)
+            result["backlog_ratio"] = round(loaded["backlog_tasks_per_s"] / plain["tasks_per_s"],
+                                            3)
+            result["backlog_kernel_ratio"] = round(
+                loaded["backlog_kernel_tasks_per_s"] / kernel["kernel_tasks_per_s"], 3)
         return result
     finally:
         if private is not None:

@@ -514,20 +514,25 @@ def bench() -> None:
               help="Spread the tasks over this many concurrency keys (0: none).")
 @click.option("--apps", type=click.IntRange(min=1), default=1, show_default=True,
               help="Applications submitting in parallel (the tasks split evenly).")
+@click.option("--backlog", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Run the kernel and end to end again with this many tasks queued"
+                   " (other queues and behind the measured tasks); prints backlog_ratio.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line.")
 def bench_tasks(count: int, workers: int, concurrency: int, rate: float | None,  # noqa: PLR0917
-                keys: int, apps: int, as_json: bool) -> None:
-    """No-op tasks end to end (API, dispatcher, SDK workers) vs the raw queue cycle."""
+                keys: int, apps: int, backlog: int, as_json: bool) -> None:
+    """No-op tasks end to end (API, dispatcher, SDK workers) vs the raw and same-shape cycles."""
     import os
 
     root = Path(__file__).resolve().parents[1]
     if not (root / "bench" / "tasks.py").exists():
         raise click.ClickException("orbit bench runs from a source checkout")
+    if backlog and (keys or apps > 1):
+        raise click.UsageError("--backlog measures the plain phase: without --keys and --apps")
     sys.path.insert(0, str(root))
     from bench.tasks import run
 
     result = run(os.environ.get("ORBIT_DATABASE_URL"), count, workers, rate, concurrency,
-                 keys=keys, apps=apps)
+                 keys=keys, apps=apps, backlog=backlog)
     if not as_json:
         click.echo("tasks end to end vs the raw queue cycle (same server, same run):")
     click.echo(json.dumps(result))
@@ -561,6 +566,32 @@ def bench_peers(rounds: int, count: int, as_json: bool) -> None:
     if not as_json:
         click.echo("Orbit vs PgQueuer and Celery, draining a filled queue (medians of the"
                    " interleaved rounds; same machine, same run):")
+    click.echo(json.dumps(result))
+
+
+@bench.command("latency")
+@click.option("--tasks", "count", default=5_000, show_default=True, help="Tasks per run.")
+@click.option("--runs", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--max-rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The maximum end-to-end rate (tasks/s); measured first when not given.")
+@click.option("--workers", default=2, show_default=True, help="SDK worker processes.")
+@click.option("--concurrency", default=64, show_default=True, help="Handlers per worker.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON line.")
+def bench_latency(count: int, runs: int, max_rate: float | None,  # noqa: PLR0917
+                  workers: int, concurrency: int, as_json: bool) -> None:
+    """Start latency (p99 submit -> start) at half the maximum rate, over consecutive runs."""
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "bench" / "latency.py").exists():
+        raise click.ClickException("orbit bench runs from a source checkout")
+    sys.path.insert(0, str(root))
+    from bench.latency import run
+
+    result = run(os.environ.get("ORBIT_DATABASE_URL"), count, runs, workers, concurrency,
+                 max_rate=max_rate)
+    if not as_json:
+        click.echo("start latency at half the maximum rate (p99 < 50 ms in 8 of 10 runs):")
     click.echo(json.dumps(result))
 
 

@@ -71,6 +71,13 @@ class TaskModel:
     offer_lapses: int = 0
     current: Grant | None = attrs.field(default=None, repr=lambda g: g and f"gen{g.generation}")
     lapsed: bool = False
+    # A lost execution lease re-run (re-run-safe, budget left) carries an uncertain effect until
+    # an attempt succeeds; a final failure, a capped lapse or a cancel then ends in NEEDS_REVIEW
+    # (decisions._unsettled: uncertainty may not sit on a final state).
+    uncertain: bool = False
+
+    def unsettled(self, state: str) -> str:
+        return "NEEDS_REVIEW" if self.uncertain else state
 
 
 class KeyedPermits(RuleBasedStateMachine):
@@ -208,8 +215,10 @@ class KeyedPermits(RuleBasedStateMachine):
         expected = ("SUCCEEDED" if kind == "succeeded"
                     else "WAITING" if (kind == "failed-retryable"
                                        and task.starts_used < task.max_attempts)
-                    else "FAILED")
+                    else task.unsettled("FAILED"))
         assert (done.accepted, done.task_state) == (True, expected), done
+        if kind == "succeeded":
+            task.uncertain = False
         self.end(task, expected)
 
     def lapse(self, data: st.DataObject) -> None:
@@ -241,8 +250,9 @@ class KeyedPermits(RuleBasedStateMachine):
             if task.state == "LEASED":  # a lapsed offer spends no budget; lapses are capped
                 task.offer_lapses += 1
                 self.end(task, "WAITING" if task.offer_lapses < leases.DEFAULT_MAX_OFFER_LAPSES
-                         else "FAILED")
+                         else task.unsettled("FAILED"))
             else:
+                task.uncertain = True
                 self.end(task, "WAITING" if task.rerun_safe and budget else "NEEDS_REVIEW")
 
     def withdraw(self, data: st.DataObject) -> None:
@@ -251,8 +261,8 @@ class KeyedPermits(RuleBasedStateMachine):
         answer = self.run(interventions.cancel_task(
             self.db, self.who, namespace=self.tenant.namespace, task_id=task.id,
             reason="model"))
-        assert answer.body["state"] == "CANCELLED"
-        self.end(task, "CANCELLED")
+        assert answer.body["state"] == task.unsettled("CANCELLED")
+        self.end(task, task.unsettled("CANCELLED"))
 
     # --- the one rule: a weighted choice among the actions possible now --------------------
 
@@ -294,10 +304,11 @@ class KeyedPermits(RuleBasedStateMachine):
     @invariant()
     def task_states_agree(self) -> None:
         with self.conn.cursor() as cur:
-            cur.execute("SELECT id, state FROM pulse_tasks WHERE namespace_id = %s",
-                        (self.tenant.namespace_id,))
-            states = dict(cur.fetchall())
-        assert states == {t.id: t.state for t in self.tasks.values()}
+            cur.execute("SELECT id, state, effect_uncertain FROM pulse_tasks"
+                        " WHERE namespace_id = %s", (self.tenant.namespace_id,))
+            states = {task_id: (state, bool(uncertain))
+                      for task_id, state, uncertain in cur.fetchall()}
+        assert states == {t.id: (t.state, t.uncertain) for t in self.tasks.values()}
 
     @invariant()
     def the_checker_is_green(self) -> None:

@@ -30,15 +30,18 @@ class ResultEvent:
     snapshot: dict[str, Any]
 
 
-LOCK_STREAM = "SELECT next_sequence FROM orbit_event_streams WHERE namespace_id = %s FOR UPDATE"
 CREATE_STREAM = """
 INSERT INTO orbit_event_streams (namespace_id, next_sequence, revision, created_at, updated_at)
 VALUES (%s, 1, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 """
+# Locks the stream row and advances it in one statement: LAST_INSERT_ID(expr) hands the new
+# next_sequence back in the statement's answer (the driver's lastrowid), so no locking read is
+# needed first (MySQL and MariaDB alike).
 ADVANCE_STREAM = """
 UPDATE orbit_event_streams
-SET next_sequence = next_sequence + %s, revision = revision + 1, updated_at = UTC_TIMESTAMP(6)
-WHERE namespace_id = %s AND next_sequence = %s
+SET next_sequence = LAST_INSERT_ID(next_sequence + %s), revision = revision + 1,
+    updated_at = UTC_TIMESTAMP(6)
+WHERE namespace_id = %s
 """
 INSERT_RESULTS = (
     "INSERT INTO orbit_result_events (namespace_id, id, sequence, task_id, queue_id,"
@@ -46,18 +49,19 @@ INSERT_RESULTS = (
 )
 
 
-async def _lock_stream(cur: Any, namespace_id: bytes) -> int:
-    await cur.execute(LOCK_STREAM, (namespace_id,))
-    row = await cur.fetchone()
-    if row is not None:
-        return int(row["next_sequence"])
-    try:
-        await cur.execute(CREATE_STREAM, (namespace_id,))
-    except Exception as exc:
-        if not dberrors.is_duplicate(exc):
-            raise
-    await cur.execute(LOCK_STREAM, (namespace_id,))
-    return int((await cur.fetchone())["next_sequence"])
+async def _advance_stream(cur: Any, namespace_id: bytes, count: int) -> int:
+    """Reserve ``count`` sequences (the stream row stays locked); returns the first."""
+    await cur.execute(ADVANCE_STREAM, (count, namespace_id))
+    if cur.rowcount != 1:  # the namespace's first result: make its stream, then advance it
+        try:
+            await cur.execute(CREATE_STREAM, (namespace_id,))
+        except Exception as exc:
+            if not dberrors.is_duplicate(exc):
+                raise
+        await cur.execute(ADVANCE_STREAM, (count, namespace_id))
+        if cur.rowcount != 1:
+            raise RuntimeError("the namespace's result stream row is missing")
+    return int(cur.lastrowid) - count
 
 
 async def append_results(cur: Any, namespace_id: bytes, events: Sequence[ResultEvent]) -> int:
@@ -67,7 +71,7 @@ async def append_results(cur: Any, namespace_id: bytes, events: Sequence[ResultE
     """
     if not events:
         return 0
-    first = await _lock_stream(cur, namespace_id)
+    first = await _advance_stream(cur, namespace_id, len(events))
     rows = [
         (namespace_id, e.event_id, first + i, e.task_id, e.queue_id, e.task_revision, e.state,
          jsondoc.dumps(e.snapshot))
@@ -77,7 +81,4 @@ async def append_results(cur: Any, namespace_id: bytes, events: Sequence[ResultE
         INSERT_RESULTS, "(%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))", rows
     )
     await cur.execute(sql, params)
-    await cur.execute(ADVANCE_STREAM, (len(events), namespace_id, first))
-    if cur.rowcount != 1:
-        raise RuntimeError("result stream moved while its row was locked")
     return first

@@ -1,13 +1,53 @@
-"""Helpers the benchmark runners share: ports, readiness, posting JSON, percentiles."""
+"""Helpers the benchmark runners share: the database server, ports, readiness, posting JSON,
+percentiles."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import attrs
+
+import orbit_devdb as devdb
+from orbit_common.db.pool import DatabaseUrl
+
+
+@attrs.frozen
+class BenchServer:
+    """Where a benchmark runs: the server (no database selected), a directory for logs, and
+    the server's process id when the benchmark started it (for its CPU figures)."""
+
+    server: DatabaseUrl
+    logs: Path
+    db_pid: int | None
+
+
+@contextlib.contextmanager
+def bench_server(url_text: str | None, prefix: str) -> Iterator[BenchServer]:
+    """The server at ``url_text``, or a private MariaDB started in a temporary directory and
+    stopped (with the directory) at the end."""
+    tmp = tempfile.TemporaryDirectory(prefix=prefix)
+    private = None
+    try:
+        if url_text:
+            yield BenchServer(DatabaseUrl.parse(url_text).with_database(""), Path(tmp.name), None)
+            return
+        private = Path(tmp.name) / "mysql"
+        instance = devdb.start(private)
+        yield BenchServer(DatabaseUrl.parse(instance.url()), Path(tmp.name),
+                          int(instance.pidfile.read_text().strip()))
+    finally:
+        if private is not None:
+            devdb.stop(private)
+        tmp.cleanup()
 
 
 def free_port() -> int:

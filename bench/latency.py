@@ -11,11 +11,10 @@ undo history). Start latency is ``attempt.started_at - task.created_at``, both d
 from __future__ import annotations
 
 import math
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import orbit_devdb as devdb
+from bench.common import bench_server
 from bench.tasks import _end_to_end, _Phase, _wait_purged
 from orbit_common.db.pool import DatabaseUrl
 
@@ -46,18 +45,8 @@ def _one(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks: int, worker
 def run(url_text: str | None, tasks: int, runs: int, workers: int, concurrency: int,
         max_rate: float | None = None) -> dict[str, Any]:
     """The maximum rate (measured unless given), then ``runs`` runs at half of it."""
-    tmp = tempfile.TemporaryDirectory(prefix="orbit-bench-latency-")
-    private = None
-    db_pid: int | None = None
-    if url_text:
-        server = DatabaseUrl.parse(url_text).with_database("")
-    else:
-        private = Path(tmp.name) / "mysql"
-        instance = devdb.start(private)
-        server = DatabaseUrl.parse(instance.url())
-        db_pid = int(instance.pidfile.read_text().strip())
-    logs = Path(tmp.name)
-    try:
+    with bench_server(url_text, "orbit-bench-latency-") as where:
+        server, logs, db_pid = where.server, where.logs, where.db_pid
         measured = max_rate is None
         if max_rate is None:
             max_rate = _one(server, logs, db_pid, tasks, workers, None, concurrency)[
@@ -74,7 +63,3 @@ def run(url_text: str | None, tasks: int, runs: int, workers: int, concurrency: 
             "tasks_per_s": [r["tasks_per_s"] for r in results],
             **summary(p99s),
         }
-    finally:
-        if private is not None:
-            devdb.stop(private)
-        tmp.cleanup()

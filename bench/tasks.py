@@ -23,7 +23,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,14 @@ import aiohttp
 
 import orbit_devdb as devdb
 from bench import backlog as backlogs
-from bench.common import cpu_seconds, free_port, percentile, post_json, wait_ready
+from bench.common import (
+    bench_server,
+    cpu_seconds,
+    free_port,
+    percentile,
+    post_json,
+    wait_ready,
+)
 from bench.kernelcycle import run_kernel_cycle
 from bench.rawqueue import run_raw_cycle
 from bench.shape import run_shape_cycle
@@ -422,18 +428,8 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
     once more over a fresh database holding that many queued tasks."""
     if backlog and (keys or apps > 1):
         raise ValueError("a backlog run measures the plain phase: no keys, one application")
-    tmp = tempfile.TemporaryDirectory(prefix="orbit-bench-tasks-")
-    private = None
-    db_pid: int | None = None
-    if url_text:
-        server = DatabaseUrl.parse(url_text).with_database("")
-    else:
-        private = Path(tmp.name) / "mysql"
-        instance = devdb.start(private)
-        server = DatabaseUrl.parse(instance.url())
-        db_pid = int(instance.pidfile.read_text().strip())
-    logs = Path(tmp.name)
-    try:
+    with bench_server(url_text, "orbit-bench-tasks-") as where:
+        server, logs, db_pid = where.server, where.logs, where.db_pid
         phase = _Phase(server, 1, logs, db_pid)
         try:
             raw = asyncio.run(run_raw_cycle(phase.url, min(tasks, 20_000), 4))
@@ -472,7 +468,3 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
             result["backlog_kernel_ratio"] = round(
                 loaded["backlog_kernel_tasks_per_s"] / kernel["kernel_tasks_per_s"], 3)
         return result
-    finally:
-        if private is not None:
-            devdb.stop(private)
-        tmp.cleanup()

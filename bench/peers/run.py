@@ -10,18 +10,17 @@ a new RabbitMQ queue. Orbit's phases begin once InnoDB has purged the previous p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orbit_devdb as devdb
+from bench.common import bench_server
 from bench.peers import orbit_drain, plan, services
 from bench.tasks import _wait_purged
-from orbit_common.db.pool import DatabaseUrl
 
 ROOT = Path(__file__).resolve().parents[2]
 PGQUEUER_WORKERS = 2  # processes, as Orbit's two SDK workers
@@ -50,20 +49,13 @@ def run(url_text: str | None, rounds: int, tasks: int = 20_000, workers: int = 2
     steps = plan.schedule(rounds)
     say = progress or (lambda _line: None)
     python = services.peers_python()
-    tmp = tempfile.TemporaryDirectory(prefix="orbit-bench-peers-")
-    logs = Path(tmp.name)
-    private = None
-    db_pid: int | None = None
     postgres: services.Postgres | None = None
     rabbit: services.RabbitMQ | None = None
-    try:
-        if url_text:
-            server = DatabaseUrl.parse(url_text).with_database("")
-        else:
-            private = logs / "mysql"
-            instance = devdb.start(private)
-            server = DatabaseUrl.parse(instance.url())
-            db_pid = int(instance.pidfile.read_text().strip())
+    with contextlib.ExitStack() as stack:
+        where = stack.enter_context(bench_server(url_text, "orbit-bench-peers-"))
+        server, logs, db_pid = where.server, where.logs, where.db_pid
+        stack.callback(lambda: rabbit.stop() if rabbit is not None else None)
+        stack.callback(lambda: postgres.stop() if postgres is not None else None)
         postgres = services.Postgres()
         rabbit = services.RabbitMQ()
         figures: list[dict[str, float]] = [{} for _ in range(rounds)]
@@ -104,14 +96,6 @@ def run(url_text: str | None, rounds: int, tasks: int = 20_000, workers: int = 2
             "postgresql": postgres.sql("SHOW server_version"), "rabbitmq": rabbit.version(),
             "cores": os.cpu_count(), "cpu_model": plan.cpu_model(_cpuinfo()),
         }
-    finally:
-        if rabbit is not None:
-            rabbit.stop()
-        if postgres is not None:
-            postgres.stop()
-        if private is not None:
-            devdb.stop(private)
-        tmp.cleanup()
 
 
 def _cpuinfo() -> str:

@@ -284,6 +284,24 @@ class _Phase:
         admin.close()
 
 
+def wait_succeeded(conn: Any, tasks: int, timeout: float = 900) -> None:
+    """Until ``tasks`` tasks of the ``bench`` queues SUCCEEDED, or RuntimeError at ``timeout``.
+    Polled a few times a second: the count is a scan, and polling it faster would load the
+    server being measured."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM pulse_tasks t JOIN pulse_queues q"
+                        " ON q.namespace_id = t.namespace_id AND q.id = t.queue_id"
+                        " WHERE q.name = 'bench' AND t.state = 'SUCCEEDED'")
+            done = int(cur.fetchone()[0])
+        if done >= tasks:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {done} of {tasks} tasks succeeded in {timeout} s")
+        time.sleep(0.25)
+
+
 def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, concurrency: int,
                 keys: int) -> dict[str, Any]:
     """Workers up, N tasks submitted (split evenly over the applications, in parallel), wait
@@ -307,26 +325,14 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
                         None if rate is None else rate / apps, max(1, 4 // apps), keys=keys)
             for (key, namespace), share in zip(phase.tenants, shares, strict=True))))
 
-    started = time.perf_counter()
     submit_rates = asyncio.run(submit_everything())
     # The SUCCEEDED tasks of the bench queues: the measured ones (a backlog stays WAITING).
     bench_queues = ("SELECT t.updated_at, t.created_at, t.namespace_id, t.id FROM pulse_tasks t"
                     " JOIN pulse_queues q ON q.namespace_id = t.namespace_id"
                     " AND q.id = t.queue_id WHERE q.name = 'bench' AND t.state = 'SUCCEEDED'")
     try:
-        # Poll a few times a second (the count is a scan; polling it faster would load the
-        # server being measured); the end time is the last finish's database time.
-        while True:
-            with conn.cursor() as cur:
-                cur.execute("SELECT COUNT(*) FROM pulse_tasks t JOIN pulse_queues q"
-                            " ON q.namespace_id = t.namespace_id AND q.id = t.queue_id"
-                            " WHERE q.name = 'bench' AND t.state = 'SUCCEEDED'")
-                done = int(cur.fetchone()[0])
-            if done >= tasks:
-                break
-            if time.perf_counter() - started > 900:
-                raise RuntimeError(f"only {done} of {tasks} tasks succeeded in 900 s")
-            time.sleep(0.25)
+        # The end time is the last finish's database time.
+        wait_succeeded(conn, tasks)
         with conn.cursor() as cur:
             cur.execute(f"SELECT TIMESTAMPDIFF(MICROSECOND, %s, MAX(b.updated_at))"
                         f" FROM ({bench_queues}) b", (db_started,))

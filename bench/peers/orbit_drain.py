@@ -12,10 +12,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
-from bench.tasks import _end_to_end, _Phase, _submit_all, _wait_purged
+from bench.tasks import _end_to_end, _Phase, _submit_all, _wait_purged, wait_succeeded
 from orbit_common.db.pool import DatabaseUrl, connect_sync
 
 BENCH_TASKS = ("SELECT t.id, t.namespace_id, t.state, t.updated_at FROM pulse_tasks t"
@@ -27,16 +26,7 @@ def _drain_seconds(url: DatabaseUrl, tasks: int, timeout: float = 900) -> float:
     """Wait until ``tasks`` bench tasks SUCCEEDED; the first claim to the last finish."""
     conn = connect_sync(url, autocommit=True)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            with conn.cursor() as cur:
-                cur.execute(f"SELECT COUNT(*) FROM ({BENCH_TASKS}) b WHERE b.state = 'SUCCEEDED'")
-                done = int(cur.fetchone()[0])
-            if done >= tasks:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {done} of {tasks} tasks succeeded in {timeout} s")
-            time.sleep(0.25)  # a scan: polled a few times a second, not faster
+        wait_succeeded(conn, tasks, timeout)
         with conn.cursor() as cur:
             cur.execute(f"SELECT TIMESTAMPDIFF(MICROSECOND, MIN(a.offered_at), MAX(b.updated_at))"
                         f" FROM ({BENCH_TASKS}) b JOIN pulse_attempts a"

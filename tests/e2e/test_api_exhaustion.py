@@ -16,7 +16,6 @@ answer bounds how long the event loop was blocked. The process's RSS is read bef
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -30,21 +29,18 @@ from tests.conftest import Tenant
 from tests.support import pulse
 from tests.support.exhaustion import (
     RSS_BOUND_KIB,
-    Crowd,
-    Probe,
+    SLOW_BODIES,
+    SLOW_HEADS,
     post_head,
     rss_kib,
-    trickle_body,
-    trickle_head,
+    running,
+    under_attack,
 )
 from tests.support.processes import ApiDaemon
-from tests.support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 MAX_BODY = 1024 * 1024
-SLOW_HEADS = 100
-SLOW_BODIES = 100
 ROUNDS = 3
 
 
@@ -84,11 +80,8 @@ def batch_head(tenant: Tenant) -> bytes:
 async def api_process(db_url: DatabaseUrl, tmp_path: Path) -> AsyncIterator[ApiDaemon]:
     daemon = ApiDaemon(db_url=db_url, log=tmp_path / "api.log",
                        env={"ORBIT_SERVICE_LOG_LEVEL": "WARNING"})
-    try:
-        await asyncio.to_thread(daemon.wait_listening)
+    async with running(daemon, daemon.wait_listening):
         yield daemon
-    finally:
-        daemon.stop()
 
 
 async def test_the_worst_requests_and_slow_clients_do_not_stall_healthz(
@@ -107,17 +100,8 @@ async def test_the_worst_requests_and_slow_clients_do_not_stall_healthz(
             assert response.status == 201, await response.text()
         rss_before = rss_kib(pid)
 
-        probe = Probe(host, port)
-        probe.start()
-        halt = asyncio.Event()
-        crowd = [asyncio.create_task(trickle_head(host, port, halt)) for _ in range(SLOW_HEADS)]
-        crowd += [asyncio.create_task(trickle_body(host, port, batch_head(tenant), b"{}," * 33,
-                                                   halt))
-                  for _ in range(SLOW_BODIES)]
         timings: dict[str, list[float]] = {name: [] for name in bodies}
-        try:
-            await until(lambda: Crowd.open == SLOW_HEADS + SLOW_BODIES,
-                        message="the slow clients' connections")
+        async with under_attack(host, port, batch_head(tenant), b"{}," * 33) as probe:
             for _ in range(ROUNDS):
                 for name, (suffix, body, status) in bodies.items():
                     started = time.perf_counter()
@@ -127,11 +111,6 @@ async def test_the_worst_requests_and_slow_clients_do_not_stall_healthz(
                     timings[name].append(time.perf_counter() - started)
                     assert response.status == status, (name, answer[:500])
                     assert len(answer) < 256 * 1024, (name, len(answer))  # bounded answers
-        finally:
-            halt.set()
-            await asyncio.gather(*crowd)
-            probe.halt.set()
-            await asyncio.to_thread(probe.join, 15)
         rss_after = rss_kib(pid)
 
     print(f"\nslow connections held: {SLOW_HEADS + SLOW_BODIES}", end="")

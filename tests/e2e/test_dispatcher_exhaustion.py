@@ -18,7 +18,6 @@ read before and after.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,22 +29,19 @@ from orbit_common.db.pool import Database, DatabaseUrl
 from tests.conftest import Tenant
 from tests.support.exhaustion import (
     RSS_BOUND_KIB,
-    Crowd,
-    Probe,
+    SLOW_BODIES,
+    SLOW_HEADS,
     post_head,
     rss_kib,
-    trickle_body,
-    trickle_head,
+    running,
+    under_attack,
 )
 from tests.support.lease_fixtures import task_row
 from tests.support.stack import DispatcherDaemon
-from tests.support.waiting import until
 from tests.support.worker_calls import MIB, next_frame, running_attempt, worst_frames
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
-SLOW_HEADS = 100
-SLOW_BODIES = 100
 ROUNDS = 3
 # Waiting for the answer to a 1 MiB frame: a second of CPU or so, which two shared cores can
 # stretch far past the usual 10 s.
@@ -57,11 +53,8 @@ async def dispatcher_process(db_url: DatabaseUrl,
                              tmp_path: Path) -> AsyncIterator[DispatcherDaemon]:
     daemon = DispatcherDaemon(db_url=db_url, log=tmp_path / "dispatcher.log",
                               env={"ORBIT_SERVICE_LOG_LEVEL": "WARNING"})
-    try:
-        await asyncio.to_thread(daemon.wait_listening)
+    async with running(daemon, daemon.wait_listening):
         yield daemon
-    finally:
-        daemon.stop()
 
 
 async def test_the_worst_frames_and_slow_clients_do_not_stall_healthz(
@@ -80,16 +73,8 @@ async def test_the_worst_frames_and_slow_clients_do_not_stall_healthz(
             rss_before = rss_kib(pid)
 
             # The frames may take under a second on a quiet machine: probe on a while.
-            probe = Probe(host, port, minimum=100)
-            probe.start()
-            halt = asyncio.Event()
-            crowd = [asyncio.create_task(trickle_head(host, port, halt))
-                     for _ in range(SLOW_HEADS)]
-            crowd += [asyncio.create_task(trickle_body(host, port, renew_head, b" " * 100, halt))
-                      for _ in range(SLOW_BODIES)]
-            try:
-                await until(lambda: Crowd.open == SLOW_HEADS + SLOW_BODIES,
-                            message="the slow clients' connections")
+            async with under_attack(host, port, renew_head, b" " * 100,
+                                    minimum=100) as probe:
                 refused: list[str] = []
                 for _ in range(ROUNDS):
                     for frame in frames[:2]:
@@ -99,11 +84,6 @@ async def test_the_worst_frames_and_slow_clients_do_not_stall_healthz(
                 await ws.send_str(frames[2])
                 reply = await next_frame(ws, "reply", timeout=LARGE_S)
                 finish_s = time.perf_counter() - began
-            finally:
-                halt.set()
-                await asyncio.gather(*crowd)
-                probe.halt.set()
-                await asyncio.to_thread(probe.join, 15)
             rss_after = rss_kib(pid)
 
     print(f"\nslow connections held: {SLOW_HEADS + SLOW_BODIES}; {probe.summary()}; "

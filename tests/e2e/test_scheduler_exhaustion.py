@@ -34,12 +34,13 @@ from tests.conftest import Tenant
 from tests.integration.test_schedule_firing import make_schedule
 from tests.support.exhaustion import (
     RSS_BOUND_KIB,
+    SLOW_BODIES,
+    SLOW_HEADS,
     Crowd,
-    Probe,
     post_head,
     rss_kib,
-    trickle_body,
-    trickle_head,
+    running,
+    under_attack,
 )
 from tests.support.lease_fixtures import make_queue, scalar
 from tests.support.processes import Daemon, http, wait_until
@@ -49,8 +50,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 MIB = 1024 * 1024
 SCHEDULES = 5
-SLOW_HEADS = 100
-SLOW_BODIES = 100
 ROUNDS = 3
 FIELD_LIMIT = 8190  # the longest URL or header field value the HTTP parser accepts
 HEADER_FIELDS = 127  # with Host, the HTTP parser's limit of 128 header fields
@@ -91,12 +90,9 @@ async def scheduler_process(db_url: DatabaseUrl, tmp_path: Path) -> AsyncIterato
             raise AssertionError(f"scheduler exited:\n{daemon.output()}")
         return http("GET", f"{daemon.ops_url}/healthz", timeout=2)[0] == 200
 
-    try:
-        await asyncio.to_thread(wait_until, up, timeout=20,
-                                message="the scheduler's operator listener")
+    async with running(daemon, lambda: wait_until(up, timeout=20,
+                                                  message="the scheduler's operator listener")):
         yield daemon
-    finally:
-        daemon.stop()
 
 
 async def test_the_worst_requests_and_slow_clients_do_not_stall_the_scheduler(
@@ -143,16 +139,7 @@ async def test_the_worst_requests_and_slow_clients_do_not_stall_the_scheduler(
             await send(client, name)
         rss_before = rss_kib(pid)
 
-        probe = Probe(host, port)
-        probe.start()
-        halt = asyncio.Event()
-        crowd = [asyncio.create_task(trickle_head(host, port, halt)) for _ in range(SLOW_HEADS)]
-        crowd += [asyncio.create_task(trickle_body(host, port, post_head("/healthz", MIB),
-                                                   b" " * 100, halt))
-                  for _ in range(SLOW_BODIES)]
-        try:
-            await until(lambda: Crowd.open == SLOW_HEADS + SLOW_BODIES,
-                        message="the slow clients' connections")
+        async with under_attack(host, port, post_head("/healthz", MIB), b" " * 100) as probe:
             fired_before = await ledger()
             for _ in range(ROUNDS):
                 for name in names:
@@ -164,11 +151,6 @@ async def test_the_worst_requests_and_slow_clients_do_not_stall_the_scheduler(
                 lambda: _grown(ledger, fired_before + 2 * SCHEDULES), timeout=20,
                 message="the schedules to keep firing")
             assert Crowd.open == SLOW_HEADS + SLOW_BODIES
-        finally:
-            halt.set()
-            await asyncio.gather(*crowd)
-            probe.halt.set()
-            await asyncio.to_thread(probe.join, 15)
         rss_after = rss_kib(pid)
 
     print(f"\nslow connections held: {SLOW_HEADS + SLOW_BODIES}; {probe.summary()}; "

@@ -19,6 +19,7 @@ from orbit_common.service.config import MAX_RESULT_BYTES, DispatcherConfig
 from orbit_common.service.health import ReadinessGate
 from orbit_dispatcher.service import DispatcherService
 from tests.conftest import Tenant, api_config
+from tests.support.exhaustion import probed
 from tests.support.lease_fixtures import make_queue, scalar, task_row
 from tests.support.servers import ServiceTestServer
 from tests.support.worker_calls import (
@@ -269,48 +270,34 @@ async def test_health_probes_are_answered_while_one_client_sends_its_worst(
     dispatcher accepts, of the content that costs it most: 1 MiB of ``[``, 1 MiB of tiny batch
     items (both refused), and a finish whose result at the limit holds as many arrays as a
     message may (the parser's cost) and exact decimals after them, and is stored. Every probe is
-    answered; the slowest answer is printed (issue 11 wants < 100 ms; asserted < 1 s, the CI
-    machine has two shared cores)."""
+    answered; the slowest is asserted < 1 s here, beside other tests on two shared cores (the
+    < 100 ms figure of issue 11 is asserted alone, against a real process, by
+    tests/e2e/test_dispatcher_exhaustion.py)."""
     client = await start_dispatcher(max_invalid_frames=100)
     url, (task_id,), (ref,) = await running_attempt(client, db, tenant)
     frames, worst_result = worst_frames(ref)
-    latencies: list[float] = []
-    stop = asyncio.Event()
-
-    async def probe(session: aiohttp.ClientSession) -> None:
-        while not stop.is_set():
-            began = time.perf_counter()
-            async with session.get(client.make_url("/healthz")) as response:
-                assert response.status == 200
-            latencies.append(time.perf_counter() - began)
-            await asyncio.sleep(0.01)  # the probe's pace
-
-    async with aiohttp.ClientSession() as session:
-        prober = asyncio.create_task(probe(session))
-        try:
-            async with client.ws_connect(f"{url}/ws", headers=tenant.auth,
-                                         max_msg_size=0) as ws:
-                for round_ in range(3):
-                    for frame in frames[:2]:
-                        await ws.send_str(frame)
-                        assert (await next_frame(ws, "error"))["code"] in {
-                            "malformed_json", "json_too_complex"}, round_
-                began = time.perf_counter()
-                await ws.send_str(frames[2])
-                # About a second of CPU (parsing, re-encoding 200,000 decimals, three 1 MiB
-                # statements); the two shared cores may be busy with other work.
-                reply = await next_frame(ws, "reply", timeout=LARGE_S)
-                finish_s = time.perf_counter() - began
-        finally:
-            stop.set()
-            await prober
+    # The prober is a process of its own; it asks every 10 ms until the frames are done.
+    async with (probed(client.host, client.port, minimum=10) as probe,
+                client.ws_connect(f"{url}/ws", headers=tenant.auth, max_msg_size=0) as ws):
+        for round_ in range(3):
+            for frame in frames[:2]:
+                await ws.send_str(frame)
+                assert (await next_frame(ws, "error"))["code"] in {
+                    "malformed_json", "json_too_complex"}, round_
+        began = time.perf_counter()
+        await ws.send_str(frames[2])
+        # About a second of CPU (parsing, re-encoding 200,000 decimals, three 1 MiB
+        # statements); the two shared cores may be busy with other work.
+        reply = await next_frame(ws, "reply", timeout=LARGE_S)
+        finish_s = time.perf_counter() - began
     assert reply["items"][0]["accepted"] is True, reply
     row = await task_row(db, tenant, task_id)
     assert row["state"] == "SUCCEEDED"
     assert len(row["result"]) == len(worst_result)
-    assert len(latencies) >= 10
-    slowest = max(latencies)
-    print(f"\n/healthz: {len(latencies)} probes, slowest {slowest * 1000:.1f} ms, "
-          f"median {sorted(latencies)[len(latencies) // 2] * 1000:.1f} ms; "
+    assert probe.failures == []  # every probe answered 200
+    assert len(probe.latencies) >= 10
+    slowest = probe.worst
+    print(f"\n/healthz: {len(probe.latencies)} probes, slowest {slowest * 1000:.1f} ms, "
+          f"median {sorted(probe.latencies)[len(probe.latencies) // 2] * 1000:.1f} ms; "
           f"the worst finish answered in {finish_s * 1000:.0f} ms")
     assert slowest < 1.0

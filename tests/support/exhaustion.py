@@ -9,8 +9,18 @@ import contextlib
 import json
 import subprocess
 import sys
-import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Protocol, TypeVar
+
+from tests.support.waiting import until
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+D = TypeVar("D", bound=_Stoppable)
 
 # Issue 11: the probe must stay under 100 ms. The tests that assert it are marked ``alone``
 # (script/test runs them with no other test beside them): the probe measures the daemon's event
@@ -58,14 +68,13 @@ def rss_kib(pid: int) -> int:
 
 class Probe:
     """``GET /healthz`` on one keep-alive connection, every 10 ms, timing each answer, from a
-    process of its own. ``start()`` returns once it runs; ``halt.set()`` then ``join()``
-    collect its timings (at least ``minimum`` probes: ``join`` waits for them)."""
+    process of its own. ``start()`` returns once it runs; ``stop()`` collects its timings (at
+    least ``minimum`` probes: it waits for them). Use it through :func:`probed`."""
 
     def __init__(self, host: str, port: int, minimum: int = 21) -> None:
         self.host, self.port, self.minimum = host, port, minimum
         self.latencies: list[float] = []
         self.failures: list[str] = []
-        self.halt = threading.Event()
         self._proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
@@ -75,8 +84,7 @@ class Probe:
         assert self._proc.stdout is not None
         assert self._proc.stdout.readline().strip() == "ready"
 
-    def join(self, timeout: float) -> None:
-        self.halt.wait()
+    def stop(self, timeout: float = 15) -> None:
         proc = self._proc
         assert proc is not None
         try:
@@ -170,3 +178,48 @@ def post_head(path: str, content_length: int, headers: dict[str, str] | None = N
              f"Content-Length: {content_length}",
              *(f"{name}: {value}" for name, value in (headers or {}).items())]
     return "\r\n".join(lines).encode() + b"\r\n\r\n"
+
+
+@contextlib.asynccontextmanager
+async def probed(host: str, port: int, *, minimum: int = 21) -> AsyncIterator[Probe]:
+    """A :class:`Probe` running for the body of the ``async with``; its timings are there after."""
+    probe = Probe(host, port, minimum)
+    await asyncio.to_thread(probe.start)
+    try:
+        yield probe
+    finally:
+        await asyncio.to_thread(probe.stop)
+
+
+SLOW_HEADS = 100
+SLOW_BODIES = 100
+
+
+@contextlib.asynccontextmanager
+async def under_attack(host: str, port: int, body_head: bytes, piece: bytes, *,
+                       minimum: int = 21) -> AsyncIterator[Probe]:
+    """The probe and a crowd of slow clients: :data:`SLOW_HEADS` trickling a request head and
+    :data:`SLOW_BODIES` sending ``body_head`` then ``piece`` a second. Enters once every slow
+    connection is open; on leaving, the crowd stops and the probe's timings are collected."""
+    halt = asyncio.Event()
+    async with probed(host, port, minimum=minimum) as probe:
+        crowd = [asyncio.create_task(trickle_head(host, port, halt)) for _ in range(SLOW_HEADS)]
+        crowd += [asyncio.create_task(trickle_body(host, port, body_head, piece, halt))
+                  for _ in range(SLOW_BODIES)]
+        try:
+            await until(lambda: Crowd.open == SLOW_HEADS + SLOW_BODIES,
+                        message="the slow clients' connections")
+            yield probe
+        finally:
+            halt.set()
+            await asyncio.gather(*crowd)
+
+
+@contextlib.asynccontextmanager
+async def running(daemon: D, ready: Callable[[], object]) -> AsyncIterator[D]:
+    """``daemon`` once ``ready()`` (a blocking wait) returns; stopped at the end."""
+    try:
+        await asyncio.to_thread(ready)
+        yield daemon
+    finally:
+        daemon.stop()

@@ -138,7 +138,8 @@ class Stack:
             return states if sum(states.get(s, 0) for s in settled) >= total else None
 
         return wait_until(done, timeout=timeout, interval=0.2,
-                          message=f"{total} tasks to settle (now {self.states()})")
+                          message=f"{total} tasks to settle (when the wait began:"
+                                  f" {self.states()})")
 
     # --- workers ------------------------------------------------------------------------------
 

@@ -70,6 +70,18 @@ VALUES (%s, %s, 1, %s, %s, 3, 'SUCCEEDED', '{"a": 1}', UTC_TIMESTAMP(6))
         extra_ids=2,
     ),
     AppendOnlyTable(
+        name="orbit_delivery_attempts",
+        # with attempt 1 below: the primary key
+        key_columns=("namespace_id", "delivery_id"),
+        insert="""
+INSERT INTO orbit_delivery_attempts (namespace_id, delivery_id, attempt, subscription_id,
+  outcome, status_code, error, duration_ms, ended_at)
+VALUES (%s, %s, 1, %s, 'FAILED', 500, 'boom', 12, UTC_TIMESTAMP(6))
+""",
+        column="error",
+        extra_ids=1,
+    ),
+    AppendOnlyTable(
         name="pulse_schedule_versions",
         # with version 1 below: the primary key
         key_columns=("namespace_id", "schedule_id"),

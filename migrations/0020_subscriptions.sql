@@ -1,0 +1,51 @@
+-- Relay: result subscriptions (issue 13). A subscription reads its namespace's result stream
+-- after its scan position and turns matching result events into deliveries (0021).
+-- depends: 0019_worker_instance_owner
+-- transactional: false
+
+CREATE TABLE IF NOT EXISTS orbit_subscriptions (
+  namespace_id BINARY(16) NOT NULL COMMENT '命名空间 ID',
+  id BINARY(16) NOT NULL COMMENT '订阅 ID',
+  name VARCHAR(128) COLLATE utf8mb4_bin NOT NULL COMMENT '订阅名称：命名空间内唯一，按原始字节比较',
+  owner_application_id BINARY(16) NOT NULL COMMENT '所有者应用 ID：创建订阅的凭据所属应用',
+  created_by_credential_id BINARY(16) NOT NULL COMMENT '创建订阅的凭据 ID',
+  kind VARCHAR(16) NOT NULL COMMENT '消费方式：PULL 由消费者租用并确认；WEBHOOK 由投递泵推送到端点，2xx 即确认',
+  endpoint_url VARCHAR(2048) NULL COMMENT 'Webhook 端点 URL（仅 WEBHOOK）：创建和修改时按运营方端点策略校验，发送时再核对解析出的地址',
+  filters TEXT NOT NULL COMMENT '过滤条件 JSON：queue_ids（队列 ID，空为全部队列）、states（结果状态，空为全部）、handlers（处理器名称，空为全部）',
+  start_after_sequence BIGINT NOT NULL COMMENT '创建时的起始位置：只交付序号大于此值的结果事件（从当前开始即创建时结果流已提交的最后序号）',
+  scan_after_sequence BIGINT NOT NULL COMMENT '扫描位置：序号不大于此值的结果事件都已读过（匹配的已生成交付），与交付记录同事务推进，不超过结果流已提交的序号',
+  backlog BIGINT NOT NULL DEFAULT 0 COMMENT '积压数：待投递（PENDING）与已租用（LEASED）交付的数量，与交付状态变化同事务维护',
+  max_attempts INT NOT NULL COMMENT '交付预算：每条交付最多尝试次数（至少 1），新交付按此值取得预算',
+  backoff_initial_ms INT NOT NULL COMMENT '重试退避初值（毫秒）：第 n 次失败后等待 初值×2^(n-1)，不超过上限',
+  backoff_max_ms INT NOT NULL COMMENT '重试退避上限（毫秒）',
+  lease_ms INT NOT NULL COMMENT '交付租约时长（毫秒）：租用后在此时间内未确认即视为失效，按退避重新投递',
+  state VARCHAR(16) NOT NULL COMMENT '订阅状态：ACTIVE 生成并投递交付；PAUSED 暂停扫描与投递（积压保留）；DISABLED 停用（终态，记录保留）',
+  revision BIGINT NOT NULL DEFAULT 1 COMMENT '状态版本：管理命令按此比较并设置（CAS），每次修改加一；扫描和投递不改变它',
+  secret_ciphertext VARBINARY(255) NULL COMMENT '当前签名密钥的密文（AES-GCM，运营方配置的密钥加密，绑定本订阅）；仅 WEBHOOK，从不以明文保存或返回',
+  previous_secret_ciphertext VARBINARY(255) NULL COMMENT '轮换前签名密钥的密文：在轮换窗口结束前仍然有效',
+  previous_secret_expires_at DATETIME(6) NULL COMMENT '旧签名密钥失效时间（UTC，取数据库时间）：轮换窗口结束',
+  circuit_state VARCHAR(16) NOT NULL DEFAULT 'CLOSED' COMMENT '端点熔断状态：CLOSED 正常；OPEN 连续失败后暂停发送到 circuit_open_until；HALF_OPEN 试探发送中（由投递泵维护）',
+  circuit_open_until DATETIME(6) NULL COMMENT '熔断打开到此时间（UTC，取数据库时间）',
+  consecutive_failures INT NOT NULL DEFAULT 0 COMMENT '端点连续失败次数：成功一次清零',
+  created_at DATETIME(6) NOT NULL COMMENT '创建时间（UTC，取数据库时间）',
+  updated_at DATETIME(6) NOT NULL COMMENT '最后修改时间（UTC，取数据库时间）',
+  disabled_at DATETIME(6) NULL COMMENT '停用时间（UTC，取数据库时间）',
+  PRIMARY KEY (namespace_id, id),
+  UNIQUE KEY uq_subscriptions_name (namespace_id, name),
+  KEY ix_subscriptions_state (state, namespace_id),
+  CONSTRAINT ck_subscriptions_kind CHECK (kind IN ('PULL', 'WEBHOOK')),
+  CONSTRAINT ck_subscriptions_endpoint CHECK ((kind = 'WEBHOOK') = (endpoint_url IS NOT NULL)),
+  CONSTRAINT ck_subscriptions_secret CHECK ((kind = 'WEBHOOK') = (secret_ciphertext IS NOT NULL)),
+  CONSTRAINT ck_subscriptions_previous_secret CHECK ((previous_secret_ciphertext IS NULL) = (previous_secret_expires_at IS NULL)),
+  CONSTRAINT ck_subscriptions_filters_json CHECK (JSON_VALID(filters)),
+  CONSTRAINT ck_subscriptions_positions CHECK (start_after_sequence >= 0 AND scan_after_sequence >= start_after_sequence),
+  CONSTRAINT ck_subscriptions_backlog CHECK (backlog >= 0),
+  CONSTRAINT ck_subscriptions_budget CHECK (max_attempts >= 1),
+  CONSTRAINT ck_subscriptions_backoff CHECK (backoff_initial_ms >= 0 AND backoff_max_ms >= backoff_initial_ms),
+  CONSTRAINT ck_subscriptions_lease CHECK (lease_ms >= 1000),
+  CONSTRAINT ck_subscriptions_state CHECK (state IN ('ACTIVE', 'PAUSED', 'DISABLED')),
+  CONSTRAINT ck_subscriptions_disabled CHECK ((state = 'DISABLED') = (disabled_at IS NOT NULL)),
+  CONSTRAINT ck_subscriptions_revision CHECK (revision >= 1),
+  CONSTRAINT ck_subscriptions_circuit CHECK (circuit_state IN ('CLOSED', 'OPEN', 'HALF_OPEN') AND consecutive_failures >= 0 AND (circuit_state = 'OPEN') <= (circuit_open_until IS NOT NULL))
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci
+  COMMENT='结果订阅：命名空间内按队列、结果状态和处理器过滤结果事件，生成可确认的交付记录';

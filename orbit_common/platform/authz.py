@@ -41,6 +41,13 @@ class Action(enum.StrEnum):
     SCHEDULES_READ = "schedules.read"  # schedules, their versions and occurrence ledgers
     SCHEDULES_MANAGE = "schedules.manage"  # create, publish, pause/resume, disable, trigger,
     # backfill (scoped by the schedule's queue)
+    # Result subscriptions (orbit_common/relay), scoped by the subscription's queue filter: a
+    # subscription on some queues needs the action on each of them; one on every queue needs
+    # a grant whose queues are "*".
+    SUBSCRIPTIONS_READ = "subscriptions.read"  # subscriptions, delivery history and details
+    SUBSCRIPTIONS_MANAGE = "subscriptions.manage"  # create, update, pause/resume, disable,
+    # rotate the secret, add budget to an exhausted delivery
+    SUBSCRIPTIONS_CONSUME = "subscriptions.consume"  # lease, acknowledge and fail deliveries
 
 
 ACTIONS = frozenset(a.value for a in Action)

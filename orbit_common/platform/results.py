@@ -82,3 +82,20 @@ async def append_results(cur: Any, namespace_id: bytes, events: Sequence[ResultE
     )
     await cur.execute(sql, params)
     return first
+
+
+COMMITTED_NEXT = "SELECT next_sequence FROM orbit_event_streams WHERE namespace_id = %s"
+
+
+async def committed_next_sequence(cur: Any, namespace_id: bytes) -> int:
+    """The namespace's committed ``next_sequence`` (1 before its first result), by a plain,
+    non-locking read: never the stream row lock, which producers hold while they commit.
+
+    Every sequence below the returned value belongs to a committed result event: a producer
+    allocates sequences under the stream row lock and holds it until its commit, and a
+    producer that rolls back also rolls back its advance, so the committed counter only ever
+    covers committed events (the visible prefix has no gaps). Readers use it as their upper
+    bound (subscription fan-out, orbit_common/relay/fanout.py)."""
+    await cur.execute(COMMITTED_NEXT, (namespace_id,))
+    row = await cur.fetchone()
+    return 1 if row is None else int(row["next_sequence"])

@@ -16,6 +16,8 @@ import attrs
 import cattrs
 
 from orbit_common.db.pool import DatabaseUrl, SessionSettings
+from orbit_common.model.endpoints import EndpointPolicy
+from orbit_common.model.sealing import Sealer, SealingError
 
 
 @attrs.frozen(kw_only=True)
@@ -139,6 +141,37 @@ class SchedulerConfig:
 
 
 @attrs.frozen(kw_only=True)
+class DeliveryConfig:
+    """Result subscriptions and their deliveries (docs/configuration.md, ``[delivery]``)."""
+
+    # Base64 of 32 random bytes: the AES-256-GCM key that seals webhook signing secrets at rest
+    # (orbit_common/model/sealing.py). Needed by the API (create, rotate) and the pump (sign);
+    # without it, webhook subscriptions cannot be created.
+    secret_key: str = attrs.field(default="", repr=False)
+    # The endpoint policy (orbit_common/model/endpoints.py): http endpoints, private and
+    # loopback addresses are refused unless allowed; a non-empty allow-list limits the hosts.
+    allow_http: bool = False
+    allow_private_networks: bool = False
+    allow_loopback: bool = False
+    endpoint_allow_list: tuple[str, ...] = ()
+
+    def policy(self) -> EndpointPolicy:
+        return EndpointPolicy(allow_http=self.allow_http,
+                              allow_private_networks=self.allow_private_networks,
+                              allow_loopback=self.allow_loopback,
+                              allow_list=self.endpoint_allow_list)
+
+    def sealer(self) -> Sealer | None:
+        """The configured sealer, None without a key; a malformed key is a ConfigError."""
+        if not self.secret_key:
+            return None
+        try:
+            return Sealer.from_config(self.secret_key)
+        except SealingError as exc:
+            raise ConfigError(f"invalid [delivery] setting: secret_key: {exc}") from exc
+
+
+@attrs.frozen(kw_only=True)
 class ServiceConfig:
     """Settings every daemon shares."""
 
@@ -162,6 +195,7 @@ class OrbitConfig:
     http: HttpConfig = attrs.field(factory=HttpConfig)
     dispatcher: DispatcherConfig = attrs.field(factory=DispatcherConfig)
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
+    delivery: DeliveryConfig = attrs.field(factory=DeliveryConfig)
     service: ServiceConfig = attrs.field(factory=ServiceConfig)
 
 
@@ -195,6 +229,15 @@ def _bool(value: Any, _type: Any) -> bool:
     raise TypeError(f"{value!r} is not a boolean (true or false)")
 
 
+def _str_list(value: Any, _type: Any) -> tuple[str, ...]:
+    # TOML gives a list; the environment a comma-separated string.
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise TypeError(f"{value!r} is not a list of strings")
+
+
 def _str(value: Any, _type: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{value!r} is not a string")
@@ -206,6 +249,7 @@ _converter.register_structure_hook(int, _int)
 _converter.register_structure_hook(float, _float)
 _converter.register_structure_hook(str, _str)
 _converter.register_structure_hook(bool, _bool)
+_converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _str_list)
 
 SECTIONS: dict[str, type[Any]] = {
     "database": DatabaseConfig,
@@ -213,6 +257,7 @@ SECTIONS: dict[str, type[Any]] = {
     "http": HttpConfig,
     "dispatcher": DispatcherConfig,
     "scheduler": SchedulerConfig,
+    "delivery": DeliveryConfig,
     "service": ServiceConfig,
 }
 def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:

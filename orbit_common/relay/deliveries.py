@@ -1,0 +1,576 @@
+"""Deliveries: lease, acknowledge, fail, lapse recovery, extra budget, history, retention
+protection.
+
+State diagram (orbit_deliveries.state)::
+
+    PENDING --lease--> LEASED --acknowledge--> ACKNOWLEDGED (final)
+       ^                 |  \\--fail / lapse, budget left (backoff)--> PENDING
+       |                 \\----fail / lapse, budget spent----------> EXHAUSTED
+       \\---------------------- add budget (operator, audited) -------/
+
+* A lease counts an attempt (``attempts_used + 1``) and hands out a fresh random token; only
+  its SHA-256 is stored. Acknowledge and fail need that token and a live lease (database time);
+  acknowledging again with the token that acknowledged is an idempotent success that changes
+  nothing, so the backlog is decremented exactly once.
+* ``orbit_subscriptions.backlog`` counts PENDING + LEASED deliveries: +1 per delivery created
+  (fan-out) or given budget again, −1 when one is acknowledged or exhausted, in the same
+  transaction as that change.
+* Every attempt's end (acknowledged, failed, lapsed) is appended to orbit_delivery_attempts.
+
+Lock order (docs/architecture.md): delivery rows (ascending id) before their subscription row,
+which is taken last and held shortest (only its backlog changes). Fan-out takes the
+subscription row and inserts *new* delivery rows only, so the two never wait on each other in a
+cycle. Leasing and recovery use ``FOR UPDATE SKIP LOCKED`` over ix_deliveries_due and
+ix_deliveries_lease. Isolation: READ COMMITTED.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import secrets
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from orbit_common import errors
+from orbit_common.db.batch import placeholders
+from orbit_common.db.clock import UTC, as_utc, to_db
+from orbit_common.db.pool import Database
+from orbit_common.model import cursors, digests, ids, jsondoc
+from orbit_common.platform import credentials, namespaced
+from orbit_common.platform.audit import AuditRecord, append_audit
+from orbit_common.platform.idempotency import Replay
+from orbit_common.relay import model, payload, subscriptions
+from orbit_common.relay.model import (
+    DeliveryLeaseLost,
+    DeliveryNotExhausted,
+    DeliveryNotFound,
+    DeliveryState,
+    Kind,
+    NotPullSubscription,
+    SubscriptionNotActive,
+    SubscriptionState,
+)
+
+LEASE_BATCH_MAX = 500
+HISTORY_PAGE_MAX = 500
+TIME_MAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+ID_MAX = b"\xff" * 16
+
+COLUMNS = (
+    "namespace_id, id, subscription_id, event_id, sequence, task_id, task_revision, state,"
+    " attempts_used, max_attempts, available_at, lease_expires_at, lease_token_digest,"
+    " last_status_code, last_error, last_duration_ms, created_at, updated_at,"
+    " acknowledged_at, exhausted_at"
+)
+
+
+@attrs.frozen(kw_only=True)
+class AttemptError:
+    """Why an attempt failed: a webhook's status code (None: no response) and body, or a pull
+    consumer's reason; the text is truncated to model.ERROR_MAX characters."""
+
+    status_code: int | None = None
+    body: str | None = None
+    duration_ms: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Leased:
+    """One leased delivery: its token (shown to the holder only) and its payload."""
+
+    delivery_id: bytes
+    token: str = attrs.field(repr=False)
+    attempt: int
+    lease_expires_at: dt.datetime
+    payload: dict[str, Any]
+
+
+def token_digest(token: str) -> bytes:
+    return digests.domain_digest("orbit.delivery.lease.v1", token.encode("utf-8"))
+
+
+# --- lease --------------------------------------------------------------------------------------
+
+SUBSCRIPTION = """
+SELECT s.namespace_id, s.id, s.name, s.kind, s.state, s.lease_ms, n.name AS namespace_name
+FROM orbit_subscriptions s JOIN orbit_namespaces n ON n.id = s.namespace_id
+WHERE s.namespace_id = %s AND s.id = %s
+"""
+DUE = """
+SELECT id FROM orbit_deliveries FORCE INDEX (ix_deliveries_due)
+WHERE namespace_id = %s AND subscription_id = %s AND state = 'PENDING'
+  AND available_at <= UTC_TIMESTAMP(6)
+ORDER BY available_at, sequence LIMIT %s FOR UPDATE SKIP LOCKED
+"""
+TAKE = """
+UPDATE orbit_deliveries
+SET state = 'LEASED', attempts_used = attempts_used + 1,
+    lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
+    lease_token_digest = %s, updated_at = UTC_TIMESTAMP(6)
+WHERE namespace_id = %s AND id = %s AND state = 'PENDING'
+"""
+LEASED_ROWS = """
+SELECT d.id, d.subscription_id, d.event_id, d.sequence, d.task_id, d.task_revision,
+       d.attempts_used, d.lease_expires_at, r.state, r.committed_at, r.snapshot,
+       q.name AS queue_name
+FROM orbit_deliveries d
+JOIN orbit_result_events r ON r.namespace_id = d.namespace_id AND r.id = d.event_id
+LEFT JOIN pulse_queues q ON q.namespace_id = r.namespace_id AND q.id = r.queue_id
+WHERE d.namespace_id = %s AND d.id IN ({})
+ORDER BY d.available_at, d.sequence
+"""
+
+
+async def lease(cur: Any, namespace_id: bytes, subscription_id: bytes, limit: int
+                ) -> list[Leased]:
+    """Lease up to ``limit`` due PENDING deliveries of an ACTIVE subscription, oldest due first
+    (then by sequence), skipping rows another transaction holds."""
+    if not 1 <= limit <= LEASE_BATCH_MAX:
+        raise errors.ValidationFailed([{"path": "limit",
+                                        "message": f"1 to {LEASE_BATCH_MAX}"}])
+    await cur.execute(SUBSCRIPTION, (namespace_id, subscription_id))
+    sub = await cur.fetchone()
+    if sub is None:
+        raise model.SubscriptionNotFound()
+    if sub["state"] != SubscriptionState.ACTIVE:
+        raise SubscriptionNotActive(f"subscription {sub['name']!r} is {sub['state']}")
+    await cur.execute(DUE, (namespace_id, subscription_id, limit))
+    chosen = [r["id"] for r in await cur.fetchall()]
+    if not chosen:
+        return []
+    tokens: dict[bytes, str] = {}
+    for delivery_id in chosen:
+        token = secrets.token_urlsafe(32)
+        tokens[delivery_id] = token
+        await cur.execute(TAKE, (sub["lease_ms"] * 1000, token_digest(token), namespace_id,
+                                 delivery_id))
+    await cur.execute(LEASED_ROWS.format(placeholders(len(chosen))), (namespace_id, *chosen))
+    return [
+        Leased(delivery_id=r["id"], token=tokens[r["id"]], attempt=r["attempts_used"],
+               lease_expires_at=as_utc(r["lease_expires_at"]),
+               payload=payload.build(
+                   delivery_id=r["id"], subscription_id=subscription_id,
+                   subscription=sub["name"], namespace=sub["namespace_name"],
+                   sequence=r["sequence"], event_id=r["event_id"], task_id=r["task_id"],
+                   queue=r["queue_name"] or "", task_revision=r["task_revision"],
+                   state=r["state"], committed_at=as_utc(r["committed_at"]),
+                   attempt=r["attempts_used"], snapshot=r["snapshot"]))
+        for r in await cur.fetchall()
+    ]
+
+
+# --- acknowledge, fail, lapse -------------------------------------------------------------------
+
+LOCK_ONE = f"""
+SELECT {COLUMNS}, (lease_expires_at > UTC_TIMESTAMP(6)) AS live FROM orbit_deliveries
+WHERE namespace_id = %s AND id = %s AND subscription_id = %s FOR UPDATE
+"""
+ACK = """
+UPDATE orbit_deliveries SET state = 'ACKNOWLEDGED', acknowledged_at = UTC_TIMESTAMP(6),
+  lease_expires_at = NULL, last_duration_ms = COALESCE(%s, last_duration_ms),
+  updated_at = UTC_TIMESTAMP(6)
+WHERE namespace_id = %s AND id = %s AND state = 'LEASED'
+"""
+RETRY = """
+UPDATE orbit_deliveries SET state = %s, lease_expires_at = NULL,
+  lease_token_digest = NULL, available_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
+  exhausted_at = IF(%s = 'EXHAUSTED', UTC_TIMESTAMP(6), exhausted_at),
+  last_status_code = %s, last_error = %s, last_duration_ms = %s,
+  updated_at = UTC_TIMESTAMP(6)
+WHERE namespace_id = %s AND id = %s AND state = 'LEASED'
+"""
+LOG = """
+INSERT INTO orbit_delivery_attempts (namespace_id, delivery_id, attempt, subscription_id,
+  outcome, status_code, error, duration_ms, ended_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))
+"""
+BACKLOG = """
+UPDATE orbit_subscriptions SET backlog = backlog + %s WHERE namespace_id = %s AND id = %s
+"""
+POLICY = """
+SELECT id, backoff_initial_ms, backoff_max_ms FROM orbit_subscriptions
+WHERE namespace_id = %s AND id IN ({})
+"""
+
+
+@attrs.frozen(kw_only=True)
+class Settled:
+    """The state a delivery is in after acknowledge or fail; ``repeated``: an acknowledgement
+    that had already been recorded with the same token (nothing changed)."""
+
+    delivery_id: bytes
+    state: DeliveryState
+    attempts_used: int
+    repeated: bool = False
+
+
+async def _held(cur: Any, namespace_id: bytes, subscription_id: bytes, delivery_id: bytes
+                ) -> dict[str, Any]:
+    await cur.execute(LOCK_ONE, (namespace_id, delivery_id, subscription_id))
+    row = await cur.fetchone()
+    if row is None:
+        raise DeliveryNotFound(f"no delivery {delivery_id.hex()} of this subscription")
+    return dict(row)
+
+
+def _token_matches(row: dict[str, Any], token: str) -> bool:
+    stored = row["lease_token_digest"]
+    return stored is not None and hmac.compare_digest(stored, token_digest(token))
+
+
+async def acknowledge(cur: Any, namespace_id: bytes, subscription_id: bytes,
+                      delivery_id: bytes, token: str, *, status_code: int | None = None,
+                      duration_ms: int | None = None) -> Settled:
+    """Acknowledge a leased delivery with its lease token (see the module docstring)."""
+    row = await _held(cur, namespace_id, subscription_id, delivery_id)
+    if row["state"] == DeliveryState.ACKNOWLEDGED and _token_matches(row, token):
+        return Settled(delivery_id=delivery_id, state=DeliveryState.ACKNOWLEDGED,
+                       attempts_used=row["attempts_used"], repeated=True)
+    if row["state"] != DeliveryState.LEASED or not row["live"] or not _token_matches(row, token):
+        raise DeliveryLeaseLost(f"delivery {delivery_id.hex()} is not leased with this token"
+                                " (its lease lapsed or it was leased again)")
+    await cur.execute(ACK, (duration_ms, namespace_id, delivery_id))
+    await cur.execute(LOG, (namespace_id, delivery_id, row["attempts_used"], subscription_id,
+                            "ACKNOWLEDGED", status_code, None, duration_ms))
+    await cur.execute(BACKLOG, (-1, namespace_id, subscription_id))
+    return Settled(delivery_id=delivery_id, state=DeliveryState.ACKNOWLEDGED,
+                   attempts_used=row["attempts_used"])
+
+
+async def _backoffs(cur: Any, namespace_id: bytes, subscription_ids: Sequence[bytes]
+                    ) -> dict[bytes, tuple[int, int]]:
+    wanted = sorted(set(subscription_ids))
+    await cur.execute(POLICY.format(placeholders(len(wanted))), (namespace_id, *wanted))
+    return {r["id"]: (r["backoff_initial_ms"], r["backoff_max_ms"])
+            for r in await cur.fetchall()}
+
+
+def next_state(attempts_used: int, max_attempts: int) -> DeliveryState:
+    """After a failed or lapsed attempt: PENDING while budget is left, else EXHAUSTED."""
+    return DeliveryState.EXHAUSTED if attempts_used >= max_attempts else DeliveryState.PENDING
+
+
+async def _settle_failure(cur: Any, namespace_id: bytes, row: dict[str, Any],  # noqa: PLR0917
+                          outcome: str, error: AttemptError,
+                          backoff: tuple[int, int]) -> DeliveryState:
+    """Fail or lapse one LEASED delivery (locked); returns its new state. The caller adjusts
+    the subscription's backlog (−1 per EXHAUSTED) after all its delivery rows."""
+    target = next_state(row["attempts_used"], row["max_attempts"])
+    wait_ms = 0 if target is DeliveryState.EXHAUSTED else model.backoff_ms(
+        row["attempts_used"], *backoff)
+    text = model.truncate(error.body)
+    await cur.execute(RETRY, (target.value, wait_ms * 1000, target.value, error.status_code,
+                              text, error.duration_ms, namespace_id, row["id"]))
+    if cur.rowcount != 1:
+        raise errors.StaleRevision("the delivery changed under its lock")
+    await cur.execute(LOG, (namespace_id, row["id"], row["attempts_used"],
+                            row["subscription_id"], outcome, error.status_code, text,
+                            error.duration_ms))
+    return target
+
+
+async def fail(cur: Any, namespace_id: bytes, subscription_id: bytes, delivery_id: bytes,
+               token: str, error: AttemptError) -> Settled:
+    """A failed attempt (a consumer's nack, a webhook's non-2xx or timeout): back to PENDING
+    after the backoff, or EXHAUSTED when the budget is spent (row kept)."""
+    row = await _held(cur, namespace_id, subscription_id, delivery_id)
+    if row["state"] != DeliveryState.LEASED or not row["live"] or not _token_matches(row, token):
+        raise DeliveryLeaseLost(f"delivery {delivery_id.hex()} is not leased with this token")
+    backoff = (await _backoffs(cur, namespace_id, [subscription_id]))[subscription_id]
+    target = await _settle_failure(cur, namespace_id, row, "FAILED", error, backoff)
+    if target is DeliveryState.EXHAUSTED:
+        await cur.execute(BACKLOG, (-1, namespace_id, subscription_id))
+    return Settled(delivery_id=delivery_id, state=target, attempts_used=row["attempts_used"])
+
+
+async def record_webhook_result(cur: Any, namespace_id: bytes, subscription_id: bytes,  # noqa: PLR0913, PLR0917
+                                delivery_id: bytes, token: str, status_code: int | None,
+                                body: str | None, duration_ms: int) -> Settled:
+    """The pump's record of one POST: a 2xx acknowledges; anything else (or no response,
+    ``status_code`` None) is a failed attempt with the status, truncated body and timing."""
+    if status_code is not None and 200 <= status_code <= 299:  # noqa: PLR2004
+        return await acknowledge(cur, namespace_id, subscription_id, delivery_id, token,
+                                 status_code=status_code, duration_ms=duration_ms)
+    return await fail(cur, namespace_id, subscription_id, delivery_id, token,
+                      AttemptError(status_code=status_code, body=body,
+                                   duration_ms=duration_ms))
+
+
+LAPSED = f"""
+SELECT {COLUMNS} FROM orbit_deliveries FORCE INDEX (ix_deliveries_lease)
+WHERE state = 'LEASED' AND lease_expires_at <= UTC_TIMESTAMP(6)
+ORDER BY lease_expires_at LIMIT %s FOR UPDATE SKIP LOCKED
+"""
+
+
+async def recover_lapsed(cur: Any, limit: int = 500) -> int:
+    """Leases past their expiry (database time) → PENDING with backoff, or EXHAUSTED when the
+    budget is spent; each lapse is an attempt in the log. Returns how many were recovered."""
+    await cur.execute(LAPSED, (limit,))
+    rows = sorted((dict(r) for r in await cur.fetchall()),
+                  key=lambda r: (r["namespace_id"], r["id"]))
+    if not rows:
+        return 0
+    exhausted: Counter[tuple[bytes, bytes]] = Counter()
+    by_namespace: dict[bytes, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_namespace.setdefault(row["namespace_id"], []).append(row)
+    for namespace_id, group in by_namespace.items():
+        backoffs = await _backoffs(cur, namespace_id, [r["subscription_id"] for r in group])
+        for row in group:
+            target = await _settle_failure(
+                cur, namespace_id, row, "LAPSED",
+                AttemptError(body="the lease lapsed without an acknowledgement"),
+                backoffs.get(row["subscription_id"], (0, 0)))
+            if target is DeliveryState.EXHAUSTED:
+                exhausted[(namespace_id, row["subscription_id"])] += 1
+    for (namespace_id, subscription_id), count in sorted(exhausted.items()):
+        await cur.execute(BACKLOG, (-count, namespace_id, subscription_id))
+    return len(rows)
+
+
+# --- consumer-facing commands (credential checks inside the transaction) ------------------------
+
+
+async def _consumer(cur: Any, principal: credentials.Principal, namespace: str, name: str,
+                    action: Any = subscriptions.CONSUME) -> dict[str, Any]:
+    ns = await credentials.authorize(cur, principal, action, namespace)
+    row = await subscriptions.find(cur, ns.id, name)
+    await subscriptions.in_scope(cur, principal, action, namespace, row)
+    return row
+
+
+async def lease_deliveries(db: Database, principal: credentials.Principal, *, namespace: str,
+                           name: str, limit: int = 10) -> list[Leased]:
+    """A pull consumer's lease (``subscriptions.consume``); PULL subscriptions only."""
+
+    async def body(cur: Any) -> list[Leased]:
+        row = await _consumer(cur, principal, namespace, name)
+        if row["kind"] != Kind.PULL:
+            raise NotPullSubscription(f"subscription {name!r} is delivered by webhook")
+        return await lease(cur, row["namespace_id"], row["id"], limit)
+
+    return await db.transaction("relay.lease", body)
+
+
+async def acknowledge_delivery(db: Database, principal: credentials.Principal, *,
+                               namespace: str, name: str, delivery_id: bytes,
+                               token: str) -> Settled:
+    async def body(cur: Any) -> Settled:
+        row = await _consumer(cur, principal, namespace, name)
+        return await acknowledge(cur, row["namespace_id"], row["id"], delivery_id, token)
+
+    async def recheck(cur: Any) -> Settled | None:
+        # The commit's outcome is unknown: acknowledged with this token means it committed.
+        row = await _consumer(cur, principal, namespace, name)
+        found = await _held(cur, row["namespace_id"], row["id"], delivery_id)
+        if found["state"] == DeliveryState.ACKNOWLEDGED and _token_matches(found, token):
+            return Settled(delivery_id=delivery_id, state=DeliveryState.ACKNOWLEDGED,
+                           attempts_used=found["attempts_used"], repeated=True)
+        return None
+
+    return await db.transaction("relay.acknowledge", body, recheck=recheck)
+
+
+async def fail_delivery(db: Database, principal: credentials.Principal, *, namespace: str,
+                        name: str, delivery_id: bytes, token: str,
+                        error: AttemptError) -> Settled:
+    async def body(cur: Any) -> Settled:
+        row = await _consumer(cur, principal, namespace, name)
+        return await fail(cur, row["namespace_id"], row["id"], delivery_id, token, error)
+
+    return await db.transaction("relay.fail", body)
+
+
+async def add_budget(db: Database, principal: credentials.Principal, *, namespace: str,
+                     name: str, delivery_id: bytes, attempts: int, reason: str,
+                     idempotency_key: str | None = None,
+                     request_id: str | None = None) -> Replay:
+    """An operator gives an EXHAUSTED delivery ``attempts`` more attempts: it is PENDING and due
+    now, its attempts used and its attempt log are kept, the backlog counts it again; audited
+    with the reason (``subscriptions.manage``)."""
+    if isinstance(attempts, bool) or not isinstance(attempts, int) \
+            or not 1 <= attempts <= model.BUDGET_ADD_MAX:
+        raise errors.ValidationFailed([{"path": "$.attempts",
+                                        "message": f"an integer from 1 to"
+                                                   f" {model.BUDGET_ADD_MAX}"}])
+    reason_text = model.check_reason(reason, required=True)
+    idem = namespaced.request("subscriptions.add_budget", idempotency_key, delivery_id,
+                              {"attempts": attempts, "reason": reason_text}, principal)
+
+    async def locate(cur: Any, namespace_id: bytes) -> None:
+        row = await subscriptions.find(cur, namespace_id, name)
+        await subscriptions.in_scope(cur, principal, subscriptions.MANAGE, namespace, row)
+
+    async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
+        sub = await subscriptions.find(cur, namespace_id, name)
+        await cur.execute(f"SELECT {COLUMNS} FROM orbit_deliveries WHERE namespace_id = %s"
+                          " AND id = %s AND subscription_id = %s FOR UPDATE",
+                          (namespace_id, delivery_id, sub["id"]))
+        row = await cur.fetchone()
+        if row is None:
+            raise DeliveryNotFound(f"no delivery {delivery_id.hex()} of subscription {name!r}")
+        if row["state"] != DeliveryState.EXHAUSTED:
+            raise DeliveryNotExhausted(f"delivery {delivery_id.hex()} is {row['state']}")
+        await cur.execute(
+            "UPDATE orbit_deliveries SET state = 'PENDING', max_attempts = max_attempts + %s,"
+            " available_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6)"
+            " WHERE namespace_id = %s AND id = %s AND state = 'EXHAUSTED'",
+            (attempts, namespace_id, delivery_id))
+        await cur.execute(BACKLOG, (1, namespace_id, sub["id"]))
+        after = await _row(cur, namespace_id, delivery_id)
+        await append_audit(cur, AuditRecord(
+            actor=principal.actor, action="delivery.budget_added", resource_type="delivery",
+            resource_id=delivery_id, namespace_id=namespace_id,
+            application_id=principal.application_id, reason=reason_text,
+            before={"state": row["state"], "attempts_used": row["attempts_used"],
+                    "max_attempts": row["max_attempts"]},
+            after={"state": after["state"], "attempts_used": after["attempts_used"],
+                   "max_attempts": after["max_attempts"], "added": attempts},
+            request_id=request_id))
+        return 200, model.delivery_view(after), delivery_id
+
+    return await namespaced.run(
+        db, "subscriptions.add_budget", principal=principal,
+        action=subscriptions.MANAGE, namespace=namespace, idem=idem, act=act, locate=locate)
+
+
+# --- history ------------------------------------------------------------------------------------
+
+
+async def _row(cur: Any, namespace_id: bytes, delivery_id: bytes) -> dict[str, Any]:
+    await cur.execute(f"SELECT {COLUMNS} FROM orbit_deliveries WHERE namespace_id = %s"
+                      " AND id = %s", (namespace_id, delivery_id))
+    return dict(await cur.fetchone())
+
+
+HISTORY = f"""
+SELECT {COLUMNS} FROM orbit_deliveries FORCE INDEX (ix_deliveries_history)
+WHERE namespace_id = %s AND subscription_id = %s
+  AND (created_at < %s OR (created_at = %s AND id < %s))
+ORDER BY created_at DESC, id DESC LIMIT %s
+"""
+HISTORY_BY_STATE = f"""
+SELECT {COLUMNS} FROM orbit_deliveries FORCE INDEX (ix_deliveries_state_history)
+WHERE namespace_id = %s AND subscription_id = %s AND state = %s
+  AND (created_at < %s OR (created_at = %s AND id < %s))
+ORDER BY created_at DESC, id DESC LIMIT %s
+"""
+
+
+@attrs.frozen(kw_only=True)
+class Page:
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+def _position(position: list[Any]) -> tuple[dt.datetime, bytes]:
+    if len(position) != 2 or not all(isinstance(p, str) for p in position):  # noqa: PLR2004
+        raise errors.InvalidCursor()
+    try:
+        at = dt.datetime.fromisoformat(position[0])
+        row_id = ids.from_hex(position[1])
+    except ValueError as exc:
+        raise errors.InvalidCursor() from exc
+    if at.tzinfo is None:
+        raise errors.InvalidCursor()
+    return at.astimezone(UTC), row_id
+
+
+async def list_deliveries(db: Database, principal: credentials.Principal, *, namespace: str,
+                          name: str, state: str | None = None, limit: int = 100,
+                          cursor: str | None = None) -> Page:
+    """A subscription's deliveries newest first by ``(created_at, id)`` — a key no lease,
+    acknowledgement or retry changes — optionally of one state; the cursor is bound to the
+    subscription and the state."""
+    if state is not None and state not in DeliveryState.__members__:
+        raise errors.ValidationFailed([{"path": "state", "message": ", ".join(DeliveryState)}])
+    if not 1 <= limit <= HISTORY_PAGE_MAX:
+        raise errors.ValidationFailed([{"path": "limit",
+                                        "message": f"1 to {HISTORY_PAGE_MAX}"}])
+
+    async def body(cur: Any) -> Page:
+        row = await _consumer(cur, principal, namespace, name, subscriptions.READ)
+        bound = {"subscription": row["id"].hex(), "state": state}
+        at, last = (TIME_MAX, ID_MAX) if cursor is None else _position(
+            cursors.decode(cursor, "deliveries", bound))
+        head = (row["namespace_id"], row["id"]) + ((state,) if state else ())
+        await cur.execute(HISTORY_BY_STATE if state else HISTORY,
+                          (*head, to_db(at), to_db(at), last, limit))
+        rows = list(await cur.fetchall())
+        items = [model.delivery_view(r) for r in rows]
+        next_cursor = None
+        if len(rows) == limit:
+            tail = rows[-1]
+            next_cursor = cursors.encode("deliveries", bound,
+                                         [model.iso(tail["created_at"]), tail["id"].hex()])
+        return Page(items=items, next_cursor=next_cursor)
+
+    return await db.read("relay.deliveries", body)
+
+
+async def get_delivery(db: Database, principal: credentials.Principal, *, namespace: str,
+                       name: str, delivery_id: bytes) -> dict[str, Any]:
+    """One delivery with its frozen snapshot (read from its result event) and attempt log;
+    never a secret or a token."""
+
+    async def body(cur: Any) -> dict[str, Any]:
+        sub = await _consumer(cur, principal, namespace, name, subscriptions.READ)
+        await cur.execute(f"SELECT {COLUMNS} FROM orbit_deliveries WHERE namespace_id = %s"
+                          " AND id = %s AND subscription_id = %s",
+                          (sub["namespace_id"], delivery_id, sub["id"]))
+        row = await cur.fetchone()
+        if row is None:
+            raise DeliveryNotFound(f"no delivery {delivery_id.hex()} of subscription {name!r}")
+        await cur.execute(
+            "SELECT r.state, r.committed_at, r.snapshot, q.name AS queue_name"
+            " FROM orbit_result_events r LEFT JOIN pulse_queues q"
+            " ON q.namespace_id = r.namespace_id AND q.id = r.queue_id"
+            " WHERE r.namespace_id = %s AND r.id = %s", (sub["namespace_id"], row["event_id"]))
+        event = await cur.fetchone()
+        await cur.execute(
+            "SELECT attempt, outcome, status_code, error, duration_ms, ended_at"
+            " FROM orbit_delivery_attempts WHERE namespace_id = %s AND delivery_id = %s"
+            " ORDER BY attempt", (sub["namespace_id"], delivery_id))
+        attempts = [{"attempt": a["attempt"], "outcome": a["outcome"],
+                     "status_code": a["status_code"], "error": a["error"],
+                     "duration_ms": a["duration_ms"], "ended_at": model.iso(a["ended_at"])}
+                    for a in await cur.fetchall()]
+        view = model.delivery_view(row)
+        view.update({
+            "subscription": sub["name"],
+            "queue": event["queue_name"] if event else None,
+            "result_state": event["state"] if event else None,
+            "committed_at": model.iso(event["committed_at"]) if event else None,
+            "snapshot": jsondoc.RawJson(event["snapshot"]) if event else None,
+            "attempts": attempts,
+        })
+        return view
+
+    return await db.read("relay.delivery", body)
+
+
+# --- retention ----------------------------------------------------------------------------------
+
+UNACKNOWLEDGED = """
+SELECT DISTINCT event_id FROM orbit_deliveries FORCE INDEX (ix_deliveries_source)
+WHERE namespace_id = %s AND event_id IN ({}) AND state IN ('PENDING', 'LEASED')
+"""
+
+
+async def unacknowledged_events(cur: Any, namespace_id: bytes, event_ids: Sequence[bytes]
+                                ) -> set[bytes]:
+    """The result events among ``event_ids`` that a retention job must keep: those with a
+    PENDING or LEASED delivery of any subscription (000 §7). EXHAUSTED deliveries do not hold
+    an event (the operator may add budget only while the event is kept: the retention job's
+    alert is the place to decide); ACKNOWLEDGED ones are done. Call it inside the retention
+    transaction, after locking the events to remove."""
+    wanted = sorted(set(event_ids))
+    if not wanted:
+        return set()
+    await cur.execute(UNACKNOWLEDGED.format(placeholders(len(wanted))), (namespace_id, *wanted))
+    return {r["event_id"] for r in await cur.fetchall()}

@@ -1040,9 +1040,161 @@ async def test_a_schedule_task_and_its_owner_must_agree(
     assert "task_owner" in codes(await check_db(scratch_db, [damaged.namespace_id]))
 
 
+# --- subscriptions and deliveries (orbit_common/relay) ---------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class RelayScenario:
+    """A clean tenant with one delivery in each state: ``acked``, ``retrying`` (PENDING after a
+    failed attempt), ``leased``, ``fresh`` (PENDING, never leased)."""
+
+    tenant: Tenant
+    subscription_id: bytes
+    delivery: dict[str, bytes]
+
+
+async def build_relay_scenario(db: Database) -> RelayScenario:
+    from orbit_common.relay import deliveries
+    from tests.support import relay
+
+    tenant = await make_tenant(db)
+    queue = await make_queue(db, tenant)
+    await relay.cancelled_results(db, tenant, queue, 4)
+    await relay.subscribe(db, tenant, start_after_sequence=0, backoff_initial_ms=0)
+    await relay.fan_out_all(db, tenant)
+    who = await principal(db, tenant)
+    first, second = await relay.lease(db, tenant, limit=2)
+    await deliveries.acknowledge_delivery(db, who, namespace=tenant.namespace, name="sub",
+                                          delivery_id=first.delivery_id, token=first.token)
+    await deliveries.fail_delivery(db, who, namespace=tenant.namespace, name="sub",
+                                   delivery_id=second.delivery_id, token=second.token,
+                                   error=deliveries.AttemptError(body="no"))
+    leased = [d for d in await relay.lease(db, tenant, limit=1)]
+    (third,) = [d for d in leased if d.delivery_id != second.delivery_id] or [None]
+    if third is None:  # the retried one came first: lease the never-leased one as well
+        (third,) = await relay.lease(db, tenant, limit=1)
+    rows = await relay.delivery_rows(db, tenant)
+    fresh = [r["id"] for r in rows if r["state"] == "PENDING" and r["attempts_used"] == 0]
+    retrying = [r["id"] for r in rows if r["state"] == "PENDING" and r["attempts_used"] == 1]
+    leased_ids = [r["id"] for r in rows if r["state"] == "LEASED"]
+    sub = await relay.subscription_row(db, tenant)
+    delivery = {"acked": first.delivery_id, "leased": leased_ids[0]}
+    if fresh:
+        delivery["fresh"] = fresh[0]
+    if retrying:
+        delivery["retrying"] = retrying[0]
+    return RelayScenario(tenant=tenant, subscription_id=sub["id"], delivery=delivery)
+
+
+def _set_delivery(conn: Any, sc: RelayScenario, which: str, assignment: str) -> None:
+    sql(conn, f"UPDATE orbit_deliveries SET {assignment} WHERE namespace_id = %s AND id = %s",
+        sc.tenant.namespace_id, sc.delivery[which])
+
+
+def r_backlog(conn: Any, sc: RelayScenario) -> None:
+    sql(conn, "UPDATE orbit_subscriptions SET backlog = backlog + 1 WHERE namespace_id = %s",
+        sc.tenant.namespace_id)
+
+
+def r_backlog_missed_ack(conn: Any, sc: RelayScenario) -> None:
+    _set_delivery(conn, sc, "leased", "state = 'ACKNOWLEDGED', lease_expires_at = NULL,"
+                  " acknowledged_at = UTC_TIMESTAMP(6), attempts_used = attempts_used - 1")
+
+
+def r_duplicate(conn: Any, sc: RelayScenario) -> None:
+    """The unique key forbids it: drop the key for the corruption, restore it after the check
+    (see test_the_checker_reports_each_relay_corruption)."""
+    sql(conn, "ALTER TABLE orbit_deliveries DROP INDEX uq_deliveries_event")
+    sql(conn, "INSERT INTO orbit_deliveries (namespace_id, id, subscription_id, event_id,"
+              " sequence, task_id, task_revision, state, attempts_used, max_attempts,"
+              " available_at, created_at, updated_at, acknowledged_at)"
+              " SELECT namespace_id, %s, subscription_id, event_id, sequence, task_id,"
+              " task_revision, 'ACKNOWLEDGED', 0, max_attempts, available_at, created_at,"
+              " updated_at, acknowledged_at FROM orbit_deliveries WHERE namespace_id = %s AND id = %s",
+        ids.new_id(), sc.tenant.namespace_id, sc.delivery["acked"])
+
+
+def r_source(conn: Any, sc: RelayScenario) -> None:
+    _set_delivery(conn, sc, "acked", "sequence = sequence + 100")
+
+
+def r_orphan(conn: Any, sc: RelayScenario) -> None:
+    _set_delivery(conn, sc, "acked", "subscription_id = UNHEX(REPEAT('ab', 16))")
+
+
+def r_lease_fields(conn: Any, sc: RelayScenario) -> None:
+    with unchecked(conn, "orbit_deliveries", "ck_deliveries_lease"):
+        _set_delivery(conn, sc, "leased", "lease_token_digest = NULL")
+
+
+def r_pending_with_lease(conn: Any, sc: RelayScenario) -> None:
+    with unchecked(conn, "orbit_deliveries", "ck_deliveries_lease"):
+        _set_delivery(conn, sc, "fresh", "lease_expires_at = UTC_TIMESTAMP(6)")
+
+
+def r_attempts(conn: Any, sc: RelayScenario) -> None:
+    _set_delivery(conn, sc, "acked", "attempts_used = attempts_used + 1")
+
+
+def r_scan_position(conn: Any, sc: RelayScenario) -> None:
+    sql(conn, "UPDATE orbit_subscriptions SET scan_after_sequence = scan_after_sequence + 5"
+              " WHERE namespace_id = %s", sc.tenant.namespace_id)
+
+
+RELAY_CORRUPTIONS: list[tuple[str, Callable[[Any, RelayScenario], None]]] = [
+    ("subscription_backlog", r_backlog),
+    ("subscription_backlog", r_backlog_missed_ack),
+    ("delivery_unique", r_duplicate),
+    ("delivery_source", r_source),
+    ("delivery_source", r_orphan),
+    ("delivery_lease", r_lease_fields),
+    ("delivery_lease", r_pending_with_lease),
+    ("delivery_attempts", r_attempts),
+    ("scan_position", r_scan_position),
+]
+
+
+@pytest.mark.parametrize(("code", "corrupt"), RELAY_CORRUPTIONS,
+                         ids=[f"{code}-{fn.__name__[2:]}" for code, fn in RELAY_CORRUPTIONS])
+async def test_the_checker_reports_each_relay_corruption(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any], code: str,
+    corrupt: Callable[[Any, RelayScenario], None],
+) -> None:
+    damaged = await build_relay_scenario(scratch_db)
+    bystander = await build_relay_scenario(scratch_db)
+    assert set(damaged.delivery) == {"acked", "leased", "fresh", "retrying"}
+    assert check(scratch_conn, [damaged.tenant.namespace_id]) == []
+    try:
+        corrupt(scratch_conn, damaged)
+        found = check(scratch_conn, [damaged.tenant.namespace_id])
+        assert code in codes(found), found
+        assert check(scratch_conn, [bystander.tenant.namespace_id]) == []
+        assert code in codes(await check_db(scratch_db, [damaged.tenant.namespace_id]))
+    finally:
+        if corrupt is r_duplicate:
+            sql(scratch_conn, "DELETE FROM orbit_deliveries WHERE namespace_id = %s"
+                              " AND attempts_used = 0 AND state = 'ACKNOWLEDGED'",
+                damaged.tenant.namespace_id)
+            sql(scratch_conn, "ALTER TABLE orbit_deliveries ADD UNIQUE KEY uq_deliveries_event"
+                              " (namespace_id, subscription_id, event_id)")
+
+
+async def test_stuck_delivery_leases_count_only_at_quiescence(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any]
+) -> None:
+    sc = await build_relay_scenario(scratch_db)
+    ns = [sc.tenant.namespace_id]
+    _set_delivery(scratch_conn, sc, "leased",
+                  "lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR")
+    assert check(scratch_conn, ns) == []
+    found = check(scratch_conn, ns, quiescent=True, grace=dt.timedelta(seconds=1))
+    assert codes(found) == {"delivery_stuck"}, found
+
+
 def test_every_code_has_a_corruption_test() -> None:
     from tests.support.invariants import CODES
 
     covered = ({code for code, _ in CORRUPTIONS} | {code for code, _ in FLOW_CORRUPTIONS}
-               | {"stuck", "missing_task", "one_run_per_instant", "task_owner"})
+               | {code for code, _ in RELAY_CORRUPTIONS}
+               | {"stuck", "missing_task", "one_run_per_instant", "task_owner", "delivery_stuck"})
     assert covered == set(CODES)

@@ -91,6 +91,22 @@ Invariants (code: what must hold)
     task_owner            a task owned by a schedule (owner_kind SCHEDULE) is referenced by a
                           ledger row of that schedule, and a task a ledger row references is
                           owned by that row's schedule
+    subscription_backlog  a subscription's backlog equals a recount of its PENDING and LEASED
+                          deliveries
+    delivery_unique       one delivery per (subscription, result event) (the unique key says
+                          so; the probe counts anyway)
+    delivery_source       a delivery belongs to an existing subscription of its namespace and
+                          names an existing result event with the same sequence, task and task
+                          revision, within the subscription's scanned range
+    delivery_lease        a LEASED delivery has its lease fields (expiry, token digest) set and
+                          attempts_used within its budget; any other state has no lease expiry,
+                          a PENDING one no token digest
+    delivery_attempts     a delivery's attempt log has exactly one row per ended attempt:
+                          attempts_used rows, one fewer while LEASED, numbered 1..n
+    scan_position         a subscription's scan position never passes its namespace stream's
+                          committed next_sequence - 1 (0 without a stream)
+    delivery_stuck        (``quiescent=True`` only) no LEASED delivery whose lease lapsed
+                          longer than ``grace`` ago
 """
 
 from __future__ import annotations
@@ -127,6 +143,8 @@ CODES = (
     "queue_unfinished", "application_counter", "start_window", "key_row", "attempt_token",
     "permit_count", "permit_held", "permit_holder", "permit_missing", "permit_tokens",
     "permit_revision", "start_budget", "session_binding", "one_run_per_instant", "task_owner",
+    "subscription_backlog", "delivery_unique", "delivery_source", "delivery_lease",
+    "delivery_attempts", "scan_position", "delivery_stuck",
 )
 
 
@@ -789,6 +807,96 @@ def _task_owner_render(row: dict[str, Any], _s: Scope) -> str:
             f" {_h(row['owner_id'])}, but {ledger} made it")
 
 
+# --- subscriptions and deliveries (orbit_common/relay) ---------------------------------------
+
+def _backlog_sql(s: Scope) -> str:
+    return f"""
+SELECT sb.namespace_id, sb.id AS subscription_id, sb.name, sb.backlog, COALESCE(c.n, 0) AS open
+FROM orbit_subscriptions sb
+LEFT JOIN (
+  SELECT d.namespace_id, d.subscription_id, COUNT(*) AS n FROM orbit_deliveries d
+  WHERE d.state IN ('PENDING', 'LEASED'){s.ns('d')} GROUP BY d.namespace_id, d.subscription_id
+) c ON c.namespace_id = sb.namespace_id AND c.subscription_id = sb.id
+WHERE sb.backlog <> COALESCE(c.n, 0){s.ns('sb')}"""
+
+
+def _delivery_unique_sql(s: Scope) -> str:
+    return f"""
+SELECT d.namespace_id, d.subscription_id, d.event_id, COUNT(*) AS n FROM orbit_deliveries d
+WHERE TRUE{s.ns('d')}
+GROUP BY d.namespace_id, d.subscription_id, d.event_id HAVING COUNT(*) > 1"""
+
+
+def _delivery_source_sql(s: Scope) -> str:
+    return f"""
+SELECT d.namespace_id, d.id AS delivery_id, d.event_id, d.sequence, sb.id AS subscription_id,
+       r.id AS found_event, r.sequence AS event_sequence, sb.start_after_sequence,
+       sb.scan_after_sequence
+FROM orbit_deliveries d
+LEFT JOIN orbit_subscriptions sb ON sb.namespace_id = d.namespace_id AND sb.id = d.subscription_id
+LEFT JOIN orbit_result_events r ON r.namespace_id = d.namespace_id AND r.id = d.event_id
+WHERE (sb.id IS NULL OR r.id IS NULL OR r.sequence <> d.sequence OR r.task_id <> d.task_id
+       OR r.task_revision <> d.task_revision OR d.sequence <= sb.start_after_sequence
+       OR d.sequence > sb.scan_after_sequence){s.ns('d')}"""
+
+
+def _delivery_source_render(row: dict[str, Any], _s: Scope) -> str:
+    head = f"delivery {_h(row['namespace_id'])}/{_h(row['delivery_id'])}"
+    if row["subscription_id"] is None:
+        return f"{head} belongs to no subscription"
+    if row["found_event"] is None:
+        return f"{head} names result event {_h(row['event_id'])}, which does not exist"
+    return (f"{head} (sequence {row['sequence']}) does not agree with its result event"
+            f" (sequence {row['event_sequence']}) or lies outside its subscription's scanned"
+            f" range ({row['start_after_sequence']}, {row['scan_after_sequence']}]")
+
+
+def _delivery_lease_sql(s: Scope) -> str:
+    return f"""
+SELECT d.namespace_id, d.id AS delivery_id, d.state, d.lease_expires_at,
+       d.lease_token_digest IS NOT NULL AS has_token, d.attempts_used, d.max_attempts
+FROM orbit_deliveries d
+WHERE (CASE d.state
+         WHEN 'LEASED' THEN d.lease_expires_at IS NULL OR d.lease_token_digest IS NULL
+                            OR d.attempts_used < 1 OR d.attempts_used > d.max_attempts
+         WHEN 'PENDING' THEN d.lease_expires_at IS NOT NULL OR d.lease_token_digest IS NOT NULL
+         ELSE d.lease_expires_at IS NOT NULL END){s.ns('d')}"""
+
+
+def _delivery_attempts_sql(s: Scope) -> str:
+    return f"""
+SELECT d.namespace_id, d.id AS delivery_id, d.state, d.attempts_used,
+       COALESCE(g.n, 0) AS n, g.lo, g.hi
+FROM orbit_deliveries d
+LEFT JOIN (
+  SELECT a.namespace_id, a.delivery_id, COUNT(*) AS n, MIN(a.attempt) AS lo,
+         MAX(a.attempt) AS hi
+  FROM orbit_delivery_attempts a WHERE TRUE{s.ns('a')} GROUP BY a.namespace_id, a.delivery_id
+) g ON g.namespace_id = d.namespace_id AND g.delivery_id = d.id
+WHERE NOT (COALESCE(g.n, 0) = d.attempts_used - (d.state = 'LEASED')
+           AND (COALESCE(g.n, 0) = 0 OR (g.lo = 1 AND g.hi = g.n))){s.ns('d')}"""
+
+
+def _scan_position_sql(s: Scope) -> str:
+    return f"""
+SELECT sb.namespace_id, sb.id AS subscription_id, sb.name, sb.scan_after_sequence,
+       st.next_sequence
+FROM orbit_subscriptions sb
+LEFT JOIN orbit_event_streams st ON st.namespace_id = sb.namespace_id
+WHERE sb.scan_after_sequence > COALESCE(st.next_sequence, 1) - 1{s.ns('sb')}"""
+
+
+def _delivery_stuck_sql(s: Scope) -> str:
+    return f"""
+SELECT d.namespace_id, d.id AS delivery_id, d.lease_expires_at FROM orbit_deliveries d
+WHERE d.state = 'LEASED'
+  AND d.lease_expires_at < UTC_TIMESTAMP(6) - INTERVAL {s.grace_us} MICROSECOND{s.ns('d')}"""
+
+
+def _delivery(row: dict[str, Any]) -> str:
+    return f"delivery {_h(row['namespace_id'])}/{_h(row['delivery_id'])}"
+
+
 # --- quiescence and acknowledged tasks -------------------------------------------------------
 
 def _stuck_sql(s: Scope) -> str:
@@ -915,7 +1023,30 @@ PROBES: tuple[Probe, ...] = (
                        f" recorded on a session of instance {_h(r['instance_id'])}, not its own"),
     Probe("one_run_per_instant", _one_run_sql, _one_run_render),
     Probe("task_owner", _task_owner_sql, _task_owner_render),
+    Probe("subscription_backlog", _backlog_sql,
+          lambda r, s: f"subscription {_h(r['namespace_id'])}/{r['name']} counts a backlog of"
+                       f" {r['backlog']}, a recount of its open deliveries finds {r['open']}"),
+    Probe("delivery_unique", _delivery_unique_sql,
+          lambda r, s: f"subscription {_h(r['namespace_id'])}/{_h(r['subscription_id'])} has"
+                       f" {r['n']} deliveries of result event {_h(r['event_id'])}"),
+    Probe("delivery_source", _delivery_source_sql, _delivery_source_render),
+    Probe("delivery_lease", _delivery_lease_sql,
+          lambda r, s: f"{_delivery(r)} is {r['state']} with lease expiry"
+                       f" {_h(r['lease_expires_at'])}, token digest"
+                       f" {'set' if r['has_token'] else 'unset'}, attempts"
+                       f" {r['attempts_used']}/{r['max_attempts']}"),
+    Probe("delivery_attempts", _delivery_attempts_sql,
+          lambda r, s: f"{_delivery(r)} ({r['state']}) used {r['attempts_used']} attempts but"
+                       f" its log has {r['n']} rows numbered {_h(r['lo'])}..{_h(r['hi'])}"),
+    Probe("scan_position", _scan_position_sql,
+          lambda r, s: f"subscription {_h(r['namespace_id'])}/{r['name']} scanned past"
+                       f" {r['scan_after_sequence']}, but its stream's next_sequence is"
+                       f" {_h(r['next_sequence'])}"),
     Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),
+    Probe("delivery_stuck", _delivery_stuck_sql,
+          lambda r, s: f"{_delivery(r)} is still LEASED though its lease lapsed at"
+                       f" {r['lease_expires_at']} (more than {s.grace} ago)",
+          when=lambda s: s.quiescent),
     Probe("missing_task", _expected_sql,
           lambda r, s: f"acknowledged {_task(r)} does not exist",
           when=lambda s: bool(s.expected)),

@@ -70,8 +70,8 @@ def host_allowed(host: str, allow_list: tuple[str, ...]) -> bool:
     """Whether ``host`` (lower case, no trailing dot) matches the allow-list (empty: any)."""
     if not allow_list:
         return True
-    for pattern in allow_list:
-        pattern = pattern.strip().lower().rstrip(".")
+    for raw in allow_list:
+        pattern = raw.strip().lower().rstrip(".")
         if pattern.startswith("*."):
             if host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
                 return True
@@ -103,7 +103,11 @@ def check_url(url: str, policy: EndpointPolicy) -> str:
         raise EndpointRefused("the URL may not carry a fragment")
     if port == 0:
         raise EndpointRefused("port 0 is not a valid port")
-    host = (parts.hostname or "").rstrip(".")
+    _check_host((parts.hostname or "").rstrip("."), policy)
+    return url
+
+
+def _check_host(host: str, policy: EndpointPolicy) -> None:
     if not host:
         raise EndpointRefused("the URL has no host")
     try:
@@ -123,4 +127,3 @@ def check_url(url: str, policy: EndpointPolicy) -> str:
                               " (private, loopback, link-local, multicast or reserved)")
     if (host == "localhost" or host.endswith(".localhost")) and not policy.allow_loopback:
         raise EndpointRefused("localhost is a loopback host, which the operator does not allow")
-    return url

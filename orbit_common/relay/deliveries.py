@@ -223,7 +223,7 @@ def _token_matches(row: dict[str, Any], token: str) -> bool:
 
 
 async def acknowledge(cur: Any, namespace_id: bytes, subscription_id: bytes,
-                      delivery_id: bytes, token: str, *, status_code: int | None = None,
+                      delivery_id: bytes, *, token: str, status_code: int | None = None,
                       duration_ms: int | None = None) -> Settled:
     """Acknowledge a leased delivery with its lease token (see the module docstring)."""
     row = await _held(cur, namespace_id, subscription_id, delivery_id)
@@ -273,7 +273,7 @@ async def _settle_failure(cur: Any, namespace_id: bytes, row: dict[str, Any],  #
     return target
 
 
-async def fail(cur: Any, namespace_id: bytes, subscription_id: bytes, delivery_id: bytes,
+async def fail(cur: Any, namespace_id: bytes, subscription_id: bytes, delivery_id: bytes, *,
                token: str, error: AttemptError) -> Settled:
     """A failed attempt (a consumer's nack, a webhook's non-2xx or timeout): back to PENDING
     after the backoff, or EXHAUSTED when the budget is spent (row kept)."""
@@ -287,17 +287,17 @@ async def fail(cur: Any, namespace_id: bytes, subscription_id: bytes, delivery_i
     return Settled(delivery_id=delivery_id, state=target, attempts_used=row["attempts_used"])
 
 
-async def record_webhook_result(cur: Any, namespace_id: bytes, subscription_id: bytes,  # noqa: PLR0913, PLR0917
-                                delivery_id: bytes, token: str, status_code: int | None,
+async def record_webhook_result(cur: Any, namespace_id: bytes, subscription_id: bytes,
+                                delivery_id: bytes, *, token: str, status_code: int | None,
                                 body: str | None, duration_ms: int) -> Settled:
     """The pump's record of one POST: a 2xx acknowledges; anything else (or no response,
     ``status_code`` None) is a failed attempt with the status, truncated body and timing."""
-    if status_code is not None and 200 <= status_code <= 299:  # noqa: PLR2004
-        return await acknowledge(cur, namespace_id, subscription_id, delivery_id, token,
+    if status_code is not None and 200 <= status_code <= 299:
+        return await acknowledge(cur, namespace_id, subscription_id, delivery_id, token=token,
                                  status_code=status_code, duration_ms=duration_ms)
-    return await fail(cur, namespace_id, subscription_id, delivery_id, token,
-                      AttemptError(status_code=status_code, body=body,
-                                   duration_ms=duration_ms))
+    return await fail(cur, namespace_id, subscription_id, delivery_id, token=token,
+                      error=AttemptError(status_code=status_code, body=body,
+                                         duration_ms=duration_ms))
 
 
 LAPSED = f"""
@@ -362,7 +362,7 @@ async def acknowledge_delivery(db: Database, principal: credentials.Principal, *
                                token: str) -> Settled:
     async def body(cur: Any) -> Settled:
         row = await _consumer(cur, principal, namespace, name)
-        return await acknowledge(cur, row["namespace_id"], row["id"], delivery_id, token)
+        return await acknowledge(cur, row["namespace_id"], row["id"], delivery_id, token=token)
 
     async def recheck(cur: Any) -> Settled | None:
         # The commit's outcome is unknown: acknowledged with this token means it committed.
@@ -381,7 +381,8 @@ async def fail_delivery(db: Database, principal: credentials.Principal, *, names
                         error: AttemptError) -> Settled:
     async def body(cur: Any) -> Settled:
         row = await _consumer(cur, principal, namespace, name)
-        return await fail(cur, row["namespace_id"], row["id"], delivery_id, token, error)
+        return await fail(cur, row["namespace_id"], row["id"], delivery_id, token=token,
+                          error=error)
 
     return await db.transaction("relay.fail", body)
 
@@ -469,7 +470,7 @@ class Page:
 
 
 def _position(position: list[Any]) -> tuple[dt.datetime, bytes]:
-    if len(position) != 2 or not all(isinstance(p, str) for p in position):  # noqa: PLR2004
+    if len(position) != 2 or not all(isinstance(p, str) for p in position):
         raise errors.InvalidCursor()
     try:
         at = dt.datetime.fromisoformat(position[0])

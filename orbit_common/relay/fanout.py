@@ -144,10 +144,12 @@ async def fan_out(db: Database, batch: int = DEFAULT_EVENTS,
     targets = await db.read("relay.fan_out.due", lambda cur: due(cur, subscriptions))
     created = 0
     for namespace_id, subscription_id in targets:
-        outcome = await db.transaction(
-            "relay.fan_out",
-            lambda cur, n=namespace_id, s=subscription_id: fan_out_subscription(
-                cur, n, s, batch))
+
+        async def one(cur: Any, n: bytes = namespace_id, s: bytes = subscription_id
+                      ) -> Outcome | None:
+            return await fan_out_subscription(cur, n, s, batch)
+
+        outcome = await db.transaction("relay.fan_out", one)
         if outcome is not None:
             created += outcome.created
     return created

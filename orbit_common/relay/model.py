@@ -52,7 +52,7 @@ REASON_MAX = 1024
 BUDGET_ADD_MAX = 1000
 ROTATION_WINDOW_DEFAULT_S = 24 * 3600
 ROTATION_WINDOW_MAX_S = 7 * 24 * 3600
-SECRET_PREFIX = "whsec_"
+SECRET_PREFIX = "whsec_"  # noqa: S105 - the Standard Webhooks prefix, not a secret
 SECRET_MIN_BYTES = 24
 SECRET_MAX_BYTES = 64
 SECRET_NEW_BYTES = 32
@@ -364,9 +364,8 @@ def parse_create(doc: Any, policy: endpoints.EndpointPolicy) -> SubscriptionSpec
             problems.append({"path": "$.secret", "message": "only for WEBHOOK"})
     elif kind is Kind.WEBHOOK and url is None:
         problems.append({"path": "$.endpoint_url", "message": "required for WEBHOOK"})
-    if problems:
+    if problems or kind is None or not isinstance(name, str):
         raise errors.ValidationFailed(problems)
-    assert kind is not None and isinstance(name, str)  # noqa: S101 - problems would be set
     if secret is not None:
         check_secret(secret, "$.secret")
     if kind is Kind.WEBHOOK:
@@ -391,9 +390,8 @@ def parse_update(doc: Any, policy: endpoints.EndpointPolicy) -> UpdateSpec:
         problems.append({"path": "$.revision", "message": "required"})
     filters = parse_filters(doc["filters"], problems) if "filters" in doc else None
     attempts, initial, ceiling, lease = _policy_fields(doc, problems)
-    if problems:
+    if problems or revision is None:
         raise errors.ValidationFailed(problems)
-    assert revision is not None  # noqa: S101 - checked above
     url = doc.get("endpoint_url")
     if url is not None:
         url = check_endpoint(url, policy)

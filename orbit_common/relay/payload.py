@@ -13,7 +13,7 @@ from orbit_common.relay.model import iso
 TYPE = "task.result"
 
 
-def build(*, delivery_id: bytes, subscription_id: bytes, subscription: str,  # noqa: PLR0913
+def build(*, delivery_id: bytes, subscription_id: bytes, subscription: str,
           namespace: str, sequence: int, event_id: bytes, task_id: bytes, queue: str,
           task_revision: int, state: str, committed_at: dt.datetime, attempt: int,
           snapshot: str) -> dict[str, Any]:

@@ -1069,7 +1069,7 @@ async def build_relay_scenario(db: Database) -> RelayScenario:
     await deliveries.fail_delivery(db, who, namespace=tenant.namespace, name="sub",
                                    delivery_id=second.delivery_id, token=second.token,
                                    error=deliveries.AttemptError(body="no"))
-    leased = [d for d in await relay.lease(db, tenant, limit=1)]
+    leased = list(await relay.lease(db, tenant, limit=1))
     (third,) = [d for d in leased if d.delivery_id != second.delivery_id] or [None]
     if third is None:  # the retried one came first: lease the never-leased one as well
         (third,) = await relay.lease(db, tenant, limit=1)
@@ -1110,7 +1110,8 @@ def r_duplicate(conn: Any, sc: RelayScenario) -> None:
               " available_at, created_at, updated_at, acknowledged_at)"
               " SELECT namespace_id, %s, subscription_id, event_id, sequence, task_id,"
               " task_revision, 'ACKNOWLEDGED', 0, max_attempts, available_at, created_at,"
-              " updated_at, acknowledged_at FROM orbit_deliveries WHERE namespace_id = %s AND id = %s",
+              " updated_at, acknowledged_at FROM orbit_deliveries"
+              " WHERE namespace_id = %s AND id = %s",
         ids.new_id(), sc.tenant.namespace_id, sc.delivery["acked"])
 
 
@@ -1196,5 +1197,6 @@ def test_every_code_has_a_corruption_test() -> None:
 
     covered = ({code for code, _ in CORRUPTIONS} | {code for code, _ in FLOW_CORRUPTIONS}
                | {code for code, _ in RELAY_CORRUPTIONS}
-               | {"stuck", "missing_task", "one_run_per_instant", "task_owner", "delivery_stuck"})
+               | {"stuck", "missing_task", "one_run_per_instant", "task_owner",
+                  "delivery_stuck"})
     assert covered == set(CODES)

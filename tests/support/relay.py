@@ -38,8 +38,7 @@ async def cancelled_results(db: Database, tenant: Tenant, queue: QueueRef, count
 async def finished_results(db: Database, tenant: Tenant, queue: QueueRef,
                            outcomes: list[str], *, handler: str = "noop") -> list[bytes]:
     """Tasks claimed, started and finished with ``outcomes`` ("succeeded", "failed")."""
-    task_ids = await add_tasks(db, tenant, queue, len(outcomes), handler=handler,
-                               max_attempts=1)
+    await add_tasks(db, tenant, queue, len(outcomes), handler=handler, max_attempts=1)
     session = await open_session(db, tenant, [queue], handlers=(handler,))
     grants = await db.transaction("test.claim", lambda cur: leases.claim(
         cur, session, queue, len(outcomes)))

@@ -82,7 +82,8 @@ async def test_acknowledge_once_and_idempotently(db: Database, tenant: Tenant) -
     assert await _backlog(db, tenant) == 2
     first, second = await relay.lease(db, tenant)
     settled = await _ack(db, tenant, first)
-    assert settled.state is DeliveryState.ACKNOWLEDGED and not settled.repeated
+    assert settled.state is DeliveryState.ACKNOWLEDGED
+    assert not settled.repeated
     assert await _backlog(db, tenant) == 1
     again = await _ack(db, tenant, first)
     assert again.repeated
@@ -93,7 +94,8 @@ async def test_acknowledge_once_and_idempotently(db: Database, tenant: Tenant) -
         await _ack(db, tenant, second, token="forged")
     assert await _backlog(db, tenant) == 1
     (row,) = [r for r in await relay.delivery_rows(db, tenant) if r["id"] == first.delivery_id]
-    assert row["acknowledged_at"] is not None and row["lease_expires_at"] is None
+    assert row["acknowledged_at"] is not None
+    assert row["lease_expires_at"] is None
     log = await relay.rows(db, "SELECT * FROM orbit_delivery_attempts WHERE namespace_id = %s"
                            " AND delivery_id = %s", tenant.namespace_id, first.delivery_id)
     assert [(a["attempt"], a["outcome"]) for a in log] == [(1, "ACKNOWLEDGED")]
@@ -118,17 +120,21 @@ async def test_fail_backs_off_then_exhausts_and_keeps_the_row(db: Database,
     settled = await _fail(db, tenant, leased, status_code=503, body="x" * 5000, duration_ms=7)
     assert settled.state is DeliveryState.PENDING
     (row,) = await relay.delivery_rows(db, tenant)
-    assert row["last_status_code"] == 503 and len(row["last_error"]) == model.ERROR_MAX
-    assert row["lease_token_digest"] is None and row["attempts_used"] == 1
+    assert row["last_status_code"] == 503
+    assert len(row["last_error"]) == model.ERROR_MAX
+    assert row["lease_token_digest"] is None
+    assert row["attempts_used"] == 1
     assert await relay.lease(db, tenant) == []  # backing off for a minute
     await relay.make_due(db, tenant)
     (second,) = await relay.lease(db, tenant)
-    assert second.attempt == 2 and second.payload["attempt"] == 2
+    assert second.attempt == 2
+    assert second.payload["attempt"] == 2
     settled = await _fail(db, tenant, second, body="still failing")
     assert settled.state is DeliveryState.EXHAUSTED
     assert await _backlog(db, tenant) == 0
     (row,) = await relay.delivery_rows(db, tenant)
-    assert row["state"] == "EXHAUSTED" and row["exhausted_at"] is not None
+    assert row["state"] == "EXHAUSTED"
+    assert row["exhausted_at"] is not None
     log = await relay.rows(db, "SELECT attempt, outcome, status_code FROM"
                            " orbit_delivery_attempts WHERE namespace_id = %s ORDER BY attempt",
                            tenant.namespace_id)
@@ -160,7 +166,8 @@ async def test_lapse_with_budget_left_redelivers(db: Database, tenant: Tenant) -
     await relay.expire_delivery_leases(db, tenant)
     await db.transaction("test.lapse", lambda cur: deliveries.recover_lapsed(cur, 1000))
     (second,) = await relay.lease(db, tenant)
-    assert second.delivery_id == first.delivery_id and second.attempt == 2
+    assert second.delivery_id == first.delivery_id
+    assert second.attempt == 2
     with pytest.raises(model.DeliveryLeaseLost):
         await _ack(db, tenant, first)  # the old holder is fenced
     assert (await _ack(db, tenant, second)).state is DeliveryState.ACKNOWLEDGED
@@ -182,13 +189,15 @@ async def test_operator_adds_budget_to_an_exhausted_delivery(db: Database,
     answer = await deliveries.add_budget(db, who, namespace=tenant.namespace, name="sub",
                                          delivery_id=leased.delivery_id, attempts=2,
                                          reason="endpoint fixed", idempotency_key="k1")
-    assert answer.body["state"] == "PENDING" and answer.body["attempts_used"] == 1
+    assert answer.body["state"] == "PENDING"
+    assert answer.body["attempts_used"] == 1
     assert answer.body["max_attempts"] == 3
     assert await _backlog(db, tenant) == 1
     replay = await deliveries.add_budget(db, who, namespace=tenant.namespace, name="sub",
                                          delivery_id=leased.delivery_id, attempts=2,
                                          reason="endpoint fixed", idempotency_key="k1")
-    assert replay.body == answer.body and await _backlog(db, tenant) == 1
+    assert replay.body == answer.body
+    assert await _backlog(db, tenant) == 1
     with pytest.raises(model.DeliveryNotExhausted):
         await deliveries.add_budget(db, who, namespace=tenant.namespace, name="sub",
                                     delivery_id=leased.delivery_id, attempts=2, reason="again")
@@ -265,17 +274,20 @@ async def test_detail_has_the_snapshot_and_attempts_but_no_secret(db: Database,
     leased = await db.transaction("test.lease", lambda cur: deliveries.lease(
         cur, tenant.namespace_id, sub["id"], 5))
     await db.transaction("test.record", lambda cur: deliveries.record_webhook_result(
-        cur, tenant.namespace_id, sub["id"], leased[0].delivery_id, leased[0].token, 500,
-        "oops", 12))
+        cur, tenant.namespace_id, sub["id"], leased[0].delivery_id, token=leased[0].token,
+        status_code=500, body="oops", duration_ms=12))
     who = await _who(db, tenant)
     detail = await deliveries.get_delivery(db, who, namespace=tenant.namespace, name="sub",
                                            delivery_id=leased[0].delivery_id)
     text = jsondoc.dumps(detail)
-    assert created.secret not in text and leased[0].token not in text
+    assert created.secret not in text
+    assert leased[0].token not in text
     body = jsondoc.loads_strict(text)
-    assert body["snapshot"]["task_id"] == task.hex() and body["snapshot"]["state"] == "CANCELLED"
+    assert body["snapshot"]["task_id"] == task.hex()
+    assert body["snapshot"]["state"] == "CANCELLED"
     assert body["attempts"][0]["outcome"] == "FAILED"
-    assert body["attempts"][0]["status_code"] == 500 and body["attempts"][0]["duration_ms"] == 12
+    assert body["attempts"][0]["status_code"] == 500
+    assert body["attempts"][0]["duration_ms"] == 12
     assert body["last_error"] == {"status_code": 500, "body": "oops", "duration_ms": 12}
 
 
@@ -285,7 +297,8 @@ async def test_webhook_2xx_acknowledges(db: Database, tenant: Tenant) -> None:
     (leased,) = await db.transaction("test.lease", lambda cur: deliveries.lease(
         cur, tenant.namespace_id, sub["id"], 5))
     settled = await db.transaction("test.record", lambda cur: deliveries.record_webhook_result(
-        cur, tenant.namespace_id, sub["id"], leased.delivery_id, leased.token, 204, None, 3))
+        cur, tenant.namespace_id, sub["id"], leased.delivery_id, token=leased.token,
+        status_code=204, body=None, duration_ms=3))
     assert settled.state is DeliveryState.ACKNOWLEDGED
     log = await relay.rows(db, "SELECT status_code, duration_ms FROM orbit_delivery_attempts"
                            " WHERE namespace_id = %s", tenant.namespace_id)
@@ -353,7 +366,8 @@ async def test_retention_protects_unacknowledged_events(db: Database, tenant: Te
     await _setup(db, tenant, 3, max_attempts=1)
     events = [r["event_id"] for r in await relay.delivery_rows(db, tenant)]
     first, second, _third = await relay.lease(db, tenant, limit=2) + [None]
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     await _ack(db, tenant, first)
     await _fail(db, tenant, second, body="gone")  # budget of one: EXHAUSTED
     protected = await db.read("test.retention", lambda cur: deliveries.unacknowledged_events(

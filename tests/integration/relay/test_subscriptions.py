@@ -36,18 +36,22 @@ async def test_create_get_list(db: Database, tenant: Tenant) -> None:
     created = await relay.subscribe(db, tenant, "pull-a", filters={
         "queues": ["orders"], "states": ["FAILED", "SUCCEEDED"], "handlers": ["send"]},
         max_attempts=5, backoff_initial_ms=10, backoff_max_ms=100, lease_ms=5000)
-    assert created.replay.status == 201 and created.secret is None
+    assert created.replay.status == 201
+    assert created.secret is None
     view = created.replay.body
     assert view["filters"] == {"queues": ["orders"], "states": ["FAILED", "SUCCEEDED"],
                                "handlers": ["send"]}
     assert view["start_after_sequence"] == 2 == view["scan_after_sequence"]  # from now
-    assert view["state"] == "ACTIVE" and view["revision"] == 1 and view["backlog"] == 0
+    assert view["state"] == "ACTIVE"
+    assert view["revision"] == 1
+    assert view["backlog"] == 0
     assert view["owner_application_id"] == tenant.application_id.hex()
     assert (view["max_attempts"], view["backoff_initial_ms"], view["backoff_max_ms"],
             view["lease_ms"]) == (5, 10, 100, 5000)
     await relay.subscribe(db, tenant, "pull-b", start_after_sequence=0)
     hook = await relay.subscribe(db, tenant, "hook", kind="WEBHOOK", endpoint_url=HOOK)
-    assert hook.secret is not None and hook.secret.startswith("whsec_")
+    assert hook.secret is not None
+    assert hook.secret.startswith("whsec_")
     assert len(base64.b64decode(hook.secret[6:])) == model.SECRET_NEW_BYTES
     assert "secret" not in jsondoc.dumps(hook.replay.body).replace(
         "previous_secret_valid_until", "")
@@ -60,7 +64,8 @@ async def test_create_get_list(db: Database, tenant: Tenant) -> None:
     assert page.next_cursor is not None
     rest = await subscriptions.list_subscriptions(db, who, namespace=tenant.namespace, limit=2,
                                                   cursor=page.next_cursor)
-    assert [s["name"] for s in rest.items] == ["pull-b"] and rest.next_cursor is None
+    assert [s["name"] for s in rest.items] == ["pull-b"]
+    assert rest.next_cursor is None
     with pytest.raises(model.SubscriptionNotFound):
         await subscriptions.get_subscription(db, who, namespace=tenant.namespace, name="nope")
     audit = await relay.rows(db, "SELECT action FROM orbit_audit_events WHERE namespace_id = %s"
@@ -154,7 +159,8 @@ async def test_bad_bodies_write_nothing(db: Database, tenant: Tenant, fields: di
 async def test_refused_endpoints_write_nothing(db: Database, tenant: Tenant, url: str) -> None:
     with pytest.raises(model.EndpointRefused) as caught:
         await relay.subscribe(db, tenant, "hook", kind="WEBHOOK", endpoint_url=url)
-    assert caught.value.code == "endpoint_refused" and caught.value.status == 400
+    assert caught.value.code == "endpoint_refused"
+    assert caught.value.status == 400
     assert await _count(db, tenant) == 0
 
 
@@ -230,9 +236,11 @@ async def test_update_with_cas(db: Database, tenant: Tenant) -> None:
     answer = await subscriptions.update_subscription(db, who, namespace=tenant.namespace,
                                                      name="sub", spec=spec)
     view = answer.body
-    assert view["revision"] == 2 and view["filters"]["queues"] == ["q1"]
+    assert view["revision"] == 2
+    assert view["filters"]["queues"] == ["q1"]
     assert view["endpoint_url"] == "https://other.example.com/h"
-    assert view["max_attempts"] == 3 and view["lease_ms"] == 2000
+    assert view["max_attempts"] == 3
+    assert view["lease_ms"] == 2000
     with pytest.raises(errors.StaleRevision):
         await subscriptions.update_subscription(db, who, namespace=tenant.namespace,
                                                 name="sub", spec=spec)
@@ -264,7 +272,8 @@ async def test_pause_resume_disable(db: Database, tenant: Tenant) -> None:
     assert (await to(SubscriptionState.PAUSED))["revision"] == 2  # a repeat is a no-op
     assert (await to(SubscriptionState.ACTIVE))["state"] == "ACTIVE"
     disabled = await to(SubscriptionState.DISABLED, reason="retired")
-    assert disabled["state"] == "DISABLED" and disabled["disabled_at"] is not None
+    assert disabled["state"] == "DISABLED"
+    assert disabled["disabled_at"] is not None
     with pytest.raises(model.SubscriptionDisabled):
         await to(SubscriptionState.ACTIVE)
     with pytest.raises(model.SubscriptionDisabled):
@@ -286,7 +295,8 @@ async def test_rotation_keeps_the_old_secret_for_a_window(db: Database, tenant: 
     rotated = await subscriptions.rotate_secret(db, who, relay.SETTINGS,
                                                 namespace=tenant.namespace, name="sub",
                                                 window_s=3600, idempotency_key="rot-1")
-    assert rotated.secret is not None and rotated.secret != created.secret
+    assert rotated.secret is not None
+    assert rotated.secret != created.secret
     assert rotated.replay.body["previous_secret_valid_until"] is not None
     row = await relay.subscription_row(db, tenant)
     sealer = relay.SETTINGS.sealer
@@ -325,8 +335,10 @@ async def test_idempotent_create(db: Database, tenant: Tenant) -> None:
     again = await subscriptions.create_subscription(db, who, relay.SETTINGS,
                                                     namespace=tenant.namespace, spec=spec,
                                                     idempotency_key="c-1")
-    assert first.secret is not None and again.secret is None
-    assert again.replay.body == first.replay.body and again.replay.status == 201
+    assert first.secret is not None
+    assert again.secret is None
+    assert again.replay.body == first.replay.body
+    assert again.replay.status == 201
     other = model.parse_create({"name": "hook", "kind": "PULL"}, endpoints.EndpointPolicy())
     with pytest.raises(errors.IdempotencyConflict):
         await subscriptions.create_subscription(db, who, relay.SETTINGS,

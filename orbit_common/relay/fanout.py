@@ -25,8 +25,9 @@ advance, so the next producer re-uses the numbers. The committed ``next_sequence
 promises that every sequence below N is a committed event, and a plain read of the events
 *after* reading N (READ COMMITTED: each statement sees every commit before it started) sees all
 of them: the prefix below N has no gap that a late commit could fill. An auto-increment id has
-no such property (ids are taken at insert and committed in any order). Reading events past N
-without that bound could skip an event whose producer had not committed yet.
+no such property (ids are taken at insert and committed in any order). The bound rests the
+cursor's safety on the stream row alone: whatever else a producer's transaction writes, the
+scan never moves past a sequence the committed counter has not covered.
 
 A crash anywhere rolls the whole batch back (scan position, deliveries and backlog together),
 and the next pump starts from the committed scan position: no gap, no duplicate.

@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 
 from orbit_common import errors
-from orbit_common.db.batch import placeholders
+from orbit_common.db.batch import multi_insert, placeholders
 from orbit_common.db.clock import UTC, as_utc, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import cursors, digests, ids, jsondoc
@@ -106,12 +106,14 @@ WHERE namespace_id = %s AND subscription_id = %s AND state = 'PENDING'
   AND available_at <= UTC_TIMESTAMP(6)
 ORDER BY available_at, sequence LIMIT %s FOR UPDATE SKIP LOCKED
 """
+# One statement for the whole batch: each row gets its own token digest (CASE over the ids,
+# values only from driver parameters).
 TAKE = """
 UPDATE orbit_deliveries
 SET state = 'LEASED', attempts_used = attempts_used + 1,
     lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND,
-    lease_token_digest = %s, updated_at = UTC_TIMESTAMP(6)
-WHERE namespace_id = %s AND id = %s AND state = 'PENDING'
+    lease_token_digest = CASE id {cases} END, updated_at = UTC_TIMESTAMP(6)
+WHERE namespace_id = %s AND id IN ({ids}) AND state = 'PENDING'
 """
 LEASED_ROWS = """
 SELECT d.id, d.subscription_id, d.event_id, d.sequence, d.task_id, d.task_revision,
@@ -142,12 +144,14 @@ async def lease(cur: Any, namespace_id: bytes, subscription_id: bytes, limit: in
     chosen = [r["id"] for r in await cur.fetchall()]
     if not chosen:
         return []
-    tokens: dict[bytes, str] = {}
-    for delivery_id in chosen:
-        token = secrets.token_urlsafe(32)
-        tokens[delivery_id] = token
-        await cur.execute(TAKE, (sub["lease_ms"] * 1000, token_digest(token), namespace_id,
-                                 delivery_id))
+    tokens = {delivery_id: secrets.token_urlsafe(32) for delivery_id in chosen}
+    cases = " ".join("WHEN %s THEN %s" for _ in chosen)
+    await cur.execute(TAKE.format(cases=cases, ids=placeholders(len(chosen))), (
+        sub["lease_ms"] * 1000,
+        *[v for d in chosen for v in (d, token_digest(tokens[d]))],
+        namespace_id, *chosen))
+    if cur.rowcount != len(chosen):
+        raise errors.StaleRevision("a delivery changed under its lock")
     await cur.execute(LEASED_ROWS.format(placeholders(len(chosen))), (namespace_id, *chosen))
     return [
         Leased(delivery_id=r["id"], token=tokens[r["id"]], attempt=r["attempts_used"],
@@ -169,11 +173,16 @@ LOCK_ONE = f"""
 SELECT {COLUMNS}, (lease_expires_at > UTC_TIMESTAMP(6)) AS live FROM orbit_deliveries
 WHERE namespace_id = %s AND id = %s AND subscription_id = %s FOR UPDATE
 """
+LOCK_MANY = f"""
+SELECT {COLUMNS}, (lease_expires_at > UTC_TIMESTAMP(6)) AS live FROM orbit_deliveries
+WHERE namespace_id = %s AND subscription_id = %s AND id IN ({{}}) ORDER BY id FOR UPDATE
+"""
+# One statement for every acknowledgement of a batch (durations per row by CASE over the ids).
 ACK = """
 UPDATE orbit_deliveries SET state = 'ACKNOWLEDGED', acknowledged_at = UTC_TIMESTAMP(6),
-  lease_expires_at = NULL, last_duration_ms = COALESCE(%s, last_duration_ms),
+  lease_expires_at = NULL, last_duration_ms = COALESCE(CASE id {cases} END, last_duration_ms),
   updated_at = UTC_TIMESTAMP(6)
-WHERE namespace_id = %s AND id = %s AND state = 'LEASED'
+WHERE namespace_id = %s AND id IN ({ids}) AND state = 'LEASED'
 """
 RETRY = """
 UPDATE orbit_deliveries SET state = %s, lease_expires_at = NULL,
@@ -183,11 +192,11 @@ UPDATE orbit_deliveries SET state = %s, lease_expires_at = NULL,
   updated_at = UTC_TIMESTAMP(6)
 WHERE namespace_id = %s AND id = %s AND state = 'LEASED'
 """
-LOG = """
-INSERT INTO orbit_delivery_attempts (namespace_id, delivery_id, attempt, subscription_id,
-  outcome, status_code, error, duration_ms, ended_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))
-"""
+INSERT_LOG = (
+    "INSERT INTO orbit_delivery_attempts (namespace_id, delivery_id, attempt, subscription_id,"
+    " outcome, status_code, error, duration_ms, ended_at)"
+)
+LOG_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))"
 BACKLOG = """
 UPDATE orbit_subscriptions SET backlog = backlog + %s WHERE namespace_id = %s AND id = %s
 """
@@ -208,6 +217,17 @@ class Settled:
     repeated: bool = False
 
 
+@attrs.frozen(kw_only=True)
+class Report:
+    """The end of one leased attempt, told by its holder: ``acknowledged`` (a consumer's
+    acknowledgement, a webhook's 2xx) or failed with ``error``."""
+
+    delivery_id: bytes
+    token: str = attrs.field(repr=False)
+    acknowledged: bool
+    error: AttemptError = AttemptError()
+
+
 async def _held(cur: Any, namespace_id: bytes, subscription_id: bytes, delivery_id: bytes
                 ) -> dict[str, Any]:
     await cur.execute(LOCK_ONE, (namespace_id, delivery_id, subscription_id))
@@ -220,25 +240,6 @@ async def _held(cur: Any, namespace_id: bytes, subscription_id: bytes, delivery_
 def _token_matches(row: dict[str, Any], token: str) -> bool:
     stored = row["lease_token_digest"]
     return stored is not None and hmac.compare_digest(stored, token_digest(token))
-
-
-async def acknowledge(cur: Any, namespace_id: bytes, subscription_id: bytes,
-                      delivery_id: bytes, *, token: str, status_code: int | None = None,
-                      duration_ms: int | None = None) -> Settled:
-    """Acknowledge a leased delivery with its lease token (see the module docstring)."""
-    row = await _held(cur, namespace_id, subscription_id, delivery_id)
-    if row["state"] == DeliveryState.ACKNOWLEDGED and _token_matches(row, token):
-        return Settled(delivery_id=delivery_id, state=DeliveryState.ACKNOWLEDGED,
-                       attempts_used=row["attempts_used"], repeated=True)
-    if row["state"] != DeliveryState.LEASED or not row["live"] or not _token_matches(row, token):
-        raise DeliveryLeaseLost(f"delivery {delivery_id.hex()} is not leased with this token"
-                                " (its lease lapsed or it was leased again)")
-    await cur.execute(ACK, (duration_ms, namespace_id, delivery_id))
-    await cur.execute(LOG, (namespace_id, delivery_id, row["attempts_used"], subscription_id,
-                            "ACKNOWLEDGED", status_code, None, duration_ms))
-    await cur.execute(BACKLOG, (-1, namespace_id, subscription_id))
-    return Settled(delivery_id=delivery_id, state=DeliveryState.ACKNOWLEDGED,
-                   attempts_used=row["attempts_used"])
 
 
 async def _backoffs(cur: Any, namespace_id: bytes, subscription_ids: Sequence[bytes]
@@ -254,6 +255,20 @@ def next_state(attempts_used: int, max_attempts: int) -> DeliveryState:
     return DeliveryState.EXHAUSTED if attempts_used >= max_attempts else DeliveryState.PENDING
 
 
+def judge(row: dict[str, Any], report: Report) -> Settled | errors.OrbitError | None:
+    """The answer to ``report`` that needs no write (a repeat, or a refusal), or None when
+    the report applies: the delivery is LEASED with this token and the lease is live."""
+    if report.acknowledged and row["state"] == DeliveryState.ACKNOWLEDGED \
+            and _token_matches(row, report.token):
+        return Settled(delivery_id=report.delivery_id, state=DeliveryState.ACKNOWLEDGED,
+                       attempts_used=row["attempts_used"], repeated=True)
+    if row["state"] != DeliveryState.LEASED or not row["live"] \
+            or not _token_matches(row, report.token):
+        return DeliveryLeaseLost(f"delivery {report.delivery_id.hex()} is not leased with this"
+                                 " token (its lease lapsed or it was leased again)")
+    return None
+
+
 async def _settle_failure(cur: Any, namespace_id: bytes, row: dict[str, Any],  # noqa: PLR0917
                           outcome: str, error: AttemptError,
                           backoff: tuple[int, int]) -> DeliveryState:
@@ -267,37 +282,111 @@ async def _settle_failure(cur: Any, namespace_id: bytes, row: dict[str, Any],  #
                               text, error.duration_ms, namespace_id, row["id"]))
     if cur.rowcount != 1:
         raise errors.StaleRevision("the delivery changed under its lock")
-    await cur.execute(LOG, (namespace_id, row["id"], row["attempts_used"],
-                            row["subscription_id"], outcome, error.status_code, text,
-                            error.duration_ms))
+    await cur.execute(INSERT_LOG + " VALUES " + LOG_ROW, (
+        namespace_id, row["id"], row["attempts_used"], row["subscription_id"], outcome,
+        error.status_code, text, error.duration_ms))
     return target
+
+
+async def settle(cur: Any, namespace_id: bytes, subscription_id: bytes,
+                 reports: Sequence[Report]) -> list[Settled | errors.OrbitError]:
+    """Apply the holders' reports of one subscription's leased deliveries in one transaction,
+    answered per report (a :class:`Settled`, or the error for that report: not found, lease
+    lost). Locks the delivery rows in id order, then the subscription row (backlog) once."""
+    if not reports:
+        return []
+    wanted = [r.delivery_id for r in reports]
+    if len(set(wanted)) != len(wanted):
+        raise errors.ValidationFailed([{"path": "$", "message": "a delivery is listed twice"}])
+    await cur.execute(LOCK_MANY.format(placeholders(len(wanted))),
+                      (namespace_id, subscription_id, *sorted(wanted)))
+    rows = {r["id"]: dict(r) for r in await cur.fetchall()}
+    answers: list[Settled | errors.OrbitError] = []
+    acked: list[tuple[dict[str, Any], Report]] = []
+    backoff: tuple[int, int] | None = None
+    delta = 0
+    for report in reports:
+        row = rows.get(report.delivery_id)
+        if row is None:
+            answers.append(DeliveryNotFound(
+                f"no delivery {report.delivery_id.hex()} of this subscription"))
+            continue
+        early = judge(row, report)
+        if early is not None:
+            answers.append(early)
+            continue
+        if report.acknowledged:
+            acked.append((row, report))
+            delta -= 1
+            answers.append(Settled(delivery_id=report.delivery_id,
+                                   state=DeliveryState.ACKNOWLEDGED,
+                                   attempts_used=row["attempts_used"]))
+            continue
+        if backoff is None:
+            backoff = (await _backoffs(cur, namespace_id, [subscription_id]))[subscription_id]
+        target = await _settle_failure(cur, namespace_id, row, "FAILED", report.error, backoff)
+        if target is DeliveryState.EXHAUSTED:
+            delta -= 1
+        answers.append(Settled(delivery_id=report.delivery_id, state=target,
+                               attempts_used=row["attempts_used"]))
+    if acked:
+        ids = [row["id"] for row, _ in acked]
+        cases = " ".join("WHEN %s THEN %s" for _ in acked)
+        await cur.execute(ACK.format(cases=cases, ids=placeholders(len(ids))), (
+            *[v for row, rep in acked for v in (row["id"], rep.error.duration_ms)],
+            namespace_id, *ids))
+        if cur.rowcount != len(ids):
+            raise errors.StaleRevision("a delivery changed under its lock")
+        sql, params = multi_insert(INSERT_LOG, LOG_ROW, [
+            (namespace_id, row["id"], row["attempts_used"], subscription_id, "ACKNOWLEDGED",
+             rep.error.status_code, None, rep.error.duration_ms) for row, rep in acked])
+        await cur.execute(sql, params)
+    if delta:
+        await cur.execute(BACKLOG, (delta, namespace_id, subscription_id))
+    return answers
+
+
+async def _settle_one(cur: Any, namespace_id: bytes, subscription_id: bytes,
+                      report: Report) -> Settled:
+    (answer,) = await settle(cur, namespace_id, subscription_id, [report])
+    if isinstance(answer, errors.OrbitError):
+        raise answer
+    return answer
+
+
+async def acknowledge(cur: Any, namespace_id: bytes, subscription_id: bytes,
+                      delivery_id: bytes, *, token: str, status_code: int | None = None,
+                      duration_ms: int | None = None) -> Settled:
+    """Acknowledge a leased delivery with its lease token (see the module docstring)."""
+    return await _settle_one(cur, namespace_id, subscription_id, Report(
+        delivery_id=delivery_id, token=token, acknowledged=True,
+        error=AttemptError(status_code=status_code, duration_ms=duration_ms)))
 
 
 async def fail(cur: Any, namespace_id: bytes, subscription_id: bytes, delivery_id: bytes, *,
                token: str, error: AttemptError) -> Settled:
     """A failed attempt (a consumer's nack, a webhook's non-2xx or timeout): back to PENDING
     after the backoff, or EXHAUSTED when the budget is spent (row kept)."""
-    row = await _held(cur, namespace_id, subscription_id, delivery_id)
-    if row["state"] != DeliveryState.LEASED or not row["live"] or not _token_matches(row, token):
-        raise DeliveryLeaseLost(f"delivery {delivery_id.hex()} is not leased with this token")
-    backoff = (await _backoffs(cur, namespace_id, [subscription_id]))[subscription_id]
-    target = await _settle_failure(cur, namespace_id, row, "FAILED", error, backoff)
-    if target is DeliveryState.EXHAUSTED:
-        await cur.execute(BACKLOG, (-1, namespace_id, subscription_id))
-    return Settled(delivery_id=delivery_id, state=target, attempts_used=row["attempts_used"])
+    return await _settle_one(cur, namespace_id, subscription_id, Report(
+        delivery_id=delivery_id, token=token, acknowledged=False, error=error))
+
+
+def webhook_report(delivery_id: bytes, token: str, status_code: int | None,
+                   body: str | None, duration_ms: int) -> Report:
+    """The pump's report of one POST: a 2xx acknowledges; anything else (or no response,
+    ``status_code`` None) is a failed attempt with the status, truncated body and timing."""
+    ok = status_code is not None and 200 <= status_code <= 299
+    return Report(delivery_id=delivery_id, token=token, acknowledged=ok,
+                  error=AttemptError(status_code=status_code, body=None if ok else body,
+                                     duration_ms=duration_ms))
 
 
 async def record_webhook_result(cur: Any, namespace_id: bytes, subscription_id: bytes,
                                 delivery_id: bytes, *, token: str, status_code: int | None,
                                 body: str | None, duration_ms: int) -> Settled:
-    """The pump's record of one POST: a 2xx acknowledges; anything else (or no response,
-    ``status_code`` None) is a failed attempt with the status, truncated body and timing."""
-    if status_code is not None and 200 <= status_code <= 299:
-        return await acknowledge(cur, namespace_id, subscription_id, delivery_id, token=token,
-                                 status_code=status_code, duration_ms=duration_ms)
-    return await fail(cur, namespace_id, subscription_id, delivery_id, token=token,
-                      error=AttemptError(status_code=status_code, body=body,
-                                         duration_ms=duration_ms))
+    """:func:`webhook_report` applied alone (the pump batches with :func:`settle`)."""
+    return await _settle_one(cur, namespace_id, subscription_id, webhook_report(
+        delivery_id, token, status_code, body, duration_ms))
 
 
 LAPSED = f"""

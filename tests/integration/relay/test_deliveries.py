@@ -382,3 +382,49 @@ async def test_retention_protects_unacknowledged_events(db: Database, tenant: Te
         cur, other.namespace_id, events)) == set()
     assert await db.read("test.retention", lambda cur: deliveries.unacknowledged_events(
         cur, tenant.namespace_id, [])) == set()
+
+
+async def test_a_batch_of_reports_is_answered_per_report(db: Database, tenant: Tenant) -> None:
+    await _setup(db, tenant, 4, max_attempts=1)
+    sub = await relay.subscription_row(db, tenant)
+    leased = await relay.lease(db, tenant, limit=4)
+    await _ack(db, tenant, leased[3])
+    stranger = await make_tenant(db)
+    await relay.subscribe(db, stranger)
+    reports = [
+        deliveries.webhook_report(leased[0].delivery_id, leased[0].token, 200, None, 5),
+        deliveries.webhook_report(leased[1].delivery_id, leased[1].token, 502, "bad gw", 9),
+        deliveries.webhook_report(leased[2].delivery_id, "not-the-token", 200, None, 1),
+        deliveries.webhook_report(leased[3].delivery_id, leased[3].token, 204, None, 2),
+        deliveries.Report(delivery_id=bytes(16), token="x", acknowledged=True),
+    ]
+    answers = await db.transaction("test.settle", lambda cur: deliveries.settle(
+        cur, tenant.namespace_id, sub["id"], reports))
+    assert isinstance(answers[0], deliveries.Settled)
+    assert answers[0].state is DeliveryState.ACKNOWLEDGED
+    assert isinstance(answers[1], deliveries.Settled)
+    assert answers[1].state is DeliveryState.EXHAUSTED  # a budget of one
+    assert isinstance(answers[2], model.DeliveryLeaseLost)
+    assert isinstance(answers[3], deliveries.Settled)
+    assert answers[3].repeated
+    assert isinstance(answers[4], model.DeliveryNotFound)
+    assert await _backlog(db, tenant) == 1  # only leased[2] is still open
+    states = {r["id"]: r["state"] for r in await relay.delivery_rows(db, tenant)}
+    assert [states[x.delivery_id] for x in leased] == [
+        "ACKNOWLEDGED", "EXHAUSTED", "LEASED", "ACKNOWLEDGED"]
+    (row,) = [r for r in await relay.delivery_rows(db, tenant)
+              if r["id"] == leased[0].delivery_id]
+    assert row["last_duration_ms"] == 5
+    with pytest.raises(errors.ValidationFailed):
+        await db.transaction("test.settle", lambda cur: deliveries.settle(
+            cur, tenant.namespace_id, sub["id"], [reports[2], reports[2]]))
+    assert await db.transaction("test.settle", lambda cur: deliveries.settle(
+        cur, tenant.namespace_id, sub["id"], [])) == []
+    # Another subscription's reports do not reach these deliveries.
+    other = await relay.subscription_row(db, stranger)
+    (answer,) = await db.transaction("test.settle", lambda cur: deliveries.settle(
+        cur, stranger.namespace_id, other["id"], [reports[2]]))
+    assert isinstance(answer, model.DeliveryNotFound)
+    from tests.support.invariants import check_db
+
+    assert await check_db(db, [tenant.namespace_id]) == []

@@ -51,7 +51,8 @@ from tests.support.waiting import statements_waiting, until
 DURATION_S = 12.0
 KINDS = ("submit", "submit_batch", "claim", "start", "renew", "finish", "cancel", "review",
          "retry", "pause", "resume", "queue_limits", "app_limits", "schedule_fire", "recovery",
-         "deadlines")
+         "deadlines", "fan_out", "lease_deliveries", "settle", "delivery_lapse", "add_budget",
+         "subscription_state")
 
 
 def retries() -> Counter[str]:
@@ -256,7 +257,47 @@ async def operator(load: Load, tenant: Tenant, queues: list[str]) -> None:
         await asyncio.sleep(0.05)
 
 
+async def relay_consumer(load: Load, tenant: Tenant) -> None:
+    """Result subscriptions on the same tenant: fan-out (while the tasks' endings write the
+    stream), leases, batched reports, extra budget and pause/resume (orbit_common/relay)."""
+    from orbit_common.relay import deliveries, fanout, subscriptions
+    from orbit_common.relay.model import SubscriptionState
+    from tests.support import relay
+
+    db = load.db
+    await relay.subscribe(db, tenant, max_attempts=2, backoff_initial_ms=0, lease_ms=1000)
+    sub = await relay.subscription_row(db, tenant)
+    who = await relay.principal_of(db, tenant.api_key)
+    while load.running():
+        await load.call("fan_out", lambda: db.transaction(
+            "test.fan_out", lambda cur: fanout.fan_out_subscription(
+                cur, tenant.namespace_id, sub["id"], 50)))
+        leased = await load.call("lease_deliveries", lambda: deliveries.lease_deliveries(
+            db, who, namespace=tenant.namespace, name="sub", limit=8)) or []
+        reports = [deliveries.Report(delivery_id=d.delivery_id, token=d.token,
+                                     acknowledged=load.rng.random() < 0.6)
+                   for d in leased if load.rng.random() < 0.8]  # the rest lapse
+        if reports:
+            await load.call("settle", lambda: db.transaction(
+                "test.settle", lambda cur: deliveries.settle(
+                    cur, tenant.namespace_id, sub["id"], reports)))
+        exhausted = await relay.rows(
+            db, "SELECT id FROM orbit_deliveries WHERE namespace_id = %s AND state = 'EXHAUSTED'"
+            " LIMIT 1", tenant.namespace_id)
+        if exhausted:
+            await load.call("add_budget", lambda: deliveries.add_budget(
+                db, who, namespace=tenant.namespace, name="sub",
+                delivery_id=exhausted[0]["id"], attempts=1, reason="lock order"))
+        if load.rng.random() < 0.1:
+            for target in (SubscriptionState.PAUSED, SubscriptionState.ACTIVE):
+                await load.call("subscription_state", lambda t=target: subscriptions.set_state(
+                    db, who, namespace=tenant.namespace, name="sub", target=t))
+        await asyncio.sleep(0.02)
+
+
 async def background(load: Load) -> None:
+    from orbit_common.relay import deliveries
+
     db = load.db
     while load.running():
         await load.call("schedule_fire", lambda: db.transaction(
@@ -265,6 +306,8 @@ async def background(load: Load) -> None:
             "test.recover", lambda cur: leases.recover_expired(cur, 64)))
         await load.call("deadlines", lambda: db.transaction(
             "test.deadlines", lambda cur: leases.expire_waiting(cur, 64)))
+        await load.call("delivery_lapse", lambda: db.transaction(
+            "test.delivery_lapse", lambda cur: deliveries.recover_lapsed(cur, 64)))
         await asyncio.sleep(0.05)
 
 
@@ -290,7 +333,8 @@ async def test_every_transaction_kind_at_once_surfaces_no_deadlock(
             jobs += [worker(load, tenant, session, queue) for _ in range(2)]
         jobs += [submitter(load, tenant, names, batch=False),
                  submitter(load, tenant, names, batch=True),
-                 intervener(load, tenant), operator(load, tenant, names)]
+                 intervener(load, tenant), operator(load, tenant, names),
+                 relay_consumer(load, tenant)]
     jobs.append(background(load))
     before = retries()
     await asyncio.gather(*jobs)

@@ -7,6 +7,7 @@ import base64
 import binascii
 import datetime as dt
 import enum
+import hashlib
 import secrets
 from typing import Any
 
@@ -224,11 +225,13 @@ class SubscriptionSpec:
     secret: str | None  # a caller-supplied secret (webhook); None: generated
 
     def canonical(self) -> dict[str, Any]:
-        """The request digest's input (the secret only as a digest of itself)."""
+        """The request digest's input: a supplied secret only as its own SHA-256 (the digest
+        of the whole request is all the idempotency record keeps)."""
         return {"name": self.name, "kind": self.kind.value, "endpoint_url": self.endpoint_url,
                 "filters": self.filters.canonical(), "policy": self.policy.canonical(),
                 "start_after_sequence": self.start_after_sequence,
-                "secret_supplied": self.secret is not None}
+                "secret_sha256": None if self.secret is None
+                else hashlib.sha256(self.secret.encode()).hexdigest()}
 
 
 @attrs.frozen(kw_only=True)

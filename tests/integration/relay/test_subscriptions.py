@@ -107,6 +107,20 @@ async def test_a_supplied_secret_and_oversized_secrets(db: Database, tenant: Ten
             await relay.subscribe(db, tenant, "hook2", kind="WEBHOOK", endpoint_url=HOOK,
                                   secret=bad)
     assert await _count(db, tenant) == 1
+    # The same key with another supplied secret is another request.
+    who = await _who(db, tenant)
+    policy = endpoints.EndpointPolicy()
+    first = model.parse_create({"name": "h3", "kind": "WEBHOOK", "endpoint_url": HOOK,
+                                "secret": good}, policy)
+    other = model.parse_create({"name": "h3", "kind": "WEBHOOK", "endpoint_url": HOOK,
+                                "secret": "whsec_" + base64.b64encode(b"j" * 24).decode()},
+                               policy)
+    await subscriptions.create_subscription(db, who, relay.SETTINGS, namespace=tenant.namespace,
+                                            spec=first, idempotency_key="s-1")
+    with pytest.raises(errors.IdempotencyConflict):
+        await subscriptions.create_subscription(db, who, relay.SETTINGS,
+                                                namespace=tenant.namespace, spec=other,
+                                                idempotency_key="s-1")
 
 
 async def test_webhooks_need_the_operators_key(db: Database, tenant: Tenant) -> None:
@@ -337,6 +351,10 @@ async def test_idempotent_create(db: Database, tenant: Tenant) -> None:
                                                     idempotency_key="c-1")
     assert first.secret is not None
     assert again.secret is None
+    records = await relay.rows(db, "SELECT response_body FROM orbit_idempotency_keys"
+                               " WHERE namespace_id = %s", tenant.namespace_id)
+    assert records
+    assert all(first.secret not in r["response_body"] for r in records)
     assert again.replay.body == first.replay.body
     assert again.replay.status == 201
     other = model.parse_create({"name": "hook", "kind": "PULL"}, endpoints.EndpointPolicy())

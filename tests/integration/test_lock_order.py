@@ -278,16 +278,16 @@ async def relay_consumer(load: Load, tenant: Tenant) -> None:
                                      acknowledged=load.rng.random() < 0.6)
                    for d in leased if load.rng.random() < 0.8]  # the rest lapse
         if reports:
-            await load.call("settle", lambda: db.transaction(
+            await load.call("settle", lambda r=reports: db.transaction(
                 "test.settle", lambda cur: deliveries.settle(
-                    cur, tenant.namespace_id, sub["id"], reports)))
+                    cur, tenant.namespace_id, sub["id"], r)))
         exhausted = await relay.rows(
             db, "SELECT id FROM orbit_deliveries WHERE namespace_id = %s AND state = 'EXHAUSTED'"
             " LIMIT 1", tenant.namespace_id)
         if exhausted:
-            await load.call("add_budget", lambda: deliveries.add_budget(
-                db, who, namespace=tenant.namespace, name="sub",
-                delivery_id=exhausted[0]["id"], attempts=1, reason="lock order"))
+            await load.call("add_budget", lambda e=exhausted[0]["id"]: deliveries.add_budget(
+                db, who, namespace=tenant.namespace, name="sub", delivery_id=e, attempts=1,
+                reason="lock order"))
         if load.rng.random() < 0.1:
             for target in (SubscriptionState.PAUSED, SubscriptionState.ACTIVE):
                 await load.call("subscription_state", lambda t=target: subscriptions.set_state(

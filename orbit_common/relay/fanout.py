@@ -48,13 +48,20 @@ from orbit_common.relay import model
 DEFAULT_EVENTS = 500
 DEFAULT_SUBSCRIPTIONS = 50
 
-# The pump's to-do list (plain read): active subscriptions whose namespace has results past
-# their scan position.
-DUE = """
+# The pump's to-do list (plain read), in (namespace_id, id) order after a position, so
+# successive passes take turns round the subscriptions instead of always serving the first.
+DUE_FROM_START = """
 SELECT s.namespace_id, s.id FROM orbit_subscriptions s
 JOIN orbit_event_streams e ON e.namespace_id = s.namespace_id
 WHERE s.state = 'ACTIVE' AND s.scan_after_sequence < e.next_sequence - 1
-LIMIT %s
+ORDER BY s.namespace_id, s.id LIMIT %s
+"""
+DUE_AFTER = """
+SELECT s.namespace_id, s.id FROM orbit_subscriptions s
+JOIN orbit_event_streams e ON e.namespace_id = s.namespace_id
+WHERE s.state = 'ACTIVE' AND s.scan_after_sequence < e.next_sequence - 1
+  AND (s.namespace_id > %s OR (s.namespace_id = %s AND s.id > %s))
+ORDER BY s.namespace_id, s.id LIMIT %s
 """
 LOCK = """
 SELECT namespace_id, id, filters, scan_after_sequence, max_attempts FROM orbit_subscriptions
@@ -97,10 +104,22 @@ class Outcome:
     caught_up: bool  # no committed event left past the new scan position
 
 
-async def due(cur: Any, limit: int = DEFAULT_SUBSCRIPTIONS) -> list[tuple[bytes, bytes]]:
-    """``(namespace_id, subscription_id)`` of active subscriptions with unscanned results."""
-    await cur.execute(DUE, (limit,))
-    return [(r["namespace_id"], r["id"]) for r in await cur.fetchall()]
+async def due(cur: Any, limit: int = DEFAULT_SUBSCRIPTIONS,
+              after: tuple[bytes, bytes] | None = None) -> list[tuple[bytes, bytes]]:
+    """``(namespace_id, subscription_id)`` of active subscriptions with unscanned results,
+    after ``after`` in key order (None: from the start), wrapping round to the start when
+    fewer than ``limit`` follow it."""
+    found: list[tuple[bytes, bytes]] = []
+    if after is not None:
+        await cur.execute(DUE_AFTER, (after[0], after[0], after[1], limit))
+        found = [(r["namespace_id"], r["id"]) for r in await cur.fetchall()]
+    if len(found) < limit:
+        await cur.execute(DUE_FROM_START, (limit,))
+        for row in await cur.fetchall():
+            key = (row["namespace_id"], row["id"])
+            if key not in found and len(found) < limit:
+                found.append(key)
+    return found
 
 
 async def fan_out_subscription(cur: Any, namespace_id: bytes, subscription_id: bytes,
@@ -138,11 +157,22 @@ async def fan_out_subscription(cur: Any, namespace_id: bytes, subscription_id: b
                    caught_up=len(rows) < events or last >= upper - 1)
 
 
+@attrs.frozen(kw_only=True)
+class Pass:
+    """What one :func:`fan_out` pass did, and where the next pass starts."""
+
+    created: int
+    subscriptions: int  # subscriptions served
+    next_after: tuple[bytes, bytes] | None
+
+
 async def fan_out(db: Database, batch: int = DEFAULT_EVENTS,
-                  subscriptions: int = DEFAULT_SUBSCRIPTIONS) -> int:
+                  subscriptions: int = DEFAULT_SUBSCRIPTIONS,
+                  after: tuple[bytes, bytes] | None = None) -> Pass:
     """One pass: a batch of up to ``batch`` events for each of up to ``subscriptions`` due
-    subscriptions, one transaction each; returns the deliveries created."""
-    targets = await db.read("relay.fan_out.due", lambda cur: due(cur, subscriptions))
+    subscriptions after ``after`` (pass the previous pass's ``next_after`` to take turns), one
+    transaction each."""
+    targets = await db.read("relay.fan_out.due", lambda cur: due(cur, subscriptions, after))
     created = 0
     for namespace_id, subscription_id in targets:
 
@@ -153,4 +183,5 @@ async def fan_out(db: Database, batch: int = DEFAULT_EVENTS,
         outcome = await db.transaction("relay.fan_out", one)
         if outcome is not None:
             created += outcome.created
-    return created
+    return Pass(created=created, subscriptions=len(targets),
+                next_after=targets[-1] if targets else None)

@@ -122,14 +122,25 @@ async def test_fan_out_takes_no_stream_lock(db: Database, tenant: Tenant) -> Non
     assert created == 2
 
 
-async def test_fan_out_pass_over_every_due_subscription(db: Database, tenant: Tenant) -> None:
+async def test_passes_take_turns_round_the_due_subscriptions(db: Database,
+                                                             tenant: Tenant) -> None:
     queue = await make_queue(db, tenant)
-    await relay.subscribe(db, tenant, "a")
-    await relay.subscribe(db, tenant, "b")
+    for name in ("a", "b", "c"):
+        await relay.subscribe(db, tenant, name)
     await relay.cancelled_results(db, tenant, queue, 2)
-    created = 0
-    for _ in range(20):  # other tests' subscriptions share the database
-        created += await fanout.fan_out(db, batch=100, subscriptions=1000)
-        if len(await relay.delivery_rows(db, tenant)) == 4:
+    ours = {r["id"] for r in await relay.rows(
+        db, "SELECT id FROM orbit_subscriptions WHERE namespace_id = %s", tenant.namespace_id)}
+    served: list[bytes] = []
+    after = None
+    for _ in range(200):  # other tests' subscriptions share the database
+        done = await fanout.fan_out(db, batch=1, subscriptions=1, after=after)
+        assert done.subscriptions <= 1
+        if done.next_after is not None and done.next_after[1] in ours:
+            served.append(done.next_after[1])
+        after = done.next_after
+        if len(await relay.delivery_rows(db, tenant)) == 6:
             break
-    assert len(await relay.delivery_rows(db, tenant)) == 4
+    assert len(await relay.delivery_rows(db, tenant)) == 6
+    # One event per pass and subscription: each was served twice, taking turns.
+    assert sorted(served) == sorted(list(ours) * 2)
+    assert set(served[:3]) == ours

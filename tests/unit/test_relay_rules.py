@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -126,7 +128,31 @@ def test_bad_sealing_keys(text: str) -> None:
         Sealer.from_config(text)
 
 
-def test_delivery_config(tmp_path: object) -> None:
+def test_delivery_config_from_toml(tmp_path: Path) -> None:
+    path = tmp_path / "orbit.toml"
+    path.write_text('[delivery]\nendpoint_allow_list = ["a.example.com", "*.b.example.com"]\n'
+                    "allow_loopback = true\n")
+    config = load_config(path, {})
+    assert config.delivery.endpoint_allow_list == ("a.example.com", "*.b.example.com")
+    assert config.delivery.policy().allow_loopback
+    path.write_text("[delivery]\nendpoint_allow_list = 3\n")
+    with pytest.raises(ConfigError, match="endpoint_allow_list"):
+        load_config(path, {})
+    path.write_text("[delivery]\nsecret = 'x'\n")
+    with pytest.raises(ConfigError, match="extra"):
+        load_config(path, {})
+
+
+@given(st.ip_addresses(v=4))
+def test_ipv4_refusal_follows_the_address_kind(ip: Any) -> None:
+    refused = address_refused(ip, STRICT)
+    assert refused == (not ip.is_global or ip.is_multicast)
+    if ip.is_private and not ip.is_loopback:
+        assert not address_refused(ip, EndpointPolicy(allow_private_networks=True)) or (
+            ip.is_multicast or ip.is_unspecified)
+
+
+def test_delivery_config() -> None:
     key = new_key_text()
     config = load_config(None, {
         "ORBIT_DELIVERY_SECRET_KEY": key, "ORBIT_DELIVERY_ALLOW_HTTP": "true",

@@ -8,5 +8,6 @@ Modules, each usable on its own (the daemon's loop wires them to the delivery tr
 * :mod:`orbit_delivery.sender` -- the HTTP sender: concurrency bounds, timeouts, no redirects,
   address policy at connect time (SSRF, DNS rebinding), one outcome object per attempt;
 * :mod:`orbit_delivery.circuits` -- per-endpoint circuit breakers (pure logic);
-* :mod:`orbit_delivery.metrics` -- the pump's Prometheus metrics.
+* :mod:`orbit_delivery.metrics` -- the pump's Prometheus metrics;
+* :mod:`orbit_delivery.pushing` -- one webhook attempt: circuit, signing, sending, recording.
 """

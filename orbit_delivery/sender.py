@@ -160,7 +160,8 @@ class WebhookSender:
                  user_agent: str = "Orbit-Webhooks/1") -> None:
         self.limits = limits
         self.address_refused = address_refused
-        self._resolver = GuardedResolver(resolver or aiohttp.DefaultResolver(), address_refused)
+        self._inner_resolver = resolver
+        self._resolver: GuardedResolver | None = None
         self._ssl = ssl_context if ssl_context is not None else True
         self._user_agent = user_agent
         self._global = asyncio.Semaphore(limits.global_concurrency)
@@ -177,6 +178,9 @@ class WebhookSender:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
+            # Made here, not in __init__: aiohttp's resolvers need the running loop.
+            self._resolver = GuardedResolver(self._inner_resolver or aiohttp.DefaultResolver(),
+                                             self.address_refused)
             connector = aiohttp.TCPConnector(
                 resolver=self._resolver, socket_factory=self._socket, ssl=self._ssl,
                 limit=self.limits.global_concurrency, limit_per_host=self.limits.per_endpoint)
@@ -197,7 +201,9 @@ class WebhookSender:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        await self._resolver.close()  # a connector does not close a resolver it was given
+        if self._resolver is not None:
+            await self._resolver.close()  # a connector does not close a resolver it was given
+            self._resolver = None
 
     async def send(self, url: str, body: bytes, headers: Mapping[str, str]) -> SendOutcome:
         """POST ``body`` (JSON) with ``headers`` to ``url``; never raises for network trouble."""

@@ -371,3 +371,9 @@ def test_endpoint_keys() -> None:
     assert endpoint_key(URL("https://Example.com/a?b")) == "https://example.com:443"
     assert endpoint_key(URL("http://example.com:8080/")) == "http://example.com:8080"
     assert endpoint_key(URL("https://[::1]:9/x")) == "https://[::1]:9"
+
+
+def test_a_sender_can_be_made_outside_the_event_loop() -> None:
+    """The daemon builds its parts before the loop runs; the sender needs the loop only to send."""
+    sender = WebhookSender(SenderLimits(), address_refused=allow_all)
+    assert (sender.in_flight, sender.waiting) == (0, 0)

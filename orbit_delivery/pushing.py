@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable
 
 import attrs
-from yarl import URL
 
 from orbit_delivery import signing
 from orbit_delivery.circuits import CircuitBreakers, CircuitState
 from orbit_delivery.metrics import PumpMetrics
 from orbit_delivery.payload import ResultDelivery
-from orbit_delivery.sender import SendOutcome, WebhookSender, endpoint_key
+from orbit_delivery.sender import SendOutcome, WebhookSender, endpoint_key, webhook_url
 
 
 @attrs.frozen(kw_only=True)
@@ -52,8 +51,8 @@ class WebhookPusher:
         body = delivery.body()
         headers = signing.headers(secrets, msg_id=delivery.delivery_id,
                                   timestamp=int(self.wall_clock()), body=body)
-        target = URL(url)
-        if not target.raw_host:  # not a URL with an endpoint: the sender says why
+        target = webhook_url(url)
+        if target is None:  # not a URL with an endpoint: the sender says why
             return self._record(await self.sender.send(url, body, headers), namespace)
         endpoint = endpoint_key(target)
         circuit = self.breakers.get(endpoint)

@@ -97,6 +97,17 @@ class SendOutcome:
         return (self.error or TransportError.CONNECTION).value
 
 
+def webhook_url(url: str) -> URL | None:
+    """``url`` parsed, if it is an absolute http(s) URL with a host; else ``None``."""
+    try:
+        target = URL(url)
+        if target.scheme in {"http", "https"} and target.raw_host and target.port:
+            return target
+    except ValueError:
+        pass
+    return None
+
+
 def endpoint_key(url: URL) -> str:
     """The endpoint a URL belongs to: ``scheme://host:port`` (the unit of concurrency and of
     circuit breaking)."""
@@ -207,8 +218,8 @@ class WebhookSender:
 
     async def send(self, url: str, body: bytes, headers: Mapping[str, str]) -> SendOutcome:
         """POST ``body`` (JSON) with ``headers`` to ``url``; never raises for network trouble."""
-        target = URL(url)
-        if target.scheme not in {"http", "https"} or not target.raw_host:
+        target = webhook_url(url)
+        if target is None:
             return SendOutcome(delivered=False, duration_ms=0, error=TransportError.INVALID_URL,
                                detail="not an absolute http(s) URL")
         key = endpoint_key(target)

@@ -243,7 +243,7 @@ async def test_a_name_that_does_not_resolve_is_a_dns_error() -> None:
 
 async def test_not_a_url_is_refused_without_a_request() -> None:
     async with WebhookSender(SenderLimits(), address_refused=allow_all) as sender:
-        for url in ("ftp://example.com/x", "/relative", "http://"):
+        for url in ("ftp://example.com/x", "/relative", "http://", "http://[::1", "http://a:99999/"):
             outcome = await sender.send(url, BODY, HEADERS)
             assert outcome.error is TransportError.INVALID_URL, url
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import json
 import os
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from standardwebhooks import Webhook
 
 from orbit_sdk import WebhookVerificationError, webhooks
@@ -135,3 +138,22 @@ def test_a_malformed_secret_is_a_programming_error() -> None:
         webhooks.verify("whsec_", signed(new_secret()), BODY)
     with pytest.raises(ValueError, match="no webhook secret"):
         webhooks.verify([], signed(new_secret()), BODY)
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.binary(min_size=1, max_size=64),
+       msg_id=st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1,
+                      max_size=40).filter(lambda s: s.strip() == s and "\n" not in s),
+       at=st.integers(min_value=0, max_value=4_000_000_000),
+       document=st.dictionaries(st.text(max_size=10), st.integers() | st.text(max_size=20),
+                                max_size=5))
+def test_verify_agrees_with_the_reference(key: bytes, msg_id: str, at: int,
+                                          document: dict[str, object]) -> None:
+    secret = "whsec_" + base64.b64encode(key).decode()
+    body = json.dumps(document, ensure_ascii=False).encode()
+    headers = signed(secret, body, msg_id=msg_id, at=at)
+    assert webhooks.verify(secret, headers, body, now=at) == document
+    assert webhooks.sign(key, msg_id, at, body) == headers["webhook-signature"]
+    flipped = bytes([key[0] ^ 1]) + key[1:]
+    with pytest.raises(WebhookVerificationError):
+        webhooks.verify(flipped, headers, body, now=at)

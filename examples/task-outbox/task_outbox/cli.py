@@ -22,6 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import attrs
 import click
 from orbit_sdk import Client, RawJson, TaskRequest
 from orbit_sdk.models import Task
@@ -153,7 +154,7 @@ def run_sender(url: DatabaseUrl, *, api_url: str, api_key: str, namespace: str,
             sender = Sender(pool, client, settings, links={JobLink.table: JobLink()},
                             after_send=_stop_self if fault_stop_after_send else None)
             if once:
-                click.echo(json.dumps(vars(await sender.run_once())))
+                click.echo(json.dumps(attrs.asdict(await sender.run_once())))
                 return
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -115,6 +116,38 @@ async def test_the_sender_records_the_receipt_with_the_business_link(
         assert cur.fetchone()[0] == '{"amount":12345678901234567890.123456789}'
 
 
+class BrokenLink(JobLink):
+    """A business update that fails inside the recording transaction."""
+
+    async def on_sent(self, cur: Any, entry: Any, task: Any) -> None:
+        await super().on_sent(cur, entry, task)
+        raise RuntimeError("the business update failed")
+
+
+async def test_the_receipt_and_the_business_link_commit_together(
+        stack: Stack, app: AppDatabase, pool: Any, queue: str) -> None:
+    job = await new_job(pool, stack, queue)
+    async with Client(stack.api.url, stack.api_key, stack.namespace, max_retries=0) as client:
+        broken = Sender(pool, client, Settings(queues=(queue,), lease_ms=500),
+                        links={JobLink.table: BrokenLink()})
+        result = await broken.run_once()
+        assert (result.leased, result.lost) == (1, 1)
+        # Neither the receipt nor the job's link was written: the whole transaction rolled back.
+        row = job_row(app, job.id)
+        assert (row["state"], row["task_id"], row["job_state"], row["job_task"]) == (
+            "LEASED", None, "REQUESTED", None)
+        accepted = await orbit_tasks(stack, queue)
+        healthy = sender(pool, client, queue)
+
+        async def recorded() -> bool:
+            return (await healthy.run_once()).sent == 1
+
+        await until(recorded, timeout=20, interval=0.05, message="the re-send after the lapse")
+    row = job_row(app, job.id)
+    assert row["task_id"] == row["job_task"] == accepted[0]
+    assert await orbit_tasks(stack, queue) == accepted
+
+
 def _stopped(pid: int) -> bool:
     """Whether ``pid`` is stopped (SIGSTOP): state T in /proc/<pid>/stat."""
     stat = Path(f"/proc/{pid}/stat").read_text()
@@ -215,7 +248,7 @@ async def test_a_refused_request_fails_at_once_and_is_kept(
     assert await orbit_tasks(stack, queue) == []
 
 
-def test_the_command_line_end_to_end(stack: Stack, queue: str) -> None:
+def test_the_command_line_end_to_end(stack: Stack, queue: str, tmp_path: Path) -> None:
     name = database.scratch_name("sender_cli")
     url: DatabaseUrl = database.create_database(stack.server, name, migrate=False)
     env = {**os.environ, "TASK_OUTBOX_DATABASE_URL": url.render(hide_password=False),
@@ -245,6 +278,25 @@ def test_the_command_line_end_to_end(stack: Stack, queue: str) -> None:
         overview = json.loads(cli("status"))
         assert overview["requests"] == {"SENT": 1}
         assert overview["jobs"] == {"SUBMITTED": 1}
+
+        # The long-running sender: sends what comes in, stops cleanly on SIGTERM.
+        later = json.loads(cli("create-job", "周报", "--queue", queue, "--handler",
+                               "report.build"))
+        with (tmp_path / "sender.log").open("wb") as log:
+            running = subprocess.Popen(
+                [sys.executable, "-m", "task_outbox", "run-sender", "--queue", queue,
+                 "--poll-interval-s", "0.05"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_until(lambda: json.loads(cli("status", "--job", later["job"]))["job"]["state"]
+                       == "SENT", timeout=30, interval=0.1, message="the sender to send")
+            running.send_signal(signal.SIGTERM)
+            assert running.wait(timeout=20) == 0, (tmp_path / "sender.log").read_text()
+        finally:
+            if running.poll() is None:
+                running.kill()
+                running.wait(timeout=10)
+        assert json.loads(cli("status"))["jobs"] == {"SUBMITTED": 2}
         bad = subprocess.run([sys.executable, "-m", "task_outbox", "create-job", "x",
                               "--queue", queue, "--handler", "h", "--input", "{nope"],
                              env=env, capture_output=True, text=True, timeout=60, check=False)

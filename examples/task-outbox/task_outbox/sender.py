@@ -286,9 +286,16 @@ class Sender:
                                  limit=self.settings.batch_size,
                                  lease_ms=self.settings.lease_ms, links=self.links)
             result.leased += len(leases)
-            outcomes = await asyncio.gather(*(self._deliver(held) for held in leases))
-            for outcome in outcomes:
-                setattr(result, outcome, getattr(result, outcome) + 1)
+            outcomes = await asyncio.gather(*(self._deliver(held) for held in leases),
+                                            return_exceptions=True)
+            for held, outcome in zip(leases, outcomes, strict=True):
+                name = outcome if isinstance(outcome, str) else "lost"
+                if isinstance(outcome, BaseException):
+                    # Nothing was recorded (the database failed, or a bug): the lease lapses
+                    # and the request is taken again, under the same key.
+                    log.error("request %s: delivery failed; its lease will lapse",
+                              held.entry.id.hex(), exc_info=outcome)
+                setattr(result, name, getattr(result, name) + 1)
         return result
 
     async def run(self, stop: asyncio.Event) -> None:

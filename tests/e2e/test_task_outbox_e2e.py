@@ -8,6 +8,7 @@ request fails at once and is kept; the command line does it all end to end.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -114,6 +115,25 @@ async def test_the_sender_records_the_receipt_with_the_business_link(
         cur.execute("SELECT input FROM pulse_tasks WHERE LOWER(HEX(id)) = %s",
                     (row["task_id"],))
         assert cur.fetchone()[0] == '{"amount":12345678901234567890.123456789}'
+
+
+async def test_two_senders_share_the_work_without_sending_a_request_twice(
+        stack: Stack, app: AppDatabase, pool: Any, queue: str) -> None:
+    jobs = [await new_job(pool, stack, queue) for _ in range(12)]
+    async with Client(stack.api.url, stack.api_key, stack.namespace, max_retries=0) as client:
+        first, second = (sender(pool, client, queue, batch_size=4) for _ in range(2))
+        totals = {"leased": 0, "sent": 0}
+        while totals["sent"] < len(jobs):
+            passes = await asyncio.gather(first.run_once(), second.run_once())
+            for result in passes:
+                totals["leased"] += result.leased
+                totals["sent"] += result.sent
+            assert sum(p.leased for p in passes) > 0  # nothing lapses: every pass finds work
+    assert totals == {"leased": 12, "sent": 12}  # no row was leased twice
+    rows = [job_row(app, job.id) for job in jobs]
+    assert {(r["state"], r["attempts"], r["job_state"]) for r in rows} == {
+        ("SENT", 1, "SUBMITTED")}
+    assert sorted(await orbit_tasks(stack, queue)) == sorted(r["task_id"] for r in rows)
 
 
 class BrokenLink(JobLink):

@@ -3,7 +3,9 @@
 >>> from orbit_sdk import Client, Worker, RetryableError, OutcomeUnknown
 
 ``orbit_sdk.outbox`` writes task submissions into the application's own transaction (the
-transactional outbox) and sends them later with their original idempotency keys. See ``docs/sdk.md`` in the Orbit repository for the how-to.
+transactional outbox) and sends them later with their original idempotency keys.
+
+See ``docs/sdk.md`` in the Orbit repository for the how-to.
 """
 
 from orbit_sdk.client import UNSET, Client, TaskRequest, new_idempotency_key

@@ -256,6 +256,25 @@ async def test_orbit_down_means_backoff_and_a_later_success(
     assert await orbit_tasks(stack, queue) == [row["task_id"]]
 
 
+async def test_a_full_queue_is_backpressure_not_failure(
+        stack: Stack, app: AppDatabase, pool: Any) -> None:
+    queue = f"outbox-full-{secrets.token_hex(4)}"
+    stack.create_queue(queue, max_unfinished_tasks=1)
+    first, second = [await new_job(pool, stack, queue) for _ in range(2)]
+    async with Client(stack.api.url, stack.api_key, stack.namespace, max_retries=0) as client:
+        result = await sender(pool, client, queue, backoff_initial_ms=1,
+                              backoff_max_ms=1).run_once()
+    assert (result.leased, result.sent, result.retried) == (2, 1, 1)
+    rows = {job.id: app.one("SELECT state, attempts, last_error,"
+                            " TIMESTAMPDIFF(MICROSECOND, updated_at, wake_at) AS backoff_us"
+                            " FROM sender_outbox WHERE business_id = %s", (job.id,))
+            for job in (first, second)}
+    full = next(r for r in rows.values() if r["state"] == "PENDING")
+    assert "queue_full" in full["last_error"]
+    assert full["backoff_us"] >= 1_000_000  # Orbit's Retry-After (1 s), not the 1 ms backoff
+    assert len(await orbit_tasks(stack, queue)) == 1
+
+
 async def test_a_refused_request_fails_at_once_and_is_kept(
         stack: Stack, app: AppDatabase, pool: Any, queue: str) -> None:
     job = await new_job(pool, stack, queue, handler="not a handler!")

@@ -235,8 +235,11 @@ async def retry_later(pool: Any, held: Lease, *, delay_ms: int, reason: str,
         else:
             await cur.execute(_BACK_OFF, (reason[:1024], delay_ms * 1000, held.entry.id,
                                           held.token))
-            return "retry"
+            # The row is locked, but the lease may lapse between the two statements.
+            return "retry" if cur.rowcount == 1 else "lost"
         await cur.execute(_GIVE_UP, (final[:1024], held.entry.id, held.token))
+        if cur.rowcount != 1:
+            return "lost"
         await _link_failed(cur, links, held.entry, final)
         return "failed"
 

@@ -3,6 +3,9 @@
 >>> from orbit_sdk import Client, Worker, RetryableError, OutcomeUnknown
 >>> from orbit_sdk import webhooks  # webhooks.verify(secret, headers, body)
 
+``orbit_sdk.outbox`` writes task submissions into the application's own transaction (the
+transactional outbox) and sends them later with their original idempotency keys.
+
 See ``docs/sdk.md`` in the Orbit repository for the how-to.
 """
 

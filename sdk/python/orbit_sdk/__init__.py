@@ -1,6 +1,10 @@
 """Orbit's Python SDK: an async API client and an automatic task worker.
 
 >>> from orbit_sdk import Client, Worker, RetryableError, OutcomeUnknown
+>>> from orbit_sdk import webhooks  # webhooks.verify(secret, headers, body)
+
+``orbit_sdk.outbox`` writes task submissions into the application's own transaction (the
+transactional outbox) and sends them later with their original idempotency keys.
 
 See ``docs/sdk.md`` in the Orbit repository for the how-to.
 """
@@ -48,6 +52,7 @@ from orbit_sdk.schedules import (
     ScheduleRun,
     ScheduleVersion,
 )
+from orbit_sdk.webhooks import WebhookVerificationError
 from orbit_sdk.worker import Handler, Worker
 
 __version__ = "0.1.0"
@@ -93,6 +98,7 @@ __all__ = [
     "TooManyRequests",
     "Unauthorized",
     "ValidationError",
+    "WebhookVerificationError",
     "Whoami",
     "Worker",
     "new_idempotency_key",

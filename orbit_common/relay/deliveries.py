@@ -8,6 +8,8 @@ State diagram (orbit_deliveries.state)::
        |                 \\----fail / lapse, budget spent----------> EXHAUSTED
        \\---------------------- add budget (operator, audited) -------/
 
+* A holder that sent nothing (an open endpoint circuit, a draining pump) may release its
+  leases: back to PENDING after a delay, the attempt not counted (:func:`release`).
 * A lease counts an attempt (``attempts_used + 1``) and hands out a fresh random token; only
   its SHA-256 is stored. Acknowledge and fail need that token and a live lease (database time);
   acknowledging again with the token that acknowledged is an idempotent success that changes
@@ -269,7 +271,7 @@ def judge(row: dict[str, Any], report: Report) -> Settled | errors.OrbitError | 
     return None
 
 
-async def _settle_failure(cur: Any, namespace_id: bytes, row: dict[str, Any],  # noqa: PLR0917
+async def _settle_failure(cur: Any, namespace_id: bytes, row: dict[str, Any],
                           outcome: str, error: AttemptError,
                           backoff: tuple[int, int]) -> DeliveryState:
     """Fail or lapse one LEASED delivery (locked); returns its new state. The caller adjusts
@@ -387,6 +389,54 @@ async def record_webhook_result(cur: Any, namespace_id: bytes, subscription_id: 
     """:func:`webhook_report` applied alone (the pump batches with :func:`settle`)."""
     return await _settle_one(cur, namespace_id, subscription_id, webhook_report(
         delivery_id, token, status_code, body, duration_ms))
+
+
+RELEASE = """
+UPDATE orbit_deliveries SET state = 'PENDING', attempts_used = attempts_used - 1,
+  lease_expires_at = NULL, lease_token_digest = NULL,
+  available_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, updated_at = UTC_TIMESTAMP(6)
+WHERE namespace_id = %s AND id IN ({}) AND state = 'LEASED'
+"""
+
+
+async def release(cur: Any, namespace_id: bytes, subscription_id: bytes,
+                  leases: Sequence[tuple[bytes, str]], delay_ms: int
+                  ) -> list[Settled | errors.OrbitError]:
+    """Hand leased deliveries back unsent — e.g. the endpoint's circuit is open, or the pump is
+    draining: each ``(delivery_id, token)`` whose lease is live goes back to PENDING, due after
+    ``delay_ms``, and its attempt is **not** counted (nothing was sent; no attempt log row).
+    Answered per lease like :func:`settle`; the backlog does not change (still open)."""
+    if delay_ms < 0:
+        raise errors.ValidationFailed([{"path": "delay_ms", "message": "at least 0"}])
+    if not leases:
+        return []
+    wanted = [delivery_id for delivery_id, _ in leases]
+    if len(set(wanted)) != len(wanted):
+        raise errors.ValidationFailed([{"path": "$", "message": "a delivery is listed twice"}])
+    await cur.execute(LOCK_MANY.format(placeholders(len(wanted))),
+                      (namespace_id, subscription_id, *sorted(wanted)))
+    rows = {r["id"]: dict(r) for r in await cur.fetchall()}
+    answers: list[Settled | errors.OrbitError] = []
+    freed: list[bytes] = []
+    for delivery_id, token in leases:
+        row = rows.get(delivery_id)
+        if row is None:
+            answers.append(DeliveryNotFound(
+                f"no delivery {delivery_id.hex()} of this subscription"))
+            continue
+        refusal = judge(row, Report(delivery_id=delivery_id, token=token, acknowledged=False))
+        if refusal is not None:
+            answers.append(refusal)
+            continue
+        freed.append(delivery_id)
+        answers.append(Settled(delivery_id=delivery_id, state=DeliveryState.PENDING,
+                               attempts_used=row["attempts_used"] - 1))
+    if freed:
+        await cur.execute(RELEASE.format(placeholders(len(freed))),
+                          (delay_ms * 1000, namespace_id, *freed))
+        if cur.rowcount != len(freed):
+            raise errors.StaleRevision("a delivery changed under its lock")
+    return answers
 
 
 LAPSED = f"""

@@ -428,3 +428,38 @@ async def test_a_batch_of_reports_is_answered_per_report(db: Database, tenant: T
     from tests.support.invariants import check_db
 
     assert await check_db(db, [tenant.namespace_id]) == []
+
+
+async def test_released_leases_go_back_uncounted(db: Database, tenant: Tenant) -> None:
+    await _setup(db, tenant, 3, max_attempts=1)
+    sub = await relay.subscription_row(db, tenant)
+    first, second, third = await relay.lease(db, tenant, limit=3)
+    await _ack(db, tenant, third)
+    answers = await db.transaction("test.release", lambda cur: deliveries.release(
+        cur, tenant.namespace_id, sub["id"],
+        [(first.delivery_id, first.token), (second.delivery_id, "stale"),
+         (third.delivery_id, third.token)], 60_000))
+    assert isinstance(answers[0], deliveries.Settled)
+    assert answers[0].state is DeliveryState.PENDING
+    assert answers[0].attempts_used == 0
+    assert isinstance(answers[1], model.DeliveryLeaseLost)
+    assert isinstance(answers[2], model.DeliveryLeaseLost)  # acknowledged: nothing to release
+    rows = {r["id"]: r for r in await relay.delivery_rows(db, tenant)}
+    released = rows[first.delivery_id]
+    assert released["state"] == "PENDING"
+    assert released["attempts_used"] == 0  # nothing was sent: no attempt spent
+    assert released["lease_token_digest"] is None
+    assert await relay.lease(db, tenant) == []  # not due for a minute
+    assert await _backlog(db, tenant) == 2
+    with pytest.raises(model.DeliveryLeaseLost):
+        await _ack(db, tenant, first)  # the released token no longer acknowledges
+    await relay.make_due(db, tenant)
+    (again,) = await relay.lease(db, tenant)
+    assert again.delivery_id == first.delivery_id
+    assert again.attempt == 1  # the budget of one is still whole
+    with pytest.raises(errors.ValidationFailed):
+        await db.transaction("test.release", lambda cur: deliveries.release(
+            cur, tenant.namespace_id, sub["id"], [(first.delivery_id, "x")], -1))
+    from tests.support.invariants import check_db
+
+    assert await check_db(db, [tenant.namespace_id]) == []

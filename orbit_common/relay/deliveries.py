@@ -271,7 +271,7 @@ def judge(row: dict[str, Any], report: Report) -> Settled | errors.OrbitError | 
     return None
 
 
-async def _settle_failure(cur: Any, namespace_id: bytes, row: dict[str, Any],
+async def _settle_failure(cur: Any, namespace_id: bytes, row: dict[str, Any],  # noqa: PLR0917
                           outcome: str, error: AttemptError,
                           backoff: tuple[int, int]) -> DeliveryState:
     """Fail or lapse one LEASED delivery (locked); returns its new state. The caller adjusts

@@ -174,7 +174,7 @@ async def _view(cur: Any, namespace_id: bytes, subscription_id: bytes) -> dict[s
         row, await queue_names(cur, namespace_id, filter_queue_ids(row)))
 
 
-async def _record(cur: Any, principal: credentials.Principal, namespace_id: bytes,
+async def _record(cur: Any, principal: credentials.Principal, namespace_id: bytes,  # noqa: PLR0917
                   subscription_id: bytes, revision: int, action: str,
                   before: dict[str, Any] | None, after: dict[str, Any],
                   reason: str | None, request_id: str | None) -> None:

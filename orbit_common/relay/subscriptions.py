@@ -369,7 +369,6 @@ async def rotate_secret(db: Database, principal: credentials.Principal,
         raise errors.ValidationFailed([{
             "path": "$.window_s",
             "message": f"an integer from 0 to {model.ROTATION_WINDOW_MAX_S}"}])
-    sealer = settings.require_sealer()
     secret = model.new_secret()
     rotation_id = ids.new_id().hex()
     idem = namespaced.request("subscriptions.rotate", idempotency_key, name.encode(),
@@ -384,6 +383,9 @@ async def rotate_secret(db: Database, principal: credentials.Principal,
             raise errors.ValidationFailed([{"path": "$",
                                             "message": "only a WEBHOOK subscription has a"
                                                        " secret"}])
+        # After the lookups: a missing subscription is 404 and a pull one 400 whether or not
+        # the operator configured the sealing key.
+        sealer = settings.require_sealer()
         await cur.execute(
             "UPDATE orbit_subscriptions SET previous_secret_ciphertext = secret_ciphertext,"
             " previous_secret_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s SECOND,"

@@ -129,6 +129,15 @@ async def test_webhooks_need_the_operators_key(db: Database, tenant: Tenant) -> 
                               settings=RelaySettings())
     await relay.subscribe(db, tenant, "pull", settings=RelaySettings())  # pull needs none
     assert await _count(db, tenant) == 1
+    # Without the key, rotating still answers for the subscription first: missing → 404, a
+    # pull one (no secret to rotate) → 400; only a webhook one is 503.
+    who = await _who(db, tenant)
+    with pytest.raises(model.SubscriptionNotFound):
+        await subscriptions.rotate_secret(db, who, RelaySettings(), namespace=tenant.namespace,
+                                          name="nowhere")
+    with pytest.raises(errors.ValidationFailed):
+        await subscriptions.rotate_secret(db, who, RelaySettings(), namespace=tenant.namespace,
+                                          name="pull")
 
 
 BAD_BODIES: list[tuple[dict[str, Any], str]] = [

@@ -23,7 +23,9 @@ from aiohttp import WSMsgType, web
 from orbit_api.openapi import _problem
 from orbit_api.routes import subscriptions as routes
 from orbit_common import errors
+from orbit_common.db.pool import Database
 from orbit_common.model import jsondoc
+from orbit_common.platform import credentials
 from orbit_common.platform.principals import principal_of
 from orbit_common.relay import consumer, deliveries
 from orbit_common.relay.deliveries import Leased
@@ -48,12 +50,12 @@ CLOSE_FORBIDDEN = 4403
 class Stream:
     """One consumer connection."""
 
-    def __init__(self, request: web.Request, ws: web.WebSocketResponse,
-                 target: consumer.Target) -> None:
-        self.db = request.app[DB]
-        self.principal = principal_of(request)
-        self.namespace = routes._namespace(request)
-        self.name = routes._subscription(request)
+    def __init__(self, db: Database, principal: credentials.Principal, *, namespace: str,
+                 name: str, ws: web.WebSocketResponse, target: consumer.Target) -> None:
+        self.db = db
+        self.principal = principal
+        self.namespace = namespace
+        self.name = name
         self.ws = ws
         self.target = target
         self.credit = 0
@@ -215,13 +217,13 @@ class Stream:
 
 async def stream(request: web.Request) -> web.StreamResponse:
     query_params(request, ())
-    target = await consumer.locate(request.app[DB], principal_of(request),
-                                   namespace=routes._namespace(request),
-                                   name=routes._subscription(request))
+    db, principal = request.app[DB], principal_of(request)
+    namespace, name = routes._namespace(request), routes._subscription(request)
+    target = await consumer.locate(db, principal, namespace=namespace, name=name)
     # aiohttp refuses a frame of max_msg_size bytes or more from its header and closes with 1009.
     ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=MAX_FRAME_BYTES + 1)
     await ws.prepare(request)
-    conn = Stream(request, ws, target)
+    conn = Stream(db, principal, namespace=namespace, name=name, ws=ws, target=target)
     pumping = asyncio.create_task(conn.pump(), name="subscription-stream")
     try:
         async for message in ws:

@@ -145,8 +145,9 @@ async def test_create_get_list_update_and_states(api: TestClient[Any, Any], db: 
         db, "SELECT action FROM orbit_audit_events WHERE namespace_id = %s"
         " AND resource_type = 'subscription' AND resource_id = %s",
         tenant.namespace_id, bytes.fromhex(created["id"]))]
-    assert sorted(actions) == sorted(["subscription.created", "subscription.updated", "subscription.paused",
-                       "subscription.resumed", "subscription.disabled"])
+    assert sorted(actions) == sorted([
+        "subscription.created", "subscription.updated", "subscription.paused",
+        "subscription.resumed", "subscription.disabled"])
 
 
 async def test_create_is_idempotent_with_a_key(api: TestClient[Any, Any],

@@ -29,7 +29,11 @@ from orbit_common.platform import credentials
 from orbit_common.platform.principals import principal_of
 from orbit_common.relay import consumer, deliveries
 from orbit_common.relay.deliveries import Leased
-from orbit_common.relay.model import SubscriptionNotActive
+from orbit_common.relay.model import (
+    SubscriptionDisabled,
+    SubscriptionNotActive,
+    SubscriptionState,
+)
 from orbit_common.service.http.body import query_params
 from orbit_common.service.http.context import DB
 
@@ -91,37 +95,51 @@ class Stream:
     # --- the pump: lease within credit and push ---------------------------------------------
 
     async def pump(self) -> None:
+        try:
+            await self._pump()
+        except Exception:
+            log.exception("the subscription stream failed; closing it")
+            self.closing = True
+            with contextlib.suppress(Exception):
+                await self.ws.close(code=1011, message=b"internal error")
+
+    async def _pump(self) -> None:
         pause_ms = POLL_MIN_MS
         while not self.closing:
             if self.credit <= 0:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
+            leased: list[Leased] = []
             try:
-                due = await consumer.due_in_ms(self.db, self.target)
-                leased: list[Leased] = []
-                if due == 0:
+                found = await consumer.poll(self.db, self.target)
+                if found.state in (None, SubscriptionState.DISABLED):
+                    await self.close_for(SubscriptionDisabled(
+                        f"subscription {self.name!r} is disabled"), CLOSE_FORBIDDEN)
+                    return
+                if found.due:
                     leased = await deliveries.lease_deliveries(
                         self.db, self.principal, namespace=self.namespace, name=self.name,
                         limit=min(self.credit, LEASE_STEP))
             except SubscriptionNotActive:
-                leased, due = [], None  # paused: wait for a resume at the slowest pace
-                pause_ms = POLL_MAX_MS
+                found = consumer.Poll(state=SubscriptionState.PAUSED, due_in_ms=None)
             except errors.Unauthenticated as exc:
                 await self.close_for(exc, CLOSE_CREDENTIAL)
                 return
-            except errors.OrbitError as exc:
-                if isinstance(exc, errors.ServiceUnavailable):
-                    leased, due = [], None
-                    pause_ms = POLL_MAX_MS
-                else:  # not found, forbidden, not a pull subscription any more
-                    await self.close_for(exc, CLOSE_FORBIDDEN)
-                    return
+            except errors.ServiceUnavailable:
+                found = consumer.Poll(state=None, due_in_ms=None)
+                pause_ms = POLL_MAX_MS
+            except errors.OrbitError as exc:  # not found, forbidden, not a pull subscription
+                await self.close_for(exc, CLOSE_FORBIDDEN)
+                return
             if leased:
                 pause_ms = POLL_MIN_MS
                 await self.push(leased)
                 continue
-            nap = pause_ms if due is None else min(pause_ms, max(due, 1))
+            if found.state == SubscriptionState.PAUSED:
+                pause_ms = POLL_MAX_MS  # wait for a resume at the slowest pace
+            due = found.due_in_ms
+            nap = pause_ms if due is None or due == 0 else min(pause_ms, due)
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), nap / 1000)

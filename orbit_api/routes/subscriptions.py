@@ -337,9 +337,10 @@ async def lease(request: web.Request) -> web.Response:
         target = await consumer.locate(db, principal, namespace=namespace, name=name)
         pause_ms = POLL_MIN_MS
         while not leased and (left := deadline - loop.time()) > 0:
-            due = await consumer.due_in_ms(db, target)
-            if due != 0:
-                nap = pause_ms if due is None else min(pause_ms, max(due, 1))
+            found = await consumer.poll(db, target)
+            if not found.due:
+                due = found.due_in_ms
+                nap = pause_ms if due is None or due == 0 else min(pause_ms, due)
                 await asyncio.sleep(min(nap / 1000, left))
                 pause_ms = min(pause_ms * 2, POLL_MAX_MS)
                 continue

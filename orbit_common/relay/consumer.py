@@ -3,8 +3,8 @@ acknowledgements and failures in one transaction, handing back leases never sent
 stream that closed before it pushed them), and the cheap read a waiting consumer polls.
 
 Every command checks ``subscriptions.consume`` on the subscription's scope inside its
-transaction, like the lease (deliveries.lease_deliveries); the poll read is not an authorization
-fact (the lease that follows it checks again).
+transaction, like the lease (deliveries.lease_deliveries); the poll read (:func:`poll`) is not an
+authorization fact (the lease that follows it checks again).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from orbit_common.db.pool import Database
 from orbit_common.platform import credentials
 from orbit_common.relay import deliveries, subscriptions
 from orbit_common.relay.deliveries import Report, Settled
-from orbit_common.relay.model import Kind, NotPullSubscription
+from orbit_common.relay.model import Kind, NotPullSubscription, SubscriptionState
 
 SETTLE_BATCH_MAX = 500
 Answer = Settled | errors.OrbitError
@@ -85,22 +85,40 @@ async def release_deliveries(db: Database, principal: credentials.Principal, *,
     return await db.transaction("relay.release", body)
 
 
-NEXT_DUE = """
-SELECT GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(available_at))) AS wait_us
-FROM orbit_deliveries FORCE INDEX (ix_deliveries_due)
-WHERE namespace_id = %s AND subscription_id = %s AND state = 'PENDING'
+POLL = """
+SELECT s.state,
+  (SELECT GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(d.available_at)))
+   FROM orbit_deliveries d FORCE INDEX (ix_deliveries_due)
+   WHERE d.namespace_id = s.namespace_id AND d.subscription_id = s.id
+     AND d.state = 'PENDING') AS wait_us
+FROM orbit_subscriptions s WHERE s.namespace_id = %s AND s.id = %s
 """
 
 
-async def due_in_ms(db: Database, target: Target) -> int | None:
-    """Milliseconds until the subscription's earliest PENDING delivery is due (0: one is due
-    now), None when nothing is pending: one index range read, no lock."""
+@attrs.frozen(kw_only=True)
+class Poll:
+    """What a waiting consumer learns from one cheap read: the subscription's state (None: it
+    is gone) and in how many milliseconds its earliest PENDING delivery is due (0: now; None:
+    nothing is pending)."""
 
-    async def body(cur: Any) -> int | None:
-        await cur.execute(NEXT_DUE, (target.namespace_id, target.subscription_id))
+    state: str | None
+    due_in_ms: int | None
+
+    @property
+    def due(self) -> bool:
+        return self.state == SubscriptionState.ACTIVE and self.due_in_ms == 0
+
+
+async def poll(db: Database, target: Target) -> Poll:
+    """One primary-key read and one index range read (ix_deliveries_due), no lock."""
+
+    async def body(cur: Any) -> Poll:
+        await cur.execute(POLL, (target.namespace_id, target.subscription_id))
         row = await cur.fetchone()
-        if row is None or row["wait_us"] is None:
-            return None
-        return int(row["wait_us"]) // 1000
+        if row is None:
+            return Poll(state=None, due_in_ms=None)
+        wait = row["wait_us"]
+        return Poll(state=str(row["state"]), due_in_ms=None if wait is None
+                    else int(wait) // 1000)
 
-    return await db.read("relay.due", body)
+    return await db.read("relay.poll", body)

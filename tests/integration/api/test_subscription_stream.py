@@ -14,7 +14,8 @@ from orbit_api.routes import subscription_stream
 from orbit_common.db.pool import Database
 from orbit_common.platform import credentials
 from orbit_common.platform.audit import Actor
-from orbit_common.relay import consumer, deliveries
+from orbit_common.relay import consumer, deliveries, subscriptions
+from orbit_common.relay.model import SubscriptionState
 from tests.conftest import Tenant, make_key, make_tenant
 from tests.integration.api.conftest import assert_problem
 from tests.support import relay
@@ -256,3 +257,27 @@ async def test_a_revoked_credential_closes_the_stream(api: TestClient[Any, Any],
         assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert ws.close_code == subscription_stream.CLOSE_CREDENTIAL
     assert await _states(db, tenant) == ["PENDING"]
+
+
+async def test_a_paused_stream_waits_and_a_disabled_one_closes(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant) -> None:
+    await _setup(db, tenant, 1)
+    who = await relay.principal_of(db, tenant.api_key)
+
+    async def to(target: SubscriptionState) -> None:
+        await subscriptions.set_state(db, who, namespace=tenant.namespace, name="sub",
+                                      target=target)
+
+    await to(SubscriptionState.PAUSED)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 5})
+        await _nothing_more(ws)  # paused: nothing is leased, the stream stays open
+        await to(SubscriptionState.ACTIVE)
+        resumed = await _frame(ws)
+        assert resumed["type"] == "delivery"
+        await to(SubscriptionState.DISABLED)
+        closed = await _frame(ws)
+        assert closed["code"] == "subscription_disabled"
+        message = await ws.receive(timeout=10)
+        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert ws.close_code == subscription_stream.CLOSE_FORBIDDEN

@@ -29,9 +29,9 @@ from aiohttp.test_utils import TestClient
 from orbit_api.app import create_app
 from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
 from orbit_common.db.schema import SchemaChecker
+from orbit_common.model.sealing import new_key_text
 from orbit_common.platform import PLATFORM_NAMESPACE_ID, authz, credentials
 from orbit_common.platform.audit import Actor
-from orbit_common.model.sealing import new_key_text
 from orbit_common.pulse.workers import QueueRef
 from orbit_common.service.config import DeliveryConfig
 from orbit_common.service.health import ReadinessGate

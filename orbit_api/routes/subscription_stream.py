@@ -308,7 +308,8 @@ OPENAPI_PATHS: dict[str, Any] = {
                            "repeated}, error {id, code, detail}. A frame over "
                            f"{MAX_FRAME_BYTES} bytes closes with 1009, a binary frame with "
                            f"1003, {MAX_INVALID_FRAMES} invalid frames with 1008, a revoked "
-                           "credential with 4401, a lost authorization with 4403 "
+                           "credential with 4401, a lost authorization or a disabled "
+                           "subscription with 4403, a draining API with 1001 "
                            "(docs/api/subscriptions.md).",
             "operationId": "subscriptionStream",
             "responses": {

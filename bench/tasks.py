@@ -16,6 +16,7 @@ holding N queued tasks (bench/backlog.py says where they are and why they stay q
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -385,6 +387,28 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
 BACKLOG_QUEUES = [f"backlog-{n}" for n in range(4)]
 
 
+@contextlib.contextmanager
+def _cpu_per_task(prefix: str, tasks: int, db_pid: int | None) -> Iterator[dict[str, int]]:
+    """CPU per task of an in-process phase: this process (the phase's client) and, for a
+    private server, the database; filled in when the block ends."""
+    figures: dict[str, int] = {}
+    client, database = time.process_time(), cpu_seconds(db_pid) if db_pid else 0.0
+    yield figures
+    figures[f"{prefix}_cpu_us_per_task_client"] = round(
+        (time.process_time() - client) * 1e6 / tasks)
+    if db_pid:
+        figures[f"{prefix}_cpu_us_per_task_database"] = round(
+            (cpu_seconds(db_pid) - database) * 1e6 / tasks)
+
+
+def _bound_by_database(database_us_per_task: float, shape_tasks_per_s: float) -> float:
+    """The highest ``ratio_to_shape`` the database's own CPU per task allows: even if every
+    other process cost nothing, the machine's cores could run at most ``cores / database CPU
+    per task`` tasks per second end to end."""
+    ceiling = (os.cpu_count() or 1) * 1e6 / max(database_us_per_task, 1)
+    return round(ceiling / shape_tasks_per_s, 3)
+
+
 def _kernel_and_end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None,
                            concurrency: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Orbit's lease kernel alone (bench/kernelcycle.py) on its own queue, before any worker
@@ -394,7 +418,9 @@ def _kernel_and_end_to_end(phase: _Phase, tasks: int, workers: int, rate: float 
     asyncio.run(_submit_all(phase.api, key, namespace, kernel_n, None, queue_name="kernel"))
     _wait_purged(phase.url)
     reads = _statements(phase.url)["innodb_buffer_pool_reads"]
-    kernel = asyncio.run(run_kernel_cycle(phase.url, key, namespace, "kernel", kernel_n))
+    with _cpu_per_task("kernel", kernel_n, phase.db_pid) as kernel_cpu:
+        kernel = asyncio.run(run_kernel_cycle(phase.url, key, namespace, "kernel", kernel_n))
+    kernel.update(kernel_cpu)
     kernel["kernel_pool_reads_per_task"] = round(
         (_statements(phase.url)["innodb_buffer_pool_reads"] - reads) / kernel_n, 2)
     _wait_purged(phase.url)
@@ -441,7 +467,9 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
             raw = asyncio.run(run_raw_cycle(phase.url, min(tasks, 20_000), 4))
             _wait_purged(phase.url)
             # The same-shape reference (bench/shape.py): Orbit's kind of rows, no more.
-            shape = asyncio.run(run_shape_cycle(phase.url, tasks, 4))
+            with _cpu_per_task("shape", tasks, db_pid) as shape_cpu:
+                shape = asyncio.run(run_shape_cycle(phase.url, tasks, 4))
+            shape.update(shape_cpu)
             _wait_purged(phase.url)
             flow_control = keys > 0 or apps > 1
             kernel, plain = _kernel_and_end_to_end(phase, tasks, workers, rate, concurrency)
@@ -465,6 +493,9 @@ def run(url_text: str | None, tasks: int, workers: int, rate: float | None,
         result["ratio_to_kernel"] = round(
             result["tasks_per_s"] / kernel["kernel_tasks_per_s"], 3)
         result["ratio_to_shape"] = round(result["tasks_per_s"] / shape["shape_tasks_per_s"], 3)
+        if "cpu_us_per_task_database" in plain:
+            result["ratio_to_shape_bound_by_database"] = _bound_by_database(
+                plain["cpu_us_per_task_database"], shape["shape_tasks_per_s"])
         if backlog:
             loaded = _with_backlog(server, logs, db_pid, backlog, tasks, workers, rate,
                                    concurrency)

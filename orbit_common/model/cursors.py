@@ -9,13 +9,49 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import json
 from typing import Any
 
+import attrs
+
 from orbit_common import errors
-from orbit_common.model import digests, jsondoc
+from orbit_common.model import digests, ids, jsondoc
 
 VERSION = 1
+# The DATETIME range: a position outside it is clamped to it.
+TIME_MIN = dt.datetime(1000, 1, 1, tzinfo=dt.UTC)
+TIME_MAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+
+
+@attrs.frozen(kw_only=True)
+class Page:
+    """One page of a keyset-paginated list; ``next_cursor`` is None after the last page."""
+
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+def clamp(value: dt.datetime) -> dt.datetime:
+    return min(max(value, TIME_MIN), TIME_MAX)
+
+
+def time_position(position: list[Any]) -> tuple[dt.datetime, bytes]:
+    """A ``[time, id]`` keyset position (ISO 8601 with a zone, lower-case hex id), the time
+    clamped to the DATETIME range; InvalidCursor when it is anything else."""
+    if len(position) != 2 or not all(isinstance(p, str) for p in position):
+        raise errors.InvalidCursor()
+    try:
+        at = dt.datetime.fromisoformat(position[0])
+        row_id = ids.from_hex(position[1])
+    except ValueError as exc:
+        raise errors.InvalidCursor() from exc
+    if at.tzinfo is None:
+        raise errors.InvalidCursor()
+    try:
+        return clamp(at.astimezone(dt.UTC)), row_id
+    except OverflowError as exc:
+        raise errors.InvalidCursor() from exc
 
 
 def filter_digest(kind: str, filters: dict[str, Any]) -> str:

@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 
 from orbit_common import errors
-from orbit_common.db.clock import UTC, as_utc, to_db
+from orbit_common.db.clock import as_utc, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import cursors, ids, jsondoc, names
 from orbit_common.platform import authz
@@ -62,8 +62,7 @@ PAGE_DEFAULT = 100
 SCAN_ROUNDS = 10  # pages of rows read per request when rows of unreadable queues are skipped
 READ = authz.Action.TASKS_READ
 # DATETIME(6) bounds: filters beyond them are clamped (the column cannot hold other values).
-TIME_MIN = dt.datetime(1000, 1, 1, tzinfo=UTC)
-TIME_MAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+TIME_MIN, TIME_MAX = cursors.TIME_MIN, cursors.TIME_MAX
 ID_MIN = bytes(16)
 ID_MAX = b"\xff" * 16
 
@@ -221,35 +220,13 @@ def _opt_utc(value: dt.datetime | None) -> dt.datetime | None:
     return None if value is None else as_utc(value)
 
 
-@attrs.frozen(kw_only=True)
-class Page:
-    items: list[dict[str, Any]]
-    next_cursor: str | None
-
-
-def _time_position(position: list[Any]) -> tuple[dt.datetime, bytes]:
-    """A ``[time, id]`` keyset position from a cursor, or InvalidCursor."""
-    if len(position) != 2 or not all(isinstance(p, str) for p in position):
-        raise errors.InvalidCursor()
-    try:
-        at = dt.datetime.fromisoformat(position[0])
-        row_id = ids.from_hex(position[1])
-    except ValueError as exc:
-        raise errors.InvalidCursor() from exc
-    if at.tzinfo is None:
-        raise errors.InvalidCursor()
-    try:
-        return _clamp(at.astimezone(UTC)), row_id
-    except OverflowError as exc:
-        raise errors.InvalidCursor() from exc
+Page = cursors.Page
+_time_position = cursors.time_position
+_clamp = cursors.clamp
 
 
 def _time_cursor(kind: str, filters: dict[str, Any], at: dt.datetime, row_id: bytes) -> str:
     return cursors.encode(kind, filters, [iso(at), row_id.hex()])
-
-
-def _clamp(value: dt.datetime) -> dt.datetime:
-    return min(max(value, TIME_MIN), TIME_MAX)
 
 
 async def list_tasks(

@@ -39,9 +39,9 @@ import attrs
 
 from orbit_common import errors
 from orbit_common.db.batch import multi_insert, placeholders
-from orbit_common.db.clock import UTC, as_utc, to_db
+from orbit_common.db.clock import as_utc, to_db
 from orbit_common.db.pool import Database
-from orbit_common.model import cursors, digests, ids, jsondoc
+from orbit_common.model import cursors, digests, jsondoc
 from orbit_common.platform import credentials, namespaced
 from orbit_common.platform.audit import AuditRecord, append_audit
 from orbit_common.platform.idempotency import Replay
@@ -59,7 +59,7 @@ from orbit_common.relay.model import (
 
 LEASE_BATCH_MAX = 500
 HISTORY_PAGE_MAX = 500
-TIME_MAX = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+TIME_MAX = cursors.TIME_MAX
 ID_MAX = b"\xff" * 16
 
 COLUMNS = (
@@ -612,23 +612,7 @@ ORDER BY created_at DESC, id DESC LIMIT %s
 """
 
 
-@attrs.frozen(kw_only=True)
-class Page:
-    items: list[dict[str, Any]]
-    next_cursor: str | None
-
-
-def _position(position: list[Any]) -> tuple[dt.datetime, bytes]:
-    if len(position) != 2 or not all(isinstance(p, str) for p in position):
-        raise errors.InvalidCursor()
-    try:
-        at = dt.datetime.fromisoformat(position[0])
-        row_id = ids.from_hex(position[1])
-    except ValueError as exc:
-        raise errors.InvalidCursor() from exc
-    if at.tzinfo is None:
-        raise errors.InvalidCursor()
-    return at.astimezone(UTC), row_id
+Page = cursors.Page
 
 
 async def list_deliveries(db: Database, principal: credentials.Principal, *, namespace: str,
@@ -646,7 +630,7 @@ async def list_deliveries(db: Database, principal: credentials.Principal, *, nam
     async def body(cur: Any) -> Page:
         row = await _consumer(cur, principal, namespace, name, subscriptions.READ)
         bound = {"subscription": row["id"].hex(), "state": state}
-        at, last = (TIME_MAX, ID_MAX) if cursor is None else _position(
+        at, last = (TIME_MAX, ID_MAX) if cursor is None else cursors.time_position(
             cursors.decode(cursor, "deliveries", bound))
         head = (row["namespace_id"], row["id"]) + ((state,) if state else ())
         await cur.execute(HISTORY_BY_STATE if state else HISTORY,

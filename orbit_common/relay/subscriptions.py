@@ -457,10 +457,7 @@ async def get_subscription(db: Database, principal: credentials.Principal, *, na
     return await db.read("subscriptions.get", body)
 
 
-@attrs.frozen(kw_only=True)
-class Page:
-    items: list[dict[str, Any]]
-    next_cursor: str | None
+Page = cursors.Page
 
 
 async def list_subscriptions(db: Database, principal: credentials.Principal, *,

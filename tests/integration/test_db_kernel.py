@@ -47,6 +47,17 @@ async def test_binary16_parameters_round_trip_exactly(db: Database, value: bytes
     assert await _scalar(db, "SELECT LENGTH(%s) AS v", (value,)) == 16
 
 
+@pytest.mark.parametrize("value", [
+    '{"a": "b", "c": [1, "d"]}', '"', "'\"'", '\\"', "\"\0\"", "%s %d %%", "\n\r\x1a\t",
+    "引号\"和'反斜杠\\", "\U0001F600\"",
+])
+async def test_string_parameters_round_trip_exactly(db: Database, value: str) -> None:
+    """The cursor's literals (double quotes unescaped when nothing else needs escaping) are the
+    same strings to the server: equal after the round trip, and the same length."""
+    assert await _scalar(db, "SELECT %s AS v", (value,)) == value
+    assert await _scalar(db, "SELECT CHAR_LENGTH(%s) AS v", (value,)) == len(value)
+
+
 async def test_binary16_id_finds_its_row(db: Database, tenant: Tenant) -> None:
     name = await _scalar(
         db, "SELECT name FROM orbit_namespaces WHERE id = %s", (tenant.namespace_id,)

@@ -7,7 +7,16 @@ import logging
 from aiohttp import web
 
 from orbit_api import openapi
-from orbit_api.routes import applications, interventions, platform, queues, schedules, tasks
+from orbit_api.routes import (
+    applications,
+    interventions,
+    platform,
+    queues,
+    schedules,
+    subscription_stream,
+    subscriptions,
+    tasks,
+)
 from orbit_common.db.pool import Database
 from orbit_common.platform import principals
 from orbit_common.service.config import OrbitConfig
@@ -27,11 +36,14 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     interventions.add_routes(app)
     applications.add_routes(app)
     schedules.add_routes(app)
+    subscriptions.add_routes(app)
+    subscription_stream.add_routes(app)
     return app
 
 
-for _module in (queues, tasks, interventions, applications, schedules):
+for _module in (queues, tasks, interventions, applications, schedules, subscriptions):
     openapi.merge(_module.OPENAPI_PATHS, _module.OPENAPI_SCHEMAS)
+openapi.merge(subscription_stream.OPENAPI_PATHS, {})
 
 
 class ApiService:

@@ -18,12 +18,14 @@ from orbit_cli.files import write_secret_file
 from orbit_common import errors
 from orbit_common.db import migrator
 from orbit_common.db.pool import Database, DatabaseUrl, open_database
-from orbit_common.model import jsondoc
+from orbit_common.model import ids, jsondoc
 from orbit_common.platform import admin as admin_tx
 from orbit_common.platform import authz, commands
 from orbit_common.platform.audit import Actor
 from orbit_common.platform.namespaces import NamespaceState
 from orbit_common.pulse import control, quotas
+from orbit_common.relay import operator as relay_operator
+from orbit_common.relay.model import BUDGET_ADD_MAX, SubscriptionState
 from orbit_common.service.config import ConfigError, OrbitConfig, load_config
 
 T = TypeVar("T")
@@ -160,7 +162,8 @@ def migrate_manifest(write: bool) -> None:
               help="Operator identity recorded in the audit log.")
 @click.pass_context
 def admin(ctx: click.Context, actor: str) -> None:
-    """Applications, namespaces, credentials, the dispatch freeze and worker sessions."""
+    """Applications, namespaces, credentials, the dispatch freeze, worker sessions and result
+    subscriptions."""
     ctx.ensure_object(dict)["actor"] = Actor.operator(actor)
 
 
@@ -459,6 +462,94 @@ def sessions_fence_all(ctx: click.Context, reason: str) -> None:
     """
     report = _with_db(ctx, lambda db: control.fence_all(db, actor=_actor(ctx), reason=reason))
     _echo_json(report.to_json())
+
+
+@admin.group("subscriptions")
+def admin_subscriptions() -> None:
+    """Result subscriptions and their deliveries (docs/runbooks/delivery-backlog.md)."""
+
+
+@admin_subscriptions.command("list")
+@click.option("--namespace", required=True)
+@click.option("--after", default="", help="Start after this name.")
+@click.option("--limit", type=click.IntRange(1, relay_operator.LIST_MAX), default=100,
+              show_default=True)
+@click.pass_context
+def subscriptions_list(ctx: click.Context, namespace: str, after: str, limit: int) -> None:
+    """One JSON line per subscription: name, kind, state, backlog, circuit."""
+    for view in _with_db(ctx, lambda db: relay_operator.list_subscriptions(
+            db, namespace=namespace, after=after, limit=limit)):
+        click.echo(json.dumps({k: view[k] for k in (
+            "name", "kind", "state", "backlog", "scan_after_sequence", "circuit", "revision")},
+            ensure_ascii=False))
+
+
+@admin_subscriptions.command("get")
+@click.argument("name")
+@click.option("--namespace", required=True)
+@click.pass_context
+def subscriptions_get(ctx: click.Context, name: str, namespace: str) -> None:
+    """A subscription (never its secret)."""
+    _echo_json(_with_db(ctx, lambda db: relay_operator.get_subscription(
+        db, namespace=namespace, name=name)))
+
+
+def _subscription_state(ctx: click.Context, name: str, namespace: str,
+                        target: SubscriptionState, reason: str) -> None:
+    _echo_json(_with_db(ctx, lambda db: relay_operator.set_state(
+        db, namespace=namespace, name=name, target=target, actor=_actor(ctx), reason=reason)))
+
+
+@admin_subscriptions.command("pause")
+@click.argument("name")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def subscriptions_pause(ctx: click.Context, name: str, namespace: str, reason: str) -> None:
+    """Pause: no scanning, no leasing; the backlog and leases in flight are kept."""
+    _subscription_state(ctx, name, namespace, SubscriptionState.PAUSED, reason)
+
+
+@admin_subscriptions.command("resume")
+@click.argument("name")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def subscriptions_resume(ctx: click.Context, name: str, namespace: str, reason: str) -> None:
+    """Resume a paused subscription."""
+    _subscription_state(ctx, name, namespace, SubscriptionState.ACTIVE, reason)
+
+
+@admin_subscriptions.command("disable")
+@click.argument("name")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def subscriptions_disable(ctx: click.Context, name: str, namespace: str, reason: str) -> None:
+    """Disable (final): nothing more is scanned or delivered; deliveries and history stay."""
+    _subscription_state(ctx, name, namespace, SubscriptionState.DISABLED, reason)
+
+
+@admin_subscriptions.command("add-budget")
+@click.argument("name")
+@click.argument("delivery_id")
+@click.option("--namespace", required=True)
+@click.option("--attempts", type=click.IntRange(1, BUDGET_ADD_MAX), default=1,
+              show_default=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.pass_context
+def subscriptions_add_budget(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, name: str, delivery_id: str, namespace: str, attempts: int,
+    reason: str,
+) -> None:
+    """Give an EXHAUSTED delivery more attempts: PENDING and due now, history kept."""
+    try:
+        raw_id = ids.from_hex(delivery_id)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="DELIVERY_ID") from exc
+    _echo_json(_with_db(ctx, lambda db: relay_operator.add_budget(
+        db, namespace=namespace, name=name, delivery_id=raw_id, attempts=attempts,
+        actor=_actor(ctx), reason=reason)))
 
 
 # --- daemons ---------------------------------------------------------------------------------

@@ -547,36 +547,46 @@ async def add_budget(db: Database, principal: credentials.Principal, *, namespac
         await subscriptions.in_scope(cur, principal, subscriptions.MANAGE, namespace, row)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
-        sub = await subscriptions.find(cur, namespace_id, name)
-        await cur.execute(f"SELECT {COLUMNS} FROM orbit_deliveries WHERE namespace_id = %s"
-                          " AND id = %s AND subscription_id = %s FOR UPDATE",
-                          (namespace_id, delivery_id, sub["id"]))
-        row = await cur.fetchone()
-        if row is None:
-            raise DeliveryNotFound(f"no delivery {delivery_id.hex()} of subscription {name!r}")
-        if row["state"] != DeliveryState.EXHAUSTED:
-            raise DeliveryNotExhausted(f"delivery {delivery_id.hex()} is {row['state']}")
-        await cur.execute(
-            "UPDATE orbit_deliveries SET state = 'PENDING', max_attempts = max_attempts + %s,"
-            " available_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6)"
-            " WHERE namespace_id = %s AND id = %s AND state = 'EXHAUSTED'",
-            (attempts, namespace_id, delivery_id))
-        await cur.execute(BACKLOG, (1, namespace_id, sub["id"]))
-        after = await _row(cur, namespace_id, delivery_id)
-        await append_audit(cur, AuditRecord(
-            actor=principal.actor, action="delivery.budget_added", resource_type="delivery",
-            resource_id=delivery_id, namespace_id=namespace_id,
-            application_id=principal.application_id, reason=reason_text,
-            before={"state": row["state"], "attempts_used": row["attempts_used"],
-                    "max_attempts": row["max_attempts"]},
-            after={"state": after["state"], "attempts_used": after["attempts_used"],
-                   "max_attempts": after["max_attempts"], "added": attempts},
-            request_id=request_id))
-        return 200, model.delivery_view(after), delivery_id
+        view = await give_budget(cur, principal, namespace_id, name, delivery_id,
+                                 attempts=attempts, reason=reason_text, request_id=request_id)
+        return 200, view, delivery_id
 
     return await namespaced.run(
         db, "subscriptions.add_budget", principal=principal,
         action=subscriptions.MANAGE, namespace=namespace, idem=idem, act=act, locate=locate)
+
+
+async def give_budget(cur: Any, who: subscriptions.Acting, namespace_id: bytes,
+                      name: str, delivery_id: bytes, *, attempts: int, reason: str | None,
+                      request_id: str | None) -> dict[str, Any]:
+    """:func:`add_budget`'s change in the caller's transaction (also the operator's, in
+    relay/operator.py; arguments already checked); returns the delivery's view."""
+    sub = await subscriptions.find(cur, namespace_id, name)
+    await cur.execute(f"SELECT {COLUMNS} FROM orbit_deliveries WHERE namespace_id = %s"
+                      " AND id = %s AND subscription_id = %s FOR UPDATE",
+                      (namespace_id, delivery_id, sub["id"]))
+    row = await cur.fetchone()
+    if row is None:
+        raise DeliveryNotFound(f"no delivery {delivery_id.hex()} of subscription {name!r}")
+    if row["state"] != DeliveryState.EXHAUSTED:
+        raise DeliveryNotExhausted(f"delivery {delivery_id.hex()} is {row['state']}")
+    await cur.execute(
+        "UPDATE orbit_deliveries SET state = 'PENDING', max_attempts = max_attempts + %s,"
+        " available_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6)"
+        " WHERE namespace_id = %s AND id = %s AND state = 'EXHAUSTED'",
+        (attempts, namespace_id, delivery_id))
+    await cur.execute(BACKLOG, (1, namespace_id, sub["id"]))
+    after = await _row(cur, namespace_id, delivery_id)
+    await append_audit(cur, AuditRecord(
+        actor=who.actor, action="delivery.budget_added", resource_type="delivery",
+        resource_id=delivery_id, namespace_id=namespace_id,
+        application_id=who.application_id, reason=reason,
+        before={"state": row["state"], "attempts_used": row["attempts_used"],
+                "max_attempts": row["max_attempts"]},
+        after={"state": after["state"], "attempts_used": after["attempts_used"],
+               "max_attempts": after["max_attempts"], "added": attempts},
+        request_id=request_id))
+    return model.delivery_view(after)
 
 
 # --- history ------------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ without a lock (platform/results.committed_next_sequence).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 import attrs
 
@@ -31,7 +31,7 @@ from orbit_common.db.clock import db_now, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import cursors, ids, jsondoc, names
 from orbit_common.platform import authz, credentials, namespaced, results
-from orbit_common.platform.audit import AuditRecord, append_audit
+from orbit_common.platform.audit import Actor, AuditRecord, append_audit
 from orbit_common.platform.events import append_event
 from orbit_common.platform.idempotency import Replay
 from orbit_common.pulse import tasks
@@ -174,7 +174,26 @@ async def _view(cur: Any, namespace_id: bytes, subscription_id: bytes) -> dict[s
         row, await queue_names(cur, namespace_id, filter_queue_ids(row)))
 
 
-async def _record(cur: Any, principal: credentials.Principal, namespace_id: bytes,  # noqa: PLR0917
+class Acting(Protocol):
+    """Who runs a command: a credential's principal (API) or an :class:`Operator` (CLI)."""
+
+    @property
+    def actor(self) -> Actor: ...
+
+    @property
+    def application_id(self) -> bytes: ...
+
+
+@attrs.frozen(kw_only=True)
+class Operator:
+    """An operator acting on a namespace's subscriptions (``orbit admin subscriptions``):
+    audited as the operator, under the namespace's application; no credential to check."""
+
+    actor: Actor
+    application_id: bytes
+
+
+async def _record(cur: Any, principal: Acting, namespace_id: bytes,  # noqa: PLR0917
                   subscription_id: bytes, revision: int, action: str,
                   before: dict[str, Any] | None, after: dict[str, Any],
                   reason: str | None, request_id: str | None) -> None:
@@ -329,31 +348,49 @@ async def set_state(db: Database, principal: credentials.Principal, *, namespace
     idem = namespaced.request("subscriptions.state", idempotency_key, name.encode(),
                               {"state": target.value, "reason": reason}, principal)
 
-    async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
-        row = await _locked(cur, namespace_id, name)
+    async def check(cur: Any, row: dict[str, Any]) -> None:
         await in_scope(cur, principal, MANAGE, namespace, row)
-        if row["state"] == target:
-            return 200, await _view(cur, namespace_id, row["id"]), row["id"]
-        if row["state"] == SubscriptionState.DISABLED:
-            raise SubscriptionDisabled(f"subscription {name!r} is disabled; its history is"
-                                       " kept")
-        await cur.execute(
-            "UPDATE orbit_subscriptions SET state = %s, revision = revision + 1,"
-            " disabled_at = IF(%s = 'DISABLED', UTC_TIMESTAMP(6), NULL),"
-            " updated_at = UTC_TIMESTAMP(6)"
-            " WHERE namespace_id = %s AND id = %s AND revision = %s",
-            (target.value, target.value, namespace_id, row["id"], row["revision"]))
-        action = {SubscriptionState.ACTIVE: "subscription.resumed",
-                  SubscriptionState.PAUSED: "subscription.paused",
-                  SubscriptionState.DISABLED: "subscription.disabled"}[target]
-        view = await _view(cur, namespace_id, row["id"])
-        await _record(cur, principal, namespace_id, row["id"], view["revision"], action,
-                      {"state": row["state"]}, {"state": target.value}, reason, request_id)
-        return 200, view, row["id"]
+
+    async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
+        view, subscription_id = await change_state(
+            cur, principal, namespace_id, name, target, reason=reason, request_id=request_id,
+            check=check)
+        return 200, view, subscription_id
 
     return await namespaced.run(
         db, "subscriptions.state", principal=principal, action=MANAGE, namespace=namespace,
         idem=idem, act=act, locate=_locate(principal, MANAGE, namespace, name))
+
+
+async def change_state(cur: Any, who: Acting, namespace_id: bytes, name: str,
+                       target: SubscriptionState, *, reason: str | None,
+                       request_id: str | None,
+                       check: Callable[[Any, dict[str, Any]], Awaitable[None]] | None = None
+                       ) -> tuple[dict[str, Any], bytes]:
+    """:func:`set_state`'s change in the caller's transaction (also the operator's, in
+    relay/operator.py): lock the row, ``check`` it (authorization), change and audit it.
+    Returns the view and the subscription id."""
+    row = await _locked(cur, namespace_id, name)
+    if check is not None:
+        await check(cur, row)
+    if row["state"] == target:
+        return await _view(cur, namespace_id, row["id"]), row["id"]
+    if row["state"] == SubscriptionState.DISABLED:
+        raise SubscriptionDisabled(f"subscription {name!r} is disabled; its history is"
+                                   " kept")
+    await cur.execute(
+        "UPDATE orbit_subscriptions SET state = %s, revision = revision + 1,"
+        " disabled_at = IF(%s = 'DISABLED', UTC_TIMESTAMP(6), NULL),"
+        " updated_at = UTC_TIMESTAMP(6)"
+        " WHERE namespace_id = %s AND id = %s AND revision = %s",
+        (target.value, target.value, namespace_id, row["id"], row["revision"]))
+    action = {SubscriptionState.ACTIVE: "subscription.resumed",
+              SubscriptionState.PAUSED: "subscription.paused",
+              SubscriptionState.DISABLED: "subscription.disabled"}[target]
+    view = await _view(cur, namespace_id, row["id"])
+    await _record(cur, who, namespace_id, row["id"], view["revision"], action,
+                  {"state": row["state"]}, {"state": target.value}, reason, request_id)
+    return view, row["id"]
 
 
 async def rotate_secret(db: Database, principal: credentials.Principal,

@@ -38,6 +38,7 @@ from schemathesis.config import SchemathesisConfig
 
 from orbit_api import app as _app  # noqa: F401  (the route modules merge into DOCUMENT)
 from orbit_api.openapi import DOCUMENT
+from orbit_common.model.sealing import new_key_text
 from tests.support import conformance, database
 from tests.support.processes import ApiDaemon, http
 
@@ -48,8 +49,13 @@ SEED = 20261201
 # violation cases of every keyword, about 1,000 for the document), which the count does not
 # bound; the module takes about 45 s on two idle cores.
 MAX_EXAMPLES = 10
-APPLICATION, NAMESPACE, QUEUE, SCHEDULE = "st", "st", "q", "s"
+APPLICATION, NAMESPACE, QUEUE, SCHEDULE, SUBSCRIPTION = "st", "st", "q", "s", "sub"
 STATE_NAMESPACE = "st-state"  # the one disable and enable act on
+NAMESPACE_STATE_PATHS = ("/v1/namespaces/{namespace}/disable",
+                         "/v1/namespaces/{namespace}/enable")
+# A lease's valid wait_ms (up to 20 s, waited in full when nothing is due) is lowered to at most
+# this, another valid value, to keep the run short.
+LEASE_WAIT_MS = 100
 
 schema = schemathesis.openapi.from_dict(
     json.loads(json.dumps(DOCUMENT)),
@@ -85,10 +91,29 @@ TOLERANCE = conformance.Tolerance(
         # unassigned and separator characters would need Unicode categories in a pattern.
         ("*", r"Idempotency-Key|\$\.tasks\[\d+\]\.idempotency_key",
          r"bytes of printable characters"),
+        # A subscription's rules between values and the stored state: the longest backoff is
+        # at least the first one, the start is at most the stream's last sequence, an endpoint
+        # belongs to a WEBHOOK subscription (update), a secret decodes to 24-64 bytes, a handler
+        # name is printable (str.isprintable), only a WEBHOOK subscription has a secret.
+        ("*", r"\$\.backoff_max_ms", r"at least backoff_initial_ms"),
+        ("createSubscription", r"\$\.start_after_sequence", r"last committed sequence"),
+        ("updateSubscription", r"\$\.endpoint_url", r"only for WEBHOOK"),
+        ("createSubscription", r"\$\.secret", r"base64"),
+        ("*", r"\$\.filters\.handlers\[\d+\]", r"printable"),
+        ("rotateSubscriptionSecret", r"\$", r"only a WEBHOOK subscription has a secret"),
+        # Each delivery once per batch: uniqueItems cannot name one property of the items.
+        ("settleDeliveries", r"\$\.items\[\d+\]\.delivery_id", r"listed twice"),
     ],
     codes=[
         # A cursor is an opaque token only the server issues: any other string is invalid.
         ("*", "invalid_cursor"),
+        # Whether an endpoint may be called is the operator's policy (schemes, allow-list,
+        # address ranges), not a pattern.
+        ("*", "endpoint_refused"),
+        # A WebSocket handshake is made of HTTP/1.1 protocol headers (Upgrade, Connection,
+        # Sec-WebSocket-Key and -Version, RFC 6455), not of the operation's parameters: a GET
+        # without them is no handshake and aiohttp answers 400 bad_request.
+        ("subscriptionStream", "bad_request"),
         # How many planned instants a range holds depends on the schedule's stored rule.
         ("backfillSchedule", "range_too_large"),
     ],
@@ -113,7 +138,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
          "--namespace", NAMESPACE],
         env={**os.environ, "ORBIT_DATABASE_URL": url.render(hide_password=False)},
         capture_output=True, text=True, check=True)
-    api = ApiDaemon(db_url=url, log=tmp / "api.log")
+    # A sealing key, so that WEBHOOK subscriptions can be created (else 503 webhooks_unavailable).
+    api = ApiDaemon(db_url=url, log=tmp / "api.log",
+                    env={"ORBIT_DELIVERY_SECRET_KEY": new_key_text()})
     try:
         api.wait_listening()
         # The all-access key of the bootstrap: every action on every namespace and queue.
@@ -127,6 +154,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             (f"{base}/schedules", {"name": SCHEDULE, "queue": QUEUE,
                                    "rule": {"interval_ms": 3_600_000},
                                    "template": {"handler": "h"}}),
+            (f"{base}/subscriptions", {"name": SUBSCRIPTION, "kind": "PULL"}),
             (f"{base}/tasks", {"queue": QUEUE, "handler": "h"}),
         ]:
             status, body = http("POST", path, headers=auth, body=request)
@@ -140,9 +168,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 @schema.parametrize()
 def test_api(case: Any, served: Served) -> None:
     namespace = NAMESPACE
-    if case.operation.path.endswith(("/disable", "/enable")):
+    if case.operation.path in NAMESPACE_STATE_PATHS:
         namespace = STATE_NAMESPACE
     real = {"namespace": (conformance.NAME, namespace), "queue": (conformance.NAME, QUEUE),
             "application": (conformance.NAME, APPLICATION),
-            "schedule": (conformance.NAME, SCHEDULE), "task_id": (conformance.ID, served.task_id)}
+            "schedule": (conformance.NAME, SCHEDULE), "task_id": (conformance.ID, served.task_id),
+            "subscription": (conformance.NAME, SUBSCRIPTION)}
+    body = case.body
+    wait = body.get("wait_ms") if isinstance(body, dict) else None
+    if (case.operation.definition.raw.get("operationId") == "leaseDeliveries"
+            and isinstance(wait, int | float) and not isinstance(wait, bool)
+            and float(wait).is_integer() and LEASE_WAIT_MS < wait <= 20_000):
+        case.body = {**body, "wait_ms": LEASE_WAIT_MS}
     conformance.check(case, url=served.url, auth=served.auth, real=real, tolerance=TOLERANCE)

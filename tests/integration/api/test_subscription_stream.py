@@ -1,0 +1,324 @@
+"""The WebSocket consumer stream of a pull subscription (orbit_api/routes/subscription_stream.py):
+credit, delivery frames, ack and fail frames, redelivery after a lapse, refusals."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient
+
+from orbit_api.routes import subscription_stream
+from orbit_common.db.pool import Database
+from orbit_common.platform import credentials
+from orbit_common.platform.audit import Actor
+from orbit_common.relay import consumer, deliveries, subscriptions
+from orbit_common.relay.model import SubscriptionState
+from tests.conftest import Tenant, make_key, make_tenant
+from tests.integration.api.conftest import assert_problem
+from tests.support import relay
+from tests.support.contract import assert_documented
+from tests.support.lease_fixtures import make_queue
+from tests.support.waiting import until
+
+QUIET_S = 0.5  # how long a test listens to prove that nothing more arrives
+
+
+def _stream(tenant: Tenant, sub: str = "sub") -> str:
+    return f"/v1/namespaces/{tenant.namespace}/subscriptions/{sub}/stream"
+
+
+async def _setup(db: Database, tenant: Tenant, count: int, **fields: Any) -> list[bytes]:
+    queue = await make_queue(db, tenant, name="q1")
+    await relay.subscribe(db, tenant, **fields)
+    tasks = await relay.cancelled_results(db, tenant, queue, count)
+    await relay.fan_out_all(db, tenant)
+    return tasks
+
+
+async def _frame(ws: aiohttp.ClientWebSocketResponse, timeout: float = 10) -> dict[str, Any]:
+    message = await ws.receive(timeout=timeout)
+    assert message.type == aiohttp.WSMsgType.TEXT, message
+    frame: dict[str, Any] = json.loads(message.data)
+    return frame
+
+
+async def _nothing_more(ws: aiohttp.ClientWebSocketResponse) -> None:
+    with pytest.raises(TimeoutError):
+        await ws.receive(timeout=QUIET_S)
+
+
+async def _states(db: Database, tenant: Tenant) -> list[str]:
+    return [r["state"] for r in await relay.delivery_rows(db, tenant)]
+
+
+def _documented(frame: dict[str, Any]) -> None:
+    """A delivery frame carries what an HTTP lease answers (the LeasedDelivery schema)."""
+    body = {k: v for k, v in frame.items() if k != "type"}
+    assert_documented("/v1/namespaces/{namespace}/subscriptions/{subscription}/lease", "post",
+                      200, {"items": [body]})
+
+
+async def test_credit_bounds_what_is_pushed_and_frames_settle(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant) -> None:
+    tasks = await _setup(db, tenant, 5, backoff_initial_ms=0)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 2})
+        first, second = await _frame(ws), await _frame(ws)
+        await _nothing_more(ws)
+        assert (first["type"], second["type"]) == ("delivery", "delivery")
+        _documented(first)
+        assert [f["delivery"]["task_id"] for f in (first, second)] == [
+            t.hex() for t in tasks[:2]]
+        assert (await _states(db, tenant)).count("LEASED") == 2
+
+        await ws.send_json({"type": "ack", "id": "a1", "delivery_id": first["delivery"]["id"],
+                            "token": first["lease_token"]})
+        assert await _frame(ws) == {
+            "type": "settled", "id": "a1", "delivery_id": first["delivery"]["id"],
+            "settled": True, "state": "ACKNOWLEDGED", "attempts_used": 1, "repeated": False}
+        await ws.send_json({"type": "ack", "id": "a2", "delivery_id": second["delivery"]["id"],
+                            "token": first["lease_token"]})
+        lost = await _frame(ws)
+        assert (lost["type"], lost["id"], lost["code"]) == ("error", "a2", "delivery_lease_lost")
+        await ws.send_json({"type": "fail", "id": "f1", "delivery_id": second["delivery"]["id"],
+                            "token": second["lease_token"], "error": "not now"})
+        failed = await _frame(ws)
+        assert (failed["type"], failed["state"]) == ("settled", "PENDING")
+        # Settling gives no credit back: nothing arrives until the consumer grants more.
+        await _nothing_more(ws)
+
+        await ws.send_json({"type": "ready", "credit": 10})
+        rest = [await _frame(ws) for _ in range(4)]
+        await _nothing_more(ws)
+        assert sorted(f["delivery"]["task_id"] for f in rest) == sorted(
+            t.hex() for t in tasks[1:])
+        again = next(f for f in rest if f["delivery"]["id"] == second["delivery"]["id"])
+        assert again["delivery"]["attempt"] == 2
+
+
+async def test_new_deliveries_are_pushed_while_credit_lasts(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant) -> None:
+    queue = await make_queue(db, tenant, name="q1")
+    await relay.subscribe(db, tenant)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 1})
+        await _nothing_more(ws)
+        (task_id,) = await relay.cancelled_results(db, tenant, queue, 1)
+        await relay.fan_out_all(db, tenant)
+        pushed = await _frame(ws)
+        assert pushed["delivery"]["task_id"] == task_id.hex()
+        await relay.cancelled_results(db, tenant, queue, 1)
+        await relay.fan_out_all(db, tenant)
+        await _nothing_more(ws)  # no credit left
+        assert (await _states(db, tenant)).count("PENDING") == 1
+
+
+async def test_a_lapsed_delivery_is_pushed_again_after_a_reconnect(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant) -> None:
+    await _setup(db, tenant, 1, lease_ms=1000, backoff_initial_ms=0)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 1})
+        first = await _frame(ws)
+    # The connection is gone without an acknowledgement: the lease lapses (the pump's recovery).
+    await until(lambda: db.transaction("test.recover", deliveries.recover_lapsed), timeout=10,
+                message="the lease lapsed")
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 1})
+        again = await _frame(ws)
+        assert again["delivery"]["id"] == first["delivery"]["id"]
+        assert again["delivery"]["attempt"] == 2
+        assert again["lease_token"] != first["lease_token"]
+
+
+async def test_leases_never_pushed_are_handed_back(db: Database, tenant: Tenant) -> None:
+    await _setup(db, tenant, 2)
+    who = await relay.principal_of(db, tenant.api_key)
+    target = await consumer.locate(db, who, namespace=tenant.namespace, name="sub")
+    conn = subscription_stream.Stream(db, who, namespace=tenant.namespace, name="sub",
+                                      ws=None, target=target)  # type: ignore[arg-type]
+    conn.closing = True  # the socket closed between the lease and the push
+    leased = await deliveries.lease_deliveries(db, who, namespace=tenant.namespace, name="sub",
+                                               limit=2)
+    await conn.push(leased)
+    rows = await relay.delivery_rows(db, tenant)
+    assert [(r["state"], r["attempts_used"]) for r in rows] == [("PENDING", 0)] * 2
+
+
+async def test_bad_frames_get_error_frames(api: TestClient[Any, Any], db: Database,
+                                           tenant: Tenant) -> None:
+    await _setup(db, tenant, 1)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        for frame, code, path in [
+            ("not json", "malformed_json", None),
+            ({"type": "ready", "credit": 0}, "validation_failed", "$.credit"),
+            ({"type": "ready", "credit": 1, "x": 1}, "validation_failed", "$.x"),
+            ({"type": "ready", "credit": subscription_stream.CREDIT_MAX + 1},
+             "validation_failed", "$.credit"),
+            ({"type": "ack", "delivery_id": "0" * 32, "token": "t"}, "validation_failed",
+             "$.id"),
+            ({"type": "ack", "id": "b", "delivery_id": "nope", "token": "t"},
+             "validation_failed", "$.delivery_id"),
+            ({"type": "ack", "id": "c", "delivery_id": "0" * 32, "token": "t", "error": "x"},
+             "validation_failed", "$.error"),
+            ({"type": "dance"}, "validation_failed", "$.type"),
+        ]:
+            if isinstance(frame, str):
+                await ws.send_str(frame)
+            else:
+                await ws.send_json(frame)
+            answer = await _frame(ws)
+            assert (answer["type"], answer["code"]) == ("error", code), answer
+            if path is not None:
+                assert [e["path"] for e in answer["errors"]] == [path], answer
+        await ws.send_json({"type": "ack", "id": "d", "delivery_id": "0" * 32, "token": "t"})
+        missing = await _frame(ws)
+        assert (missing["id"], missing["code"]) == ("d", "delivery_not_found")
+        assert await _states(db, tenant) == ["PENDING"]  # nothing was leased or changed
+
+
+async def test_too_many_bad_frames_close_the_stream(api: TestClient[Any, Any], db: Database,
+                                                    tenant: Tenant) -> None:
+    await _setup(db, tenant, 1)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        for _ in range(subscription_stream.MAX_INVALID_FRAMES):
+            await ws.send_json({"type": "dance"})
+        while (message := await ws.receive(timeout=10)).type == aiohttp.WSMsgType.TEXT:
+            pass
+        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert ws.close_code == 1008
+
+
+async def test_a_binary_frame_closes_the_stream(api: TestClient[Any, Any], db: Database,
+                                                tenant: Tenant) -> None:
+    await _setup(db, tenant, 1)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_bytes(b"\x00")
+        answer = await _frame(ws)
+        assert answer["code"] == "binary_frame_unsupported"
+        message = await ws.receive(timeout=10)
+        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert ws.close_code == 1003
+
+
+async def test_an_oversized_frame_closes_the_stream(api: TestClient[Any, Any], db: Database,
+                                                    tenant: Tenant) -> None:
+    await _setup(db, tenant, 1)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_str(json.dumps({"type": "ready", "credit": 1,
+                                      "pad": "x" * subscription_stream.MAX_FRAME_BYTES}))
+        message = await ws.receive(timeout=10)
+        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert ws.close_code == 1009
+    assert await _states(db, tenant) == ["PENDING"]
+
+
+async def test_the_upgrade_is_refused_like_the_other_routes(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant) -> None:
+    await _setup(db, tenant, 1)
+    reader = await make_key(db, tenant, [{"namespaces": ["*"], "actions": ["subscriptions.read"],
+                                          "queues": ["*"]}])
+    other = await make_tenant(db)
+    cases = [
+        (_stream(tenant), {"Authorization": f"Bearer {reader}"}, 403, "forbidden"),
+        (_stream(tenant, "nope"), tenant.auth, 404, "subscription_not_found"),
+        (_stream(other), tenant.auth, 404, "namespace_not_found"),
+        (_stream(tenant), {}, 401, "unauthenticated"),
+        (_stream(tenant) + "?x=1", tenant.auth, 400, "validation_failed"),
+    ]
+    for url, headers, status, code in cases:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await api.ws_connect(url, headers=headers)
+        assert refused.value.status == status, url
+        await assert_problem(await api.get(url, headers=headers), status, code)
+    await relay.subscribe(db, tenant, "hook", kind="WEBHOOK",
+                          endpoint_url="https://hooks.example.com/x")
+    await assert_problem(await api.get(_stream(tenant, "hook"), headers=tenant.auth),
+                         409, "subscription_not_pull")
+
+
+async def test_a_revoked_credential_closes_the_stream(api: TestClient[Any, Any], db: Database,
+                                                      tenant: Tenant) -> None:
+    await _setup(db, tenant, 0)
+    key = await make_key(db, tenant, [{"namespaces": ["*"], "actions": ["subscriptions.*"],
+                                       "queues": ["*"]}])
+    async with api.ws_connect(_stream(tenant), headers={"Authorization": f"Bearer {key}"}) as ws:
+        await ws.send_json({"type": "ready", "credit": 1})
+        await db.transaction("test.revoke", lambda cur: credentials.revoke_credential(
+            cur, prefix=key.split("_")[1], actor=Actor.operator("pytest"), reason="leaked"))
+        queue = await make_queue(db, tenant, name="q2")
+        await relay.cancelled_results(db, tenant, queue, 1)
+        await relay.fan_out_all(db, tenant)
+        answer = await _frame(ws)
+        assert answer["code"] == "invalid_credential"
+        message = await ws.receive(timeout=10)
+        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert ws.close_code == subscription_stream.CLOSE_CREDENTIAL
+    assert await _states(db, tenant) == ["PENDING"]
+
+
+async def test_a_paused_stream_waits_and_a_disabled_one_closes(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant) -> None:
+    await _setup(db, tenant, 1)
+    who = await relay.principal_of(db, tenant.api_key)
+
+    async def to(target: SubscriptionState) -> None:
+        await subscriptions.set_state(db, who, namespace=tenant.namespace, name="sub",
+                                      target=target)
+
+    await to(SubscriptionState.PAUSED)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 5})
+        await _nothing_more(ws)  # paused: nothing is leased, the stream stays open
+        await to(SubscriptionState.ACTIVE)
+        resumed = await _frame(ws)
+        assert resumed["type"] == "delivery"
+        await to(SubscriptionState.DISABLED)
+        closed = await _frame(ws)
+        assert closed["code"] == "subscription_disabled"
+        message = await ws.receive(timeout=10)
+        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert ws.close_code == subscription_stream.CLOSE_FORBIDDEN
+
+
+async def test_an_idle_stream_polls_a_cheap_read_with_back_off(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    await _setup(db, tenant, 0)
+    calls = {"poll": 0, "lease": 0}
+    real_poll, real_lease = consumer.poll, deliveries.lease_deliveries
+
+    async def poll(*args: Any, **kwargs: Any) -> Any:
+        calls["poll"] += 1
+        return await real_poll(*args, **kwargs)
+
+    async def lease(*args: Any, **kwargs: Any) -> Any:
+        calls["lease"] += 1
+        return await real_lease(*args, **kwargs)
+
+    monkeypatch.setattr(consumer, "poll", poll)
+    monkeypatch.setattr(deliveries, "lease_deliveries", lease)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await _nothing_more(ws)  # no credit: not even the cheap read
+        assert calls == {"poll": 0, "lease": 0}
+        await ws.send_json({"type": "ready", "credit": 10})
+        await _nothing_more(ws)
+    # QUIET_S of waiting with nothing pending: 50, 100, 200, 400 ms between reads, no lease.
+    assert calls["lease"] == 0
+    assert 1 <= calls["poll"] <= 6
+
+
+async def test_a_draining_api_closes_its_streams(api: TestClient[Any, Any], db: Database,
+                                                 tenant: Tenant) -> None:
+    await _setup(db, tenant, 1)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 1})
+        assert (await _frame(ws))["type"] == "delivery"
+        await subscription_stream.close_streams(api.server.app)
+        message = await ws.receive(timeout=10)
+        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert ws.close_code == subscription_stream.CLOSE_GOING_AWAY
+    await until(lambda: not api.server.app[subscription_stream.STREAMS],
+                message="the stream is gone")

@@ -53,6 +53,11 @@ class Transport:
         return f"Transport({self.base_url!r})"
 
     @property
+    def timeout(self) -> float:
+        """Seconds a request may take (connect and answer)."""
+        return self._timeout
+
+    @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key}", "User-Agent": USER_AGENT}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -19,6 +20,7 @@ from orbit_sdk import (
     Conflict,
     DeliveryReport,
     NotFound,
+    OrbitError,
     ResultDelivery,
     StaleRevision,
     Subscriber,
@@ -27,6 +29,7 @@ from orbit_sdk import (
 )
 
 from orbit_common.model.sealing import new_key_text
+from tests.support.processes import ApiDaemon
 from tests.support.results import expire_leases, producing
 from tests.support.stack import Stack
 from tests.support.waiting import until
@@ -402,3 +405,58 @@ async def test_a_lapsed_lease_is_delivered_again_with_a_higher_attempt(
     with pytest.raises(Conflict) as lost:
         await orbit.ack_delivery("lapse-sub", held.delivery.id, held.lease_token)
     assert lost.value.code == "delivery_lease_lost"
+
+
+async def test_a_subscriber_reconnects_after_the_api_restarts(stack: Stack, orbit: Client,
+                                                              tmp_path: Path) -> None:
+    await orbit.create_queue("restart")
+    await orbit.create_subscription("restart-sub", filters={"queues": ["restart"]},
+                                    backoff_initial_ms=0)
+    consumer = Consumer(stack, "restart-sub", concurrency=4, reconnect_max=0.5)
+    try:
+        async with producing(stack, ["restart"]):
+            before = stack.submit("restart", "echo", [{"i": i} for i in range(4)])
+            await until(lambda: all_in(orbit, "restart-sub", "ACKNOWLEDGED", 4), timeout=30,
+                        message="the first results acknowledged")
+            assert consumer.subscriber.connections == 1
+            # kill -9 of the API under the open stream, and a new API on the same port.
+            port, key = stack.api.port, new_key_text()
+            stack.api.stop()
+            stack.api = ApiDaemon(db_url=stack.daemon_url, log=tmp_path / "api-2.log",
+                                  port=port, env={"ORBIT_DELIVERY_SECRET_KEY": key})
+            stack.api.wait_listening()
+            after = stack.submit("restart", "echo", [{"i": i} for i in range(4, 8)])
+            await until(lambda: consumer.tasks_seen() == set(before + after), timeout=30,
+                        message="the results after the restart")
+            await until(lambda: all_in(orbit, "restart-sub", "ACKNOWLEDGED", 8), timeout=30,
+                        message="every result acknowledged")
+    finally:
+        await consumer.stop()
+    assert consumer.subscriber.connections >= 2
+    assert len({d.id for d in consumer.seen}) == len(consumer.seen) == 8
+
+
+async def test_a_subscriber_stops_on_a_refusal_it_cannot_retry(stack: Stack,
+                                                               orbit: Client) -> None:
+    await orbit.create_subscription("refused-hook", "WEBHOOK",
+                                    endpoint_url="https://receiver.example.com/refused")
+    hook = Subscriber(stack.api.url, stack.api_key, stack.namespace, "refused-hook",
+                      lambda d: asyncio.sleep(0))
+    with pytest.raises(Conflict) as not_pull:
+        await asyncio.wait_for(hook.run(install_signal_handlers=False), 30)
+    assert not_pull.value.code == "subscription_not_pull"
+    missing = Subscriber(stack.api.url, stack.api_key, stack.namespace, "no-such-sub",
+                         lambda d: asyncio.sleep(0))
+    with pytest.raises(NotFound) as not_found:
+        await asyncio.wait_for(missing.run(install_signal_handlers=False), 30)
+    assert not_found.value.code == "subscription_not_found"
+
+    # Disabled while streaming: the server closes the stream (4403) and run() ends with it.
+    await orbit.create_subscription("soon-disabled")
+    streaming = Consumer(stack, "soon-disabled")
+    await until(lambda: streaming.subscriber.channel_kind == "websocket", timeout=30,
+                message="an open stream")
+    await orbit.disable_subscription("soon-disabled", "retired")
+    with pytest.raises(OrbitError) as disabled:
+        await asyncio.wait_for(streaming.task, 30)
+    assert disabled.value.code == "subscription_disabled"

@@ -85,6 +85,19 @@ def error_text(exc: BaseException) -> str:
     return text[:ERROR_TEXT_MAX]
 
 
+def _closed_for(close_code: int, last: OrbitError | None) -> OrbitError:
+    """The error a 4401 or 4403 close stands for, typed by the ``error`` frame before it."""
+    code = last.code if last is not None else None
+    detail = last.detail if last is not None else f"the stream was closed with {close_code}"
+    if close_code == CLOSE_CREDENTIAL:
+        return Unauthorized(detail, code=code or "invalid_credential")
+    if code is None or code == "forbidden":
+        return Forbidden(detail, code="forbidden")
+    if code.endswith("_not_found"):
+        return NotFound(detail, code=code)
+    return Conflict(detail, code=code)
+
+
 class _Held:
     """One delivery held by this subscriber, from receipt to settlement."""
 
@@ -154,10 +167,7 @@ class _Stream:
         finally:
             self.close_code = self.ws.close_code
             if self.close_code in (CLOSE_CREDENTIAL, CLOSE_FORBIDDEN):
-                self.fatal = self._last_error or OrbitError(
-                    f"the stream was closed with {self.close_code}",
-                    code="invalid_credential" if self.close_code == CLOSE_CREDENTIAL
-                    else "forbidden")
+                self.fatal = _closed_for(self.close_code, self._last_error)
             self._fail()
 
     def _dispatch(self, data: str) -> None:

@@ -22,6 +22,8 @@ from orbit_sdk.errors import ConnectionFailed, OrbitError, ServiceUnavailable, e
 log = logging.getLogger("orbit_sdk.http")
 
 USER_AGENT = "orbit-sdk-python/0.1"
+# 503s that retrying cannot fix: the operator's configuration lacks something.
+CONFIGURATION_CODES = frozenset({"webhooks_unavailable"})
 
 
 class Transport:
@@ -100,7 +102,7 @@ class Transport:
                 return await self._send(method, path, params=params, body=body,
                                         idempotency_key=idempotency_key, time_limit=time_limit)
             except (ConnectionFailed, ServiceUnavailable) as exc:
-                if attempt == attempts:
+                if attempt == attempts or exc.code in CONFIGURATION_CODES:
                     raise
                 delay = backoff.next_delay()
                 if exc.retry_after is not None:

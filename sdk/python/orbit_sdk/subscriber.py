@@ -24,7 +24,9 @@ Shutdown (SIGTERM, SIGINT or :meth:`Subscriber.stop`)
     Grant no more credit and lease no more, wait up to ``drain_timeout`` for running handlers
     and settle them (a handler still running then is cancelled and its delivery reported
     failed), then close. A second stop cuts the wait. Deliveries the server leased but had not
-    pushed yet are handed back unsent by the server when the stream closes.
+    pushed yet are handed back unsent by the server when the stream closes; one pushed in the
+    very instant of closing (credit was still open) is not seen here, lapses with its lease and
+    comes again.
 """
 
 from __future__ import annotations

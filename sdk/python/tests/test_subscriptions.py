@@ -16,6 +16,7 @@ from orbit_sdk import (
     ConnectionFailed,
     DeliveryReport,
     LeasedDelivery,
+    ServiceUnavailable,
     SubscriptionFilters,
     jsonvalue,
 )
@@ -212,3 +213,13 @@ def test_a_failed_handler_reports_its_type_and_message_bounded() -> None:
     assert error_text(ValueError("bad input")) == "ValueError: bad input"
     assert error_text(KeyError()) == "KeyError"
     assert len(error_text(RuntimeError("x" * 5000))) == 1024
+
+
+async def test_a_missing_webhook_key_is_not_retried(api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    fake.on("POST", f"{NS}/subscriptions",
+            problem(503, "webhooks_unavailable", "no [delivery] secret_key"))
+    with pytest.raises(ServiceUnavailable) as caught:
+        await client.create_subscription("hook", "WEBHOOK", endpoint_url="https://x.example")
+    assert caught.value.code == "webhooks_unavailable"
+    assert len(fake.seen) == 1  # a configuration gap, not a transient failure

@@ -49,6 +49,7 @@ HEARTBEAT_S = 20.0  # WebSocket ping interval; a peer that misses the pong is cl
 MAX_INVALID_FRAMES = 10  # refused frames on one connection before it is closed (1008)
 CLOSE_CREDENTIAL = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_GOING_AWAY = 1001  # the API is draining: reconnect (to another replica)
 
 
 class Stream:
@@ -242,6 +243,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=MAX_FRAME_BYTES + 1)
     await ws.prepare(request)
     conn = Stream(db, principal, namespace=namespace, name=name, ws=ws, target=target)
+    streams = request.app[STREAMS]
+    streams.add(conn)
     pumping = asyncio.create_task(conn.pump(), name="subscription-stream")
     try:
         async for message in ws:
@@ -259,6 +262,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
             if pumping.done():
                 break
     finally:
+        streams.discard(conn)
         conn.closing = True
         conn.wake.set()
         # The pump finishes its step (a lease in flight is pushed or handed back), bounded.
@@ -269,7 +273,24 @@ async def stream(request: web.Request) -> web.StreamResponse:
     return ws
 
 
+STREAMS: web.AppKey[set[Stream]] = web.AppKey("subscription_streams")
+
+
+async def close_streams(app: web.Application) -> None:
+    """On shutdown (the API draining): stop pushing and close every stream with 1001, so the
+    consumers reconnect elsewhere; leases pushed but not settled lapse as on any disconnect."""
+    streams: set[Stream] = app[STREAMS]
+    for conn in list(streams):
+        conn.closing = True
+        conn.wake.set()
+        with contextlib.suppress(Exception):
+            await conn.ws.close(code=CLOSE_GOING_AWAY, message=b"the API is draining")
+
+
 def add_routes(app: web.Application) -> None:
+    streams: set[Stream] = set()
+    app[STREAMS] = streams
+    app.on_shutdown.append(close_streams)
     app.router.add_get(PATH, stream)
 
 
@@ -287,7 +308,8 @@ OPENAPI_PATHS: dict[str, Any] = {
                            "repeated}, error {id, code, detail}. A frame over "
                            f"{MAX_FRAME_BYTES} bytes closes with 1009, a binary frame with "
                            f"1003, {MAX_INVALID_FRAMES} invalid frames with 1008, a revoked "
-                           "credential with 4401, a lost authorization with 4403 "
+                           "credential with 4401, a lost authorization or a disabled "
+                           "subscription with 4403, a draining API with 1001 "
                            "(docs/api/subscriptions.md).",
             "operationId": "subscriptionStream",
             "responses": {

@@ -29,13 +29,15 @@ from aiohttp.test_utils import TestClient
 from orbit_api.app import create_app
 from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
 from orbit_common.db.schema import SchemaChecker
+from orbit_common.model.sealing import new_key_text
 from orbit_common.platform import PLATFORM_NAMESPACE_ID, authz, credentials
 from orbit_common.platform.audit import Actor
 from orbit_common.pulse.workers import QueueRef
+from orbit_common.service.config import DeliveryConfig
 from orbit_common.service.health import ReadinessGate
 from tests.conftest import Tenant, api_config, make_key, make_tenant
 from tests.integration.test_leases import claim, finish, report, start
-from tests.support import database
+from tests.support import database, relay
 from tests.support.lease_fixtures import open_session
 from tests.support.openapi_routes import served_routes
 from tests.support.servers import ServiceTestServer
@@ -69,6 +71,12 @@ class Objects:
     schedule_revision: int
     resources_revision: int
     queue_revision: int
+    pull: str  # a PULL subscription of the victim's queue
+    hook: str  # a WEBHOOK subscription of the victim's queue
+    subscription_revision: int  # the pull subscription's
+    leased: str  # a LEASED delivery of the pull subscription, with its token
+    token: str = attrs.field(repr=False)
+    exhausted: str  # an EXHAUSTED delivery of the pull subscription
 
 
 @attrs.frozen(kw_only=True)
@@ -101,6 +109,8 @@ class Case:
     body: Body | None = None
     body2: Body | None = None
     task: str = "review"
+    subscription: str = "pull"  # which subscription {subscription} names
+    delivery: str = "leased"  # which delivery {delivery_id} names
     listing: bool = False
     global_: bool = False  # not addressed to a namespace: see _check_global
     control_body: Body | None = None  # when the control cannot repeat the attack's body
@@ -122,10 +132,17 @@ TASK = TASKS + "/{task_id}"
 QUEUES = "/v1/namespaces/{namespace}/queues"
 SCHEDULES = "/v1/namespaces/{namespace}/schedules"
 SCHED = SCHEDULES + "/{schedule}"
+SUBSCRIPTIONS = "/v1/namespaces/{namespace}/subscriptions"
+SUB = SUBSCRIPTIONS + "/{subscription}"
+DELIVERY = SUB + "/deliveries/{delivery_id}"
 
 
 def _submit(o: Objects) -> dict[str, Any]:
     return {"queue": QUEUE, "handler": "noop", "input": {"n": 1}}
+
+
+def _subscription_body(o: Objects) -> dict[str, Any]:
+    return {"name": o.pull + "-new", "kind": "PULL", "filters": {"queues": [QUEUE]}}
 
 
 def _schedule_body(o: Objects) -> dict[str, Any]:
@@ -220,6 +237,43 @@ ROUTES: dict[Route, Case] = {
         body2=lambda o: {"start": "2024-01-01T00:00:00Z", "end": "2024-01-03T00:00:00Z",
                          "reason": "matrix"}),
     ("GET", SCHED + "/occurrences"): Case(needs=(one(A.SCHEDULES_READ),)),
+    ("GET", SUBSCRIPTIONS): Case(needs=(one(A.SUBSCRIPTIONS_READ),), listing=True),
+    ("POST", SUBSCRIPTIONS): Case(
+        needs=(one(A.SUBSCRIPTIONS_MANAGE), one(A.TASKS_READ)), body=_subscription_body,
+        body2=lambda o: {**_subscription_body(o), "max_attempts": 3}),
+    ("GET", SUB): Case(needs=(one(A.SUBSCRIPTIONS_READ),)),
+    ("PATCH", SUB): Case(
+        needs=(one(A.SUBSCRIPTIONS_MANAGE),),
+        body=lambda o: {"revision": o.subscription_revision, "max_attempts": 5},
+        body2=lambda o: {"revision": o.subscription_revision, "max_attempts": 6}),
+    ("POST", SUB + "/pause"): Case(
+        needs=(one(A.SUBSCRIPTIONS_MANAGE),), body=lambda o: {"reason": "matrix"},
+        body2=lambda o: {"reason": "other"}),
+    ("POST", SUB + "/resume"): Case(
+        needs=(one(A.SUBSCRIPTIONS_MANAGE),), body=lambda o: {"reason": "matrix"},
+        body2=lambda o: {"reason": "other"}),
+    ("POST", SUB + "/disable"): Case(
+        needs=(one(A.SUBSCRIPTIONS_MANAGE),), body=lambda o: {"reason": "matrix"},
+        body2=lambda o: {"reason": "other"}),
+    ("POST", SUB + "/rotate-secret"): Case(
+        needs=(one(A.SUBSCRIPTIONS_MANAGE),), subscription="hook",
+        body=lambda o: {"window_s": 60}, body2=lambda o: {"window_s": 120}),
+    ("GET", SUB + "/deliveries"): Case(needs=(one(A.SUBSCRIPTIONS_READ),)),
+    ("GET", DELIVERY): Case(needs=(one(A.SUBSCRIPTIONS_READ),)),
+    ("POST", DELIVERY + "/budget"): Case(
+        needs=(one(A.SUBSCRIPTIONS_MANAGE),), delivery="exhausted",
+        body=lambda o: {"attempts": 1, "reason": "matrix"},
+        body2=lambda o: {"attempts": 2, "reason": "matrix"}),
+    ("POST", SUB + "/lease"): Case(needs=(one(A.SUBSCRIPTIONS_CONSUME),),
+                                   body=lambda o: {"max": 5}),
+    ("POST", DELIVERY + "/ack"): Case(needs=(one(A.SUBSCRIPTIONS_CONSUME),),
+                                      body=lambda o: {"token": o.token}),
+    ("POST", DELIVERY + "/fail"): Case(needs=(one(A.SUBSCRIPTIONS_CONSUME),),
+                                       body=lambda o: {"token": o.token, "error": "matrix"}),
+    ("POST", SUB + "/settle"): Case(
+        needs=(one(A.SUBSCRIPTIONS_CONSUME),),
+        body=lambda o: {"items": [{"delivery_id": o.leased, "token": o.token,
+                                   "outcome": "acknowledged"}]}),
 }
 
 # Routes the router serves that the matrix does not send attacker keys to, with the reason.
@@ -228,13 +282,16 @@ NOT_EXERCISED: dict[Route, str] = {
     ("GET", "/readyz"): "operational, no credential and no tenant data (test_health.py)",
     ("GET", "/metrics"): "operational, no credential; process-wide series only (test_metrics.py)",
     ("GET", "/v1/openapi.json"): "the static document, no credential (test_openapi.py)",
+    ("GET", SUB + "/stream"): "a WebSocket upgrade, which a plain request cannot make: its "
+    "refusals before the upgrade (401, 403, 404) are test_subscription_stream.py's",
 }
 
 # Idempotent commands whose receipt an attacker tries to replay (Case.body2 is set), in the
 # order the victim sends them: a new version before pause and resume change the schedule's
 # revision, and the disabling DELETE last.
 REPLAYED = sorted((r for r, c in ROUTES.items() if c.body2 is not None),
-                  key=lambda r: (r[0] == "DELETE", r[1].endswith(("/pause", "/resume")), r))
+                  key=lambda r: (r[0] == "DELETE" or r == ("POST", SUB + "/disable"),
+                                 r[1].endswith(("/pause", "/resume")), r))
 
 
 def without_keys() -> list[frozenset[str]]:
@@ -271,7 +328,8 @@ def path_of(route: Route, o: Objects) -> str:
     case = ROUTES[route]
     return route[1].format(
         namespace=o.namespace, application=o.application, queue=QUEUE, schedule=o.schedule,
-        task_id=getattr(o, case.task), attempt_id=o.attempt)
+        task_id=getattr(o, case.task), attempt_id=o.attempt,
+        subscription=getattr(o, case.subscription), delivery_id=getattr(o, case.delivery))
 
 
 async def send(client: TestClient[Any, Any], route: Route, o: Objects, key: str, *,
@@ -334,12 +392,29 @@ async def _objects(db: Database, client: TestClient[Any, Any], tenant: Tenant,
         assert task["state"] == "NEEDS_REVIEW", task
         made = await _ok(client, "POST", ns + "/schedules", tenant,
                          {"name": schedule, "queue": QUEUE, "rule": DAILY, "template": TEMPLATE})
+        pull, hook = schedule + "-pull", schedule + "-hook"
+        # From sequence 0: the ended tasks' results are delivered; one fails for good
+        # (max_attempts 1), one stays leased for the module (lease_ms 1 h).
+        sub = await _ok(client, "POST", ns + "/subscriptions", tenant, {
+            "name": pull, "kind": "PULL", "filters": {"queues": [QUEUE]}, "max_attempts": 1,
+            "lease_ms": 3_600_000, "start_after_sequence": 0})
+        await _ok(client, "POST", ns + "/subscriptions", tenant, {
+            "name": hook, "kind": "WEBHOOK", "endpoint_url": "https://hooks.example.com/m",
+            "filters": {"queues": [QUEUE]}})
+        await relay.fan_out_all(db, tenant)
+        gone, kept = (await _ok(client, "POST", f"{ns}/subscriptions/{pull}/lease", tenant,
+                                {"max": 2}))["items"]
+        await _ok(client, "POST",
+                  f"{ns}/subscriptions/{pull}/deliveries/{gone['delivery']['id']}/fail", tenant,
+                  {"token": gone["lease_token"]})
         found.append(Objects(
             application=tenant.application, namespace=tenant.namespace, schedule=schedule,
             waiting=waiting, review=review, failed=failed,
             attempt=grants[review].attempt_id.hex(), review_revision=task["revision"],
             schedule_revision=made["revision"], resources_revision=resources["revision"],
-            queue_revision=queue["revision"]))
+            queue_revision=queue["revision"], pull=pull, hook=hook,
+            subscription_revision=sub["revision"], leased=kept["delivery"]["id"],
+            token=kept["lease_token"], exhausted=gone["delivery"]["id"]))
     return found
 
 
@@ -363,7 +438,9 @@ async def build_victim(db: Database, client: TestClient[Any, Any], *,
                                   body=ROUTES[route].replayed(replay),
                                   idempotency_key=replay_key(route))
         assert 200 <= status < 300, (route, status, text)
-        receipts[route] = (status, json.loads(text))
+        receipt = json.loads(text)
+        receipt.pop("secret", None)  # a webhook secret is in the first answer only, never replayed
+        receipts[route] = (status, receipt)
     return Victim(tenant=tenant, plain=plain, replay=replay, receipts=receipts)
 
 
@@ -394,7 +471,9 @@ def scratch_url(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def world(scratch_url: DatabaseUrl) -> AsyncIterator[World]:
     db = await open_database(scratch_url, minsize=1, maxsize=10)
-    app = create_app(api_config(scratch_url), db, ReadinessGate(SchemaChecker(db)))
+    config = attrs.evolve(api_config(scratch_url),
+                          delivery=DeliveryConfig(secret_key=new_key_text()))  # webhooks
+    app = create_app(config, db, ReadinessGate(SchemaChecker(db)))
     served = frozenset((m.upper(), p) for p, m in served_routes(app))
     client = TestClient(ServiceTestServer(app))
     await client.start_server()
@@ -560,7 +639,8 @@ async def test_the_victims_own_key_succeeds(world: World, route: Route) -> None:
 
 def _names_of(o: Objects) -> list[str]:
     """Strings that only the victim's objects put in a response."""
-    return [f'"{QUEUE}"', o.schedule, o.waiting, o.review, o.failed, o.attempt]
+    return [f'"{QUEUE}"', o.schedule, o.waiting, o.review, o.failed, o.attempt, o.pull,
+            o.hook, o.leased, o.exhausted]
 
 
 def _check_refusal(route: Route, who: str, status: int, text: str, o: Objects,
@@ -588,7 +668,8 @@ def _check_refusal(route: Route, who: str, status: int, text: str, o: Objects,
     assert status in expected, text
     assert json.loads(text)["code"] in {
         "forbidden", "namespace_not_found", "application_not_found", "queue_not_found",
-        "task_not_found", "schedule_not_found", "attempt_not_found"}, text
+        "task_not_found", "schedule_not_found", "attempt_not_found", "subscription_not_found",
+        "delivery_not_found"}, text
 
 
 def _check_global(route: Route, who: str, status: int, text: str, namespace: str) -> None:

@@ -281,3 +281,44 @@ async def test_a_paused_stream_waits_and_a_disabled_one_closes(
         message = await ws.receive(timeout=10)
         assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert ws.close_code == subscription_stream.CLOSE_FORBIDDEN
+
+
+async def test_an_idle_stream_polls_a_cheap_read_with_back_off(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    await _setup(db, tenant, 0)
+    calls = {"poll": 0, "lease": 0}
+    real_poll, real_lease = consumer.poll, deliveries.lease_deliveries
+
+    async def poll(*args: Any, **kwargs: Any) -> Any:
+        calls["poll"] += 1
+        return await real_poll(*args, **kwargs)
+
+    async def lease(*args: Any, **kwargs: Any) -> Any:
+        calls["lease"] += 1
+        return await real_lease(*args, **kwargs)
+
+    monkeypatch.setattr(consumer, "poll", poll)
+    monkeypatch.setattr(deliveries, "lease_deliveries", lease)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await _nothing_more(ws)  # no credit: not even the cheap read
+        assert calls == {"poll": 0, "lease": 0}
+        await ws.send_json({"type": "ready", "credit": 10})
+        await _nothing_more(ws)
+    # QUIET_S of waiting with nothing pending: 50, 100, 200, 400 ms between reads, no lease.
+    assert calls["lease"] == 0
+    assert 1 <= calls["poll"] <= 6
+
+
+async def test_a_draining_api_closes_its_streams(api: TestClient[Any, Any], db: Database,
+                                                 tenant: Tenant) -> None:
+    await _setup(db, tenant, 1)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 1})
+        assert (await _frame(ws))["type"] == "delivery"
+        await subscription_stream.close_streams(api.server.app)
+        message = await ws.receive(timeout=10)
+        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert ws.close_code == subscription_stream.CLOSE_GOING_AWAY
+    await until(lambda: not api.server.app[subscription_stream.STREAMS],
+                message="the stream is gone")

@@ -499,3 +499,16 @@ def test_every_route_is_in_the_document() -> None:
                      DELIVERY + "/budget", ITEM + "/lease", DELIVERY + "/ack",
                      DELIVERY + "/fail", ITEM + "/settle"}
     assert deliveries.LEASE_BATCH_MAX == routes.LEASE_MAX
+
+
+async def test_a_subscription_name_is_compared_exactly(api: TestClient[Any, Any],
+                                                       tenant: Tenant,
+                                                       relay_writes: WriteWatch) -> None:
+    await _create(api, tenant)
+    relay_writes.reset()
+    for variant in ("sub%20", "SUB", "sub "):
+        response = await api.get(_url(tenant, sub=variant), headers=tenant.auth)
+        await assert_problem(response, 404, "subscription_not_found")
+        response = await api.post(_url(tenant, "/pause", variant), headers=tenant.auth)
+        await assert_problem(response, 404, "subscription_not_found")
+    relay_writes.assert_unchanged()

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,8 @@ from tests.support.stack import Stack
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.slow
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "result-inbox"
 
 
 @pytest.fixture
@@ -112,3 +116,28 @@ async def test_the_pull_consumer_applies_a_redelivered_result_once(stack: Stack,
 
 async def orbit_pending(orbit: Client, count: int) -> bool:
     return len([d async for d in orbit.list_deliveries("inbox", state="PENDING")]) == count
+
+
+async def test_the_consume_command_runs_until_sigterm_and_drains(stack: Stack, pool: Any,
+                                                                 inbox_url: str) -> None:
+    async with Client(stack.api.url, stack.api_key, stack.namespace) as orbit:
+        await orbit.create_queue("cli")
+        await orbit.create_subscription("cli-inbox", filters={"queues": ["cli"]})
+        proc = stack.start_worker(
+            "-m", "result_inbox", "consume", "--concurrency", "2", log_name="consume.log",
+            env={"RESULT_INBOX_DATABASE_URL": inbox_url,
+                 "RESULT_INBOX_SUBSCRIPTION": "cli-inbox",
+                 "PYTHONPATH": str(EXAMPLE)})
+        async with producing(stack, ["cli"]):
+            task_ids = stack.submit("cli", "echo", [{"n": 1}, {"n": 2}])
+
+            async def acknowledged() -> bool:
+                found = [d async for d in orbit.list_deliveries("cli-inbox",
+                                                                state="ACKNOWLEDGED")]
+                return len(found) == 2
+
+            await until(acknowledged, timeout=30, message="both results acknowledged")
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+        assert len(await inbox_rows(pool, task_ids)) == 2
+        assert [d async for d in orbit.list_deliveries("cli-inbox", state="LEASED")] == []

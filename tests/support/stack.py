@@ -55,7 +55,8 @@ class Stack:
     made for this stack (orbit_devdb.grant_runtime: rows only), as the dev stack runs them."""
 
     def __init__(self, tmp: Path, *, dispatchers: int = 1,
-                 server: DatabaseUrl | None = None, runtime_user: bool = False) -> None:
+                 server: DatabaseUrl | None = None, runtime_user: bool = False,
+                 api_env: dict[str, str] | None = None) -> None:
         from tests.support.processes import ApiDaemon
 
         self.tmp = tmp
@@ -84,7 +85,7 @@ class Stack:
         self.api_key = doc["api_key"]
         self.namespace = doc["namespace"]
         self.auth = {"Authorization": f"Bearer {self.api_key}"}
-        self.api = ApiDaemon(db_url=self.daemon_url, log=tmp / "api.log")
+        self.api = ApiDaemon(db_url=self.daemon_url, log=tmp / "api.log", env=api_env)
         self.dispatchers = [DispatcherDaemon(db_url=self.daemon_url,
                                              log=tmp / f"dispatcher-{i}.log")
                             for i in range(dispatchers)]

@@ -2,6 +2,7 @@
 
 >>> from orbit_sdk import Client, Worker, RetryableError, OutcomeUnknown
 >>> from orbit_sdk import webhooks  # webhooks.verify(secret, headers, body)
+>>> from orbit_sdk import Subscriber  # consume a PULL result subscription
 
 ``orbit_sdk.outbox`` writes task submissions into the application's own transaction (the
 transactional outbox) and sends them later with their original idempotency keys.
@@ -9,7 +10,7 @@ transactional outbox) and sends them later with their original idempotency keys.
 See ``docs/sdk.md`` in the Orbit repository for the how-to.
 """
 
-from orbit_sdk.client import UNSET, Client, TaskRequest, new_idempotency_key
+from orbit_sdk.client import UNSET, Client, DeliveryReport, TaskRequest, new_idempotency_key
 from orbit_sdk.context import Context, Grant
 from orbit_sdk.errors import (
     BadRequest,
@@ -36,10 +37,18 @@ from orbit_sdk.jsonvalue import RawJson
 from orbit_sdk.models import (
     ApplicationResources,
     Attempt,
+    Delivery,
+    DeliveryAttempt,
     Evidence,
+    LeasedDelivery,
     Queue,
     QueueUsage,
+    ResultDelivery,
     RetryPolicy,
+    SecretRotation,
+    Settlement,
+    Subscription,
+    SubscriptionFilters,
     Task,
     TaskEvent,
     TaskSource,
@@ -52,6 +61,7 @@ from orbit_sdk.schedules import (
     ScheduleRun,
     ScheduleVersion,
 )
+from orbit_sdk.subscriber import DeliveryHandler, Subscriber
 from orbit_sdk.webhooks import WebhookVerificationError
 from orbit_sdk.worker import Handler, Worker
 
@@ -67,11 +77,16 @@ __all__ = [
     "Conflict",
     "ConnectionFailed",
     "Context",
+    "Delivery",
+    "DeliveryAttempt",
+    "DeliveryHandler",
+    "DeliveryReport",
     "Evidence",
     "Forbidden",
     "Grant",
     "Handler",
     "IdempotencyConflict",
+    "LeasedDelivery",
     "NotFound",
     "OrbitError",
     "OutcomeUnknown",
@@ -81,16 +96,22 @@ __all__ = [
     "QueueUsage",
     "QuotaExceeded",
     "RawJson",
+    "ResultDelivery",
     "RetryPolicy",
     "RetryableError",
     "Schedule",
     "ScheduleOccurrence",
     "ScheduleRun",
     "ScheduleVersion",
+    "SecretRotation",
     "ServerError",
     "ServiceUnavailable",
     "SessionLost",
+    "Settlement",
     "StaleRevision",
+    "Subscriber",
+    "Subscription",
+    "SubscriptionFilters",
     "Task",
     "TaskEvent",
     "TaskRequest",

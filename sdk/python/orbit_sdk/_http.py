@@ -22,6 +22,8 @@ from orbit_sdk.errors import ConnectionFailed, OrbitError, ServiceUnavailable, e
 log = logging.getLogger("orbit_sdk.http")
 
 USER_AGENT = "orbit-sdk-python/0.1"
+# 503s that retrying cannot fix: the operator's configuration lacks something.
+CONFIGURATION_CODES = frozenset({"webhooks_unavailable"})
 
 
 class Transport:
@@ -51,6 +53,11 @@ class Transport:
 
     def __repr__(self) -> str:  # never show the key
         return f"Transport({self.base_url!r})"
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a request may take (connect and answer)."""
+        return self._timeout
 
     @property
     def headers(self) -> dict[str, str]:
@@ -95,7 +102,7 @@ class Transport:
                 return await self._send(method, path, params=params, body=body,
                                         idempotency_key=idempotency_key, time_limit=time_limit)
             except (ConnectionFailed, ServiceUnavailable) as exc:
-                if attempt == attempts:
+                if attempt == attempts or exc.code in CONFIGURATION_CODES:
                     raise
                 delay = backoff.next_delay()
                 if exc.retry_after is not None:

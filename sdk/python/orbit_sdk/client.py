@@ -26,9 +26,15 @@ from orbit_sdk.errors import OrbitError
 from orbit_sdk.models import (
     ApplicationResources,
     Attempt,
+    Delivery,
     Evidence,
+    LeasedDelivery,
     Queue,
     RetryPolicy,
+    SecretRotation,
+    Settlement,
+    Subscription,
+    SubscriptionFilters,
     Task,
     TaskEvent,
     TaskSource,
@@ -42,7 +48,7 @@ from orbit_sdk.schedules import (
     version_body,
 )
 
-__all__ = ["UNSET", "Client", "TaskRequest", "new_idempotency_key"]
+__all__ = ["UNSET", "Client", "DeliveryReport", "TaskRequest", "new_idempotency_key"]
 
 
 class _Unset:
@@ -124,6 +130,33 @@ class TaskRequest:
             "concurrency_key": self.concurrency_key,
         }
         body.update({k: v for k, v in options.items() if v is not None})
+        return body
+
+
+def _filters_json(filters: SubscriptionFilters | Mapping[str, Any] | None
+                  ) -> dict[str, Any] | None:
+    if filters is None:
+        return None
+    if isinstance(filters, SubscriptionFilters):
+        return filters.to_json()
+    return {k: list(v) for k, v in filters.items()}
+
+
+@attrs.frozen(kw_only=True)
+class DeliveryReport:
+    """One item of :meth:`Client.settle_deliveries`: acknowledge the leased delivery, or report
+    it failed (``acknowledged=False``, with an optional ``error`` text)."""
+
+    delivery_id: str
+    token: str = attrs.field(repr=False)
+    acknowledged: bool = True
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"delivery_id": self.delivery_id, "token": self.token,
+                                "outcome": "acknowledged" if self.acknowledged else "failed"}
+        if not self.acknowledged and self.error is not None:
+            body["error"] = self.error
         return body
 
 
@@ -611,3 +644,188 @@ class Client:
         async for item in self._pages(self._ns(f"/schedules/{_seg(name)}/occurrences"),
                                       params):
             yield ScheduleOccurrence.from_json(item)
+
+    # --- result subscriptions ----------------------------------------------------------------
+
+    def _sub(self, name: str, suffix: str = "") -> str:
+        return self._ns(f"/subscriptions/{_seg(name)}{suffix}")
+
+    async def create_subscription(
+        self,
+        name: str,
+        kind: str = "PULL",
+        *,
+        endpoint_url: str | None = None,
+        filters: SubscriptionFilters | Mapping[str, Any] | None = None,
+        max_attempts: int | None = None,
+        backoff_initial_ms: int | None = None,
+        backoff_max_ms: int | None = None,
+        lease_ms: int | None = None,
+        start_after_sequence: int | None = None,
+        secret: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Subscription:
+        """Create an ACTIVE result subscription (``kind`` ``PULL`` or ``WEBHOOK``; a webhook
+        needs ``endpoint_url``). Options left out take the server's defaults; without
+        ``start_after_sequence`` it delivers results committed from now on. A new WEBHOOK
+        subscription's ``secret`` is set on the answer -- **only this once** (a retried call
+        answered from the idempotency record has none: rotate it then). Retried safely under
+        an idempotency key."""
+        body: dict[str, Any] = {"name": name, "kind": kind}
+        options = {"endpoint_url": endpoint_url, "filters": _filters_json(filters),
+                   "max_attempts": max_attempts, "backoff_initial_ms": backoff_initial_ms,
+                   "backoff_max_ms": backoff_max_ms, "lease_ms": lease_ms,
+                   "start_after_sequence": start_after_sequence, "secret": secret}
+        body.update({k: v for k, v in options.items() if v is not None})
+        raw = await self._post(self._ns("/subscriptions"), body,
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return Subscription.from_json(raw)
+
+    async def get_subscription(self, name: str) -> Subscription:
+        """One subscription (never its secret)."""
+        return Subscription.from_json(await self._get(self._sub(name)))
+
+    async def list_subscriptions(self, *, page_size: int | None = None
+                                 ) -> AsyncIterator[Subscription]:
+        """Every subscription the credential may read, by name (all pages)."""
+        params = {} if page_size is None else {"limit": str(page_size)}
+        async for item in self._pages(self._ns("/subscriptions"), params):
+            yield Subscription.from_json(item)
+
+    async def update_subscription(
+        self,
+        name: str,
+        *,
+        revision: int,
+        endpoint_url: str | None = None,
+        filters: SubscriptionFilters | Mapping[str, Any] | _Unset | None = UNSET,
+        max_attempts: int | None = None,
+        backoff_initial_ms: int | None = None,
+        backoff_max_ms: int | None = None,
+        lease_ms: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Subscription:
+        """Change a subscription if it is still at ``revision`` (else :class:`StaleRevision`).
+        Options left out keep their value; ``filters`` given replaces the filters as a whole
+        (``None``: no restriction). The new policy applies to deliveries made from now on.
+        Retried safely under an idempotency key (a retry after a lost answer replays it)."""
+        body: dict[str, Any] = {"revision": revision}
+        options = {"endpoint_url": endpoint_url, "max_attempts": max_attempts,
+                   "backoff_initial_ms": backoff_initial_ms, "backoff_max_ms": backoff_max_ms,
+                   "lease_ms": lease_ms}
+        body.update({k: v for k, v in options.items() if v is not None})
+        if not isinstance(filters, _Unset):
+            body["filters"] = _filters_json(filters)
+        raw = await self._http.request(
+            "PATCH", self._sub(name), body=jsonvalue.dumps(body),
+            idempotency_key=idempotency_key or new_idempotency_key(), retry=True)
+        return Subscription.from_json(raw)
+
+    async def _subscription_state(self, name: str, action: str, reason: str | None,
+                                  idempotency_key: str | None) -> Subscription:
+        body = None if reason is None else {"reason": reason}
+        raw = await self._post(self._sub(name, f"/{action}"), body,
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return Subscription.from_json(raw)
+
+    async def pause_subscription(self, name: str, reason: str | None = None, *,
+                                 idempotency_key: str | None = None) -> Subscription:
+        """Pause: no scanning and no leasing; the backlog and leases in flight are kept.
+        ``reason`` goes to the audit record. Idempotent (pausing again changes nothing)."""
+        return await self._subscription_state(name, "pause", reason, idempotency_key)
+
+    async def resume_subscription(self, name: str, reason: str | None = None, *,
+                                  idempotency_key: str | None = None) -> Subscription:
+        """Resume a paused subscription. Idempotent."""
+        return await self._subscription_state(name, "resume", reason, idempotency_key)
+
+    async def disable_subscription(self, name: str, reason: str | None = None, *,
+                                   idempotency_key: str | None = None) -> Subscription:
+        """Disable for good (deliveries and history are kept). Idempotent."""
+        return await self._subscription_state(name, "disable", reason, idempotency_key)
+
+    async def rotate_subscription_secret(self, name: str, *, window_s: int | None = None,
+                                         idempotency_key: str | None = None
+                                         ) -> SecretRotation:
+        """A new signing secret for a WEBHOOK subscription (shown once, in the answer); the old
+        one still signs for ``window_s`` seconds (the server's default: one day)."""
+        body = None if window_s is None else {"window_s": window_s}
+        raw = await self._post(self._sub(name, "/rotate-secret"), body,
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return SecretRotation.from_json(raw)
+
+    async def list_deliveries(self, name: str, *, state: str | None = None,
+                              page_size: int | None = None) -> AsyncIterator[Delivery]:
+        """A subscription's delivery history, newest first (all pages), optionally only in
+        one ``state`` (PENDING, LEASED, ACKNOWLEDGED, EXHAUSTED)."""
+        params: dict[str, str] = {}
+        if state is not None:
+            params["state"] = state
+        if page_size is not None:
+            params["limit"] = str(page_size)
+        async for item in self._pages(self._sub(name, "/deliveries"), params):
+            yield Delivery.from_json(item)
+
+    async def get_delivery(self, name: str, delivery_id: str) -> Delivery:
+        """One delivery with its frozen snapshot and its attempt log."""
+        return Delivery.from_json(
+            await self._get(self._sub(name, f"/deliveries/{_seg(delivery_id)}")))
+
+    async def add_delivery_budget(self, name: str, delivery_id: str, attempts: int,
+                                  reason: str, *, idempotency_key: str | None = None
+                                  ) -> Delivery:
+        """Give an EXHAUSTED delivery ``attempts`` more tries (it is due again at once; its
+        history is kept). ``reason`` (required) is audited. Retried safely under a key."""
+        raw = await self._post(self._sub(name, f"/deliveries/{_seg(delivery_id)}/budget"),
+                               {"attempts": attempts, "reason": reason},
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return Delivery.from_json(raw)
+
+    # --- pull consumption (low level; orbit_sdk.Subscriber does this for you) ---------------
+
+    async def lease_deliveries(self, name: str, *, max: int | None = None,
+                               wait_ms: int | None = None) -> list[LeasedDelivery]:
+        """Lease up to ``max`` due deliveries of a PULL subscription; with ``wait_ms`` the
+        server waits up to that long for one. Each costs an attempt of its budget; acknowledge
+        or fail it with its ``lease_token`` before ``lease_expires_at``. Not retried (a lost
+        answer's leases lapse and are delivered again)."""
+        body: dict[str, Any] = {}
+        if max is not None:
+            body["max"] = max
+        if wait_ms is not None:
+            body["wait_ms"] = wait_ms
+        raw = await self._http.request(
+            "POST", self._sub(name, "/lease"), body=jsonvalue.dumps(body),
+            time_limit=self._http.timeout + (wait_ms or 0) / 1000)
+        items = raw.get("items") if isinstance(raw, dict) else None
+        return [LeasedDelivery.from_json(item) for item in items or []
+                if isinstance(item, Mapping)]
+
+    async def ack_delivery(self, name: str, delivery_id: str, token: str) -> Settlement:
+        """Acknowledge a leased delivery. Acknowledging again with the same token answers the
+        same (``repeated``), so this is retried automatically. A wrong token or a lapsed lease
+        raises :class:`Conflict` with code ``delivery_lease_lost``."""
+        raw = await self._post(self._sub(name, f"/deliveries/{_seg(delivery_id)}/ack"),
+                               {"token": token}, retry=True)
+        return Settlement.from_json(raw)
+
+    async def fail_delivery(self, name: str, delivery_id: str, token: str,
+                            error: str | None = None) -> Settlement:
+        """Report a leased delivery failed (``error``: at most 1024 characters, kept in its
+        attempt log): it is delivered again after the subscription's backoff, or ends
+        EXHAUSTED when its budget is spent. Not retried automatically."""
+        body: dict[str, Any] = {"token": token}
+        if error is not None:
+            body["error"] = error
+        raw = await self._post(self._sub(name, f"/deliveries/{_seg(delivery_id)}/fail"), body)
+        return Settlement.from_json(raw)
+
+    async def settle_deliveries(self, name: str, reports: Sequence[DeliveryReport]
+                                ) -> list[Settlement]:
+        """Acknowledge and fail several leased deliveries in one transaction; one answer per
+        report, in order (an unsettled one has ``settled=False`` and a ``code``)."""
+        raw = await self._post(self._sub(name, "/settle"),
+                               {"items": [r.to_json() for r in reports]})
+        items = raw.get("items") if isinstance(raw, dict) else None
+        return [Settlement.from_json(item) for item in items or []
+                if isinstance(item, Mapping)]

@@ -17,10 +17,18 @@ import attrs
 __all__ = [
     "ApplicationResources",
     "Attempt",
+    "Delivery",
+    "DeliveryAttempt",
     "Evidence",
+    "LeasedDelivery",
     "Queue",
     "QueueUsage",
+    "ResultDelivery",
     "RetryPolicy",
+    "SecretRotation",
+    "Settlement",
+    "Subscription",
+    "SubscriptionFilters",
     "Task",
     "TaskEvent",
     "TaskSource",
@@ -425,3 +433,255 @@ class Evidence:
             payload=raw.get("payload"), rejected_because=_str(raw, "rejected_because"),
             received_at=parse_time(raw.get("received_at")), raw=dict(raw),
         )
+
+
+# --- result subscriptions (docs/api/subscriptions.md) ---------------------------------------
+
+
+def _strs(raw: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = raw.get(key)
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+
+
+@attrs.frozen(kw_only=True)
+class SubscriptionFilters:
+    """What a subscription delivers: results of these queues, states and handlers (an empty
+    tuple does not restrict; all three must match)."""
+
+    queues: tuple[str, ...] = ()
+    states: tuple[str, ...] = ()
+    handlers: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> SubscriptionFilters:
+        return cls(queues=_strs(raw, "queues"), states=_strs(raw, "states"),
+                   handlers=_strs(raw, "handlers"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"queues": list(self.queues), "states": list(self.states),
+                "handlers": list(self.handlers)}
+
+
+@attrs.frozen(kw_only=True)
+class Subscription:
+    """A result subscription (``PULL`` or ``WEBHOOK``). ``secret`` is set only on the answer
+    that created it (the server shows a webhook secret once; a replay has none)."""
+
+    id: str
+    name: str
+    kind: str = ""  # PULL | WEBHOOK
+    endpoint_url: str | None = None
+    filters: SubscriptionFilters = attrs.field(factory=SubscriptionFilters)
+    max_attempts: int | None = None
+    backoff_initial_ms: int | None = None
+    backoff_max_ms: int | None = None
+    lease_ms: int | None = None
+    start_after_sequence: int | None = None
+    scan_after_sequence: int | None = None
+    backlog: int = 0
+    state: str = ""  # ACTIVE | PAUSED | DISABLED
+    revision: int = 0
+    owner_application_id: str | None = None
+    previous_secret_valid_until: dt.datetime | None = None
+    circuit_state: str | None = None  # CLOSED | OPEN | HALF_OPEN
+    circuit_open_until: dt.datetime | None = None
+    consecutive_failures: int = 0
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    disabled_at: dt.datetime | None = None
+    secret: str | None = attrs.field(default=None, repr=False)
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Subscription:
+        circuit = _dict(raw, "circuit")
+        return cls(
+            id=_str(raw, "id") or "", name=_str(raw, "name") or "",
+            kind=_str(raw, "kind") or "", endpoint_url=_str(raw, "endpoint_url"),
+            filters=SubscriptionFilters.from_json(_dict(raw, "filters")),
+            max_attempts=_int(raw, "max_attempts"),
+            backoff_initial_ms=_int(raw, "backoff_initial_ms"),
+            backoff_max_ms=_int(raw, "backoff_max_ms"), lease_ms=_int(raw, "lease_ms"),
+            start_after_sequence=_int(raw, "start_after_sequence"),
+            scan_after_sequence=_int(raw, "scan_after_sequence"),
+            backlog=_int(raw, "backlog") or 0, state=_str(raw, "state") or "",
+            revision=_int(raw, "revision") or 0,
+            owner_application_id=_str(raw, "owner_application_id"),
+            previous_secret_valid_until=parse_time(raw.get("previous_secret_valid_until")),
+            circuit_state=_str(circuit, "state"),
+            circuit_open_until=parse_time(circuit.get("open_until")),
+            consecutive_failures=_int(circuit, "consecutive_failures") or 0,
+            created_at=parse_time(raw.get("created_at")),
+            updated_at=parse_time(raw.get("updated_at")),
+            disabled_at=parse_time(raw.get("disabled_at")), secret=_str(raw, "secret"),
+            raw={k: v for k, v in raw.items() if k != "secret"},
+        )
+
+
+@attrs.frozen(kw_only=True)
+class SecretRotation:
+    """The answer of a secret rotation: the new ``secret`` (shown once; ``None`` on a replay)
+    and until when the previous one still signs."""
+
+    subscription: Subscription
+    rotation_id: str | None = None
+    previous_secret_valid_until: dt.datetime | None = None
+    secret: str | None = attrs.field(default=None, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> SecretRotation:
+        return cls(subscription=Subscription.from_json(_dict(raw, "subscription")),
+                   rotation_id=_str(raw, "rotation_id"),
+                   previous_secret_valid_until=parse_time(
+                       raw.get("previous_secret_valid_until")),
+                   secret=_str(raw, "secret"))
+
+
+@attrs.frozen(kw_only=True)
+class DeliveryAttempt:
+    """One attempt of a delivery: ``outcome`` ACKNOWLEDGED, FAILED or LAPSED."""
+
+    attempt: int = 0
+    outcome: str = ""
+    status_code: int | None = None
+    error: str | None = None
+    duration_ms: int | None = None
+    ended_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> DeliveryAttempt:
+        return cls(attempt=_int(raw, "attempt") or 0, outcome=_str(raw, "outcome") or "",
+                   status_code=_int(raw, "status_code"), error=_str(raw, "error"),
+                   duration_ms=_int(raw, "duration_ms"),
+                   ended_at=parse_time(raw.get("ended_at")), raw=dict(raw))
+
+
+@attrs.frozen(kw_only=True)
+class Delivery:
+    """A delivery in the history (``list_deliveries``) or its detail (``get_delivery``: then
+    ``subscription``, ``queue``, ``result_state``, ``committed_at``, ``snapshot`` and
+    ``attempts`` are set too). Never a secret or a lease token."""
+
+    id: str
+    subscription_id: str = ""
+    event_id: str = ""
+    sequence: int = 0
+    task_id: str = ""
+    task_revision: int = 0
+    state: str = ""  # PENDING | LEASED | ACKNOWLEDGED | EXHAUSTED
+    attempts_used: int = 0
+    max_attempts: int = 0
+    available_at: dt.datetime | None = None
+    lease_expires_at: dt.datetime | None = None
+    last_error: dict[str, Any] | None = None  # {"status_code", "body", "duration_ms"}
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    acknowledged_at: dt.datetime | None = None
+    exhausted_at: dt.datetime | None = None
+    subscription: str | None = None
+    queue: str | None = None
+    result_state: str | None = None
+    committed_at: dt.datetime | None = None
+    snapshot: Any = None
+    attempts: tuple[DeliveryAttempt, ...] = ()
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Delivery:
+        last_error = raw.get("last_error")
+        attempts = raw.get("attempts")
+        return cls(
+            id=_str(raw, "id") or "", subscription_id=_str(raw, "subscription_id") or "",
+            event_id=_str(raw, "event_id") or "", sequence=_int(raw, "sequence") or 0,
+            task_id=_str(raw, "task_id") or "", task_revision=_int(raw, "task_revision") or 0,
+            state=_str(raw, "state") or "", attempts_used=_int(raw, "attempts_used") or 0,
+            max_attempts=_int(raw, "max_attempts") or 0,
+            available_at=parse_time(raw.get("available_at")),
+            lease_expires_at=parse_time(raw.get("lease_expires_at")),
+            last_error=dict(last_error) if isinstance(last_error, Mapping) else None,
+            created_at=parse_time(raw.get("created_at")),
+            updated_at=parse_time(raw.get("updated_at")),
+            acknowledged_at=parse_time(raw.get("acknowledged_at")),
+            exhausted_at=parse_time(raw.get("exhausted_at")),
+            subscription=_str(raw, "subscription"), queue=_str(raw, "queue"),
+            result_state=_str(raw, "result_state"),
+            committed_at=parse_time(raw.get("committed_at")), snapshot=raw.get("snapshot"),
+            attempts=tuple(DeliveryAttempt.from_json(a) for a in attempts
+                           if isinstance(a, Mapping)) if isinstance(attempts, list) else (),
+            raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ResultDelivery:
+    """The ``task.result`` body a consumer receives (the same body the pump POSTs to a
+    webhook): one result event of one task, for one subscription. ``attempt`` counts this
+    delivery's tries (a redelivery has a higher one); ``snapshot`` is the task as frozen at the
+    result (``state``, ``result``, ``error``, ``handler``, ``outcome_reason``, …). ``raw`` is
+    the body as parsed (with ``exact_numbers`` when the consumer asked for it)."""
+
+    id: str
+    subscription_id: str = ""
+    subscription: str = ""
+    namespace: str = ""
+    sequence: int = 0
+    event_id: str = ""
+    task_id: str = ""
+    queue: str = ""
+    task_revision: int = 0
+    state: str = ""
+    committed_at: dt.datetime | None = None
+    attempt: int = 0
+    snapshot: Any = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ResultDelivery:
+        return cls(
+            id=_str(raw, "id") or "", subscription_id=_str(raw, "subscription_id") or "",
+            subscription=_str(raw, "subscription") or "",
+            namespace=_str(raw, "namespace") or "", sequence=_int(raw, "sequence") or 0,
+            event_id=_str(raw, "event_id") or "", task_id=_str(raw, "task_id") or "",
+            queue=_str(raw, "queue") or "", task_revision=_int(raw, "task_revision") or 0,
+            state=_str(raw, "state") or "", committed_at=parse_time(raw.get("committed_at")),
+            attempt=_int(raw, "attempt") or 0, snapshot=raw.get("snapshot"), raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class LeasedDelivery:
+    """A delivery leased to this consumer: the body, the lease token (needed to acknowledge or
+    fail it; shown only to the holder) and when the lease lapses (database time)."""
+
+    delivery: ResultDelivery
+    lease_token: str = attrs.field(repr=False)
+    lease_expires_at: dt.datetime | None = None
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> LeasedDelivery:
+        return cls(delivery=ResultDelivery.from_json(_dict(raw, "delivery")),
+                   lease_token=_str(raw, "lease_token") or "",
+                   lease_expires_at=parse_time(raw.get("lease_expires_at")))
+
+
+@attrs.frozen(kw_only=True)
+class Settlement:
+    """The outcome of one acknowledgement or failure report. ``settled`` false: not applied,
+    ``code`` says why (``delivery_not_found``, ``delivery_lease_lost``) -- only in a batch
+    :meth:`Client.settle_deliveries` answer; the single calls raise instead."""
+
+    delivery_id: str
+    settled: bool = False
+    state: str | None = None  # ACKNOWLEDGED | PENDING | EXHAUSTED
+    attempts_used: int | None = None
+    repeated: bool = False
+    code: str | None = None
+    detail: str | None = None
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Settlement:
+        return cls(delivery_id=_str(raw, "delivery_id") or "", settled=_bool(raw, "settled"),
+                   state=_str(raw, "state"), attempts_used=_int(raw, "attempts_used"),
+                   repeated=_bool(raw, "repeated"), code=_str(raw, "code"),
+                   detail=_str(raw, "detail"))

@@ -500,6 +500,18 @@ def scheduler_command(ctx: click.Context) -> None:
     runner.run(SchedulerService, config, "scheduler")
 
 
+@cli.command("delivery")
+@click.pass_context
+def delivery_command(ctx: click.Context) -> None:
+    """Run the delivery pump (fan-out, webhooks, lapse recovery; run any number of replicas)."""
+    from orbit_common.service import runner
+    from orbit_delivery.service import DeliveryService
+
+    config = _config(ctx)
+    _url(ctx)
+    runner.run(DeliveryService, config, "delivery")
+
+
 @cli.group()
 def bench() -> None:
     """Benchmarks (run from a checkout; figures go to bench/RESULTS.md)."""

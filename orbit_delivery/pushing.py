@@ -37,10 +37,12 @@ class WebhookPusher:
                                      body=body)
 
     async def push(self, url: str, document: dict[str, Any], secrets: signing.SigningSecrets,
-                   *, namespace: str | None = None) -> SendOutcome:
-        """Sign and POST one attempt of a delivery; never raises for network trouble."""
+                   *, namespace: str | None = None, deadline: float | None = None
+                   ) -> SendOutcome:
+        """Sign and POST one attempt of a delivery, over by ``deadline`` (monotonic) at the
+        latest; never raises for network trouble."""
         body, headers = self.signed(document, secrets, int(self.wall_clock()))
-        outcome = await self.sender.send(url, body, headers)
+        outcome = await self.sender.send(url, body, headers, deadline=deadline)
         if self.metrics is not None:
             self.metrics.attempt(outcome, namespace=namespace)
         return outcome

@@ -12,7 +12,8 @@ Four loops share one database pool:
   ``lease_batch`` due deliveries (a circuit due for its probe: first claims the probe with
   :func:`~orbit_common.relay.circuit.begin_probe` -- one pump of many wins -- and leases one),
   signs each payload's exact bytes, sends them with the sender's bounds (``endpoint_concurrency``
-  at a time), and records everything in one transaction: deliveries handed back unsent
+  at a time; every request is over before its lease ends, so no other pump can lease the
+  delivery while it is on the wire), and records everything in one transaction: deliveries handed back unsent
   (:func:`~orbit_common.relay.deliveries.release`, no attempt spent), the attempts'
   outcomes (:func:`~orbit_common.relay.deliveries.settle`: a 2xx acknowledges, anything else
   backs off or exhausts), then the endpoint circuit (:func:`~orbit_common.relay.circuit.record`,
@@ -40,6 +41,7 @@ import contextlib
 import datetime as dt
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -61,6 +63,10 @@ from orbit_delivery.pushing import WebhookPusher
 from orbit_delivery.sender import SenderLimits, SendOutcome, WebhookSender
 
 log = logging.getLogger(__name__)
+
+# A request ends at least this long (at most a quarter of the lease) before its lease does, so
+# its outcome is recorded while the lease is still live.
+LEASE_MARGIN_S = 2.0
 
 
 def sender_limits(config: DeliveryConfig) -> SenderLimits:
@@ -273,6 +279,7 @@ class DeliveryService:
 
         try:
             leased, now = await self.db.transaction("delivery.lease", take)
+            leased_at = time.monotonic()
         except (model.SubscriptionNotActive, model.SubscriptionNotFound):
             return BatchResult(leased=0, sent=0, released=0)
         if not leased:
@@ -292,13 +299,18 @@ class DeliveryService:
         slots = asyncio.Semaphore(self.config.endpoint_concurrency)
 
         async def one(lease: Leased) -> None:
+            # Every request is over before the lease ends (database time, measured from the
+            # lease's own transaction), leaving a margin to record the outcome: no other pump
+            # can lease the delivery while this one's request is out.
+            held_s = (lease.lease_expires_at - now).total_seconds()
+            deadline = leased_at + held_s - min(LEASE_MARGIN_S, held_s / 4)
             async with slots:
                 if self.stopping.is_set() or (
                         not probing and state["circuit"].state is not CircuitState.CLOSED):
                     unsent.append(lease)
                     return
                 outcome = await self.pusher.push(row["endpoint_url"], lease.payload, secrets,
-                                                 namespace=namespace)
+                                                 namespace=namespace, deadline=deadline)
             sent.append((lease, outcome))
             # The same rule the database applies on record: a batch whose failures open the
             # circuit sends no more (now is approximate; only the state matters here).

@@ -47,9 +47,12 @@ class Receiver:
         self.documents: list[dict[str, Any]] = []
         self.server: TestServer | None = None
         self.url = ""
+        self.hold: asyncio.Event | None = None  # set: requests wait for it before answering
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
+        if self.hold is not None:
+            await self.hold.wait()
         self.documents.append(webhooks.verify(self.secret, request.headers, body))
         self.bodies.append(body)
         return web.Response(status=self.status, text="nope" * 400 if self.status >= 300 else "")
@@ -78,9 +81,10 @@ async def receiver(made: list[Receiver], status: int = 200) -> Receiver:
     return r
 
 
-async def hook(db: Database, tenant: Tenant, name: str, r: Receiver) -> dict[str, Any]:
+async def hook(db: Database, tenant: Tenant, name: str, r: Receiver,
+               **fields: Any) -> dict[str, Any]:
     created = await relay.subscribe(db, tenant, name, kind="WEBHOOK", endpoint_url=r.url,
-                                    settings=SETTINGS)
+                                    settings=SETTINGS, **fields)
     assert created.secret is not None
     r.secret = created.secret
     return await relay.subscription_row(db, tenant, name)
@@ -268,3 +272,33 @@ async def test_a_subscription_waiting_out_its_backoff_is_not_a_target(
     assert await target(db, tenant, "hook") is None  # in backoff: no lease transactions
     await relay.make_due(db, tenant)
     assert await target(db, tenant, "hook") is not None
+
+
+async def test_a_request_ends_before_its_lease_does(
+        db: Database, tenant: Tenant, receivers: list[Receiver]) -> None:
+    """A receiver slower than the lease: the request is cut off before the lease ends (and its
+    failure recorded while the lease is live), so no other pump re-leases it while it is out."""
+    queue = await make_queue(db, tenant)
+    r = await receiver(receivers)
+    r.hold = asyncio.Event()  # never answers until the test ends
+    await hook(db, tenant, "hook", r, lease_ms=1000)
+    await relay.cancelled_results(db, tenant, queue, 1)
+    await relay.fan_out_all(db, tenant)
+    service = pump(db, attrs.evolve(CONFIG, timeout_s=30))
+    try:
+        row = await target(db, tenant, "hook")
+        assert row is not None
+        started = asyncio.get_running_loop().time()
+        done = await asyncio.wait_for(service.batch(row), timeout=10)
+        took = asyncio.get_running_loop().time() - started
+    finally:
+        r.hold.set()
+        await service.close()
+    assert done.sent == 1
+    assert took < 1.0  # bounded by the 1 s lease, not the 30 s timeout
+    (delivery,) = await relay.delivery_rows(db, tenant)
+    assert (delivery["state"], delivery["attempts_used"]) == ("PENDING", 1)
+    assert delivery["last_error"].startswith("timeout")
+    attempts = await relay.rows(db, "SELECT outcome FROM orbit_delivery_attempts"
+                                " WHERE namespace_id = %s", tenant.namespace_id)
+    assert [a["outcome"] for a in attempts] == ["FAILED"]  # recorded, not lapsed

@@ -8,20 +8,22 @@ Four loops share one database pool:
   from ``poll_min_ms`` to ``poll_max_ms``; one that created deliveries wakes the webhook loop.
 * **webhooks** -- :func:`orbit_common.relay.circuit.webhook_targets` (ACTIVE webhook
   subscriptions with a delivery due now whose circuit lets a pump send) → one task per
-  subscription, at most ``subscriptions_in_flight`` at once. A task leases up to
-  ``lease_batch`` due deliveries (a circuit due for its probe: first claims the probe with
+  subscription, at most ``subscriptions_in_flight`` at once. A task leases up to ``lease_batch``
+  due deliveries (a circuit due for its probe: first claims the probe with
   :func:`~orbit_common.relay.circuit.begin_probe` -- one pump of many wins -- and leases one),
-  signs each payload's exact bytes, sends them with the sender's bounds (``endpoint_concurrency``
-  at a time; every request is over before its lease ends, so no other pump can lease the
-  delivery while it is on the wire), and records everything in one transaction: deliveries handed back unsent
-  (:func:`~orbit_common.relay.deliveries.release`, no attempt spent), the attempts'
-  outcomes (:func:`~orbit_common.relay.deliveries.settle`: a 2xx acknowledges, anything else
-  backs off or exhausts), then the endpoint circuit (:func:`~orbit_common.relay.circuit.record`,
-  the subscription row last). While a batch is out the circuit's next state is followed in
-  memory with the same pure rule (:func:`~orbit_common.relay.circuit.after`): once the batch's
-  failures open it, the batch's unsent deliveries are released instead of sent. A failing
-  endpoint therefore holds one task slot for at most one timeout per batch, and between its
-  retries it is not a target at all (nothing due, or its circuit open).
+  signs each payload's exact bytes, sends them with the sender's bounds
+  (``endpoint_concurrency`` at a time; every request is over before its lease ends, so no other
+  pump can lease the delivery while it is on the wire), and records everything in one
+  transaction: deliveries handed back unsent (:func:`~orbit_common.relay.deliveries.release`, no
+  attempt spent), the attempts' outcomes (:func:`~orbit_common.relay.deliveries.settle`: a 2xx
+  acknowledges, anything else backs off or exhausts), then the endpoint circuit
+  (:func:`~orbit_common.relay.circuit.record`, the subscription row last). While a batch is out
+  the circuit's next state is followed in memory with the same pure rule
+  (:func:`~orbit_common.relay.circuit.after`): once the batch's failures open it, the batch's
+  unsent deliveries are released instead of sent. A failing endpoint therefore holds one task
+  slot for a few timeouts per batch (until the failures reach the threshold), and between its
+  retries it is not a target at all
+  (nothing due, or its circuit open).
 * **lapse recovery** -- every ``recovery_interval_s``,
   :func:`~orbit_common.relay.deliveries.recover_lapsed` (a killed pump's leases come back with
   their attempt counted).

@@ -27,8 +27,8 @@ from tests.support.stack import Stack
 # The example is an independent module, not a package of this repository.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "result-inbox"))
 
-from result_inbox import database as inbox_database  # noqa: E402
-from result_inbox.receiver import PATH, create_app  # noqa: E402
+from result_inbox import database as inbox_database
+from result_inbox.receiver import PATH, create_app
 
 
 class PumpDaemon(Daemon):
@@ -154,9 +154,9 @@ class InboxReceiver:
     (its own event loop), applying into its own scratch database.
 
     Bookkeeping per ``webhook-id``: requests, the most in flight at once, and the answers.
-    ``lose`` holds delivery ids whose first answer is lost after the receiver committed (the
-    connection is closed instead of answering). :meth:`stop` stops listening (connections are
-    refused) and :meth:`start` listens again on the same port."""
+    With ``lose_first`` every delivery's first answer is lost after the receiver committed (the
+    connection is closed instead of answering); ``lost`` collects those ids. :meth:`stop` stops
+    listening (connections are refused) and :meth:`start` listens again on the same port."""
 
     def __init__(self, server: DatabaseUrl, port: int, secret: str, *,
                  work_s: float = 0.0) -> None:
@@ -169,7 +169,7 @@ class InboxReceiver:
         self.active: Counter[str] = Counter()
         self.max_active: Counter[str] = Counter()
         self.outcomes: list[tuple[str, int, str | None]] = []
-        self.lose: set[str] = set()
+        self.lose_first = False
         self.lost: set[str] = set()
         self.db_name = database.scratch_name("inbox")
         self.server = server
@@ -226,7 +226,7 @@ class InboxReceiver:
             outcome = json.loads(bytes(response.body)).get("outcome")
         with self.lock:
             self.outcomes.append((delivery_id, response.status, outcome))
-        if first and delivery_id in self.lose and response.status == 200:
+        if first and self.lose_first and response.status == 200:
             self.lost.add(delivery_id)
             assert request.transport is not None
             request.transport.close()  # committed, but the 2xx never reaches the pump

@@ -142,6 +142,18 @@ def _wait_acknowledged(conn: Any, each: int, timeout: float = 900) -> None:
         time.sleep(0.25)
 
 
+def _elapsed_by_subscription(conn: Any) -> dict[str, int]:
+    """Microseconds from the first task's creation to each subscription's last acknowledgement
+    (``webhook`` and ``pull``)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT s.name, TIMESTAMPDIFF(MICROSECOND, (SELECT MIN(created_at)"
+                    " FROM pulse_tasks), MAX(d.acknowledged_at)) FROM orbit_deliveries d"
+                    " JOIN orbit_subscriptions s ON s.namespace_id = d.namespace_id"
+                    " AND s.id = d.subscription_id GROUP BY s.name")
+        names = {"hook": "webhook", "pull": "pull"}
+        return {names[name]: int(us) for name, us in cur.fetchall()}
+
+
 def _one(conn: Any, sql: str, *params: Any) -> Any:
     with conn.cursor() as cur:
         cur.execute(sql, params)
@@ -182,6 +194,8 @@ def _deliveries_phase(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks
             elapsed_us = _one(conn, "SELECT TIMESTAMPDIFF(MICROSECOND, (SELECT MIN(created_at)"
                                     " FROM pulse_tasks), (SELECT MAX(acknowledged_at)"
                                     " FROM orbit_deliveries))")
+            per_kind = _elapsed_by_subscription(conn)
+            phase.stop_receiver()  # its log is complete once it has exited
             duplicates, missing = _audit(conn, phase)
         finally:
             conn.close()
@@ -189,6 +203,7 @@ def _deliveries_phase(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks
         phase.close()
     per_s = tasks / (int(elapsed_us) / 1e6)
     return {"tasks_per_s_with_pump": e2e["tasks_per_s"], "delivery_per_s": round(per_s, 1),
+            **{f"{name}_per_s": round(tasks / (us / 1e6), 1) for name, us in per_kind.items()},
             "pump_cpu_us_per_delivery": round(pump_cpu * 1e6 / (2 * tasks)),
             "cpu_us_per_task_api": e2e.get("cpu_us_per_task_api"),
             "duplicates": duplicates, "missing": missing}
@@ -223,6 +238,7 @@ def _lag_and_catch_up(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks
             _wait_acknowledged(conn, 2 * tasks)
             catch_up_us = _one(conn, "SELECT TIMESTAMPDIFF(MICROSECOND, %s,"
                                      " MAX(acknowledged_at)) FROM orbit_deliveries", back_at)
+            phase.stop_receiver()
             duplicates, missing = _audit(conn, phase)
         finally:
             conn.close()
@@ -255,6 +271,7 @@ def run(url_text: str | None, tasks: int, workers: int, concurrency: int,
         "tasks_per_s_with_pump": full["tasks_per_s_with_pump"],
         "delivery_per_s": full["delivery_per_s"],
         "delivery_ratio": round(full["delivery_per_s"] / plain["tasks_per_s"], 3),
+        "webhook_per_s": full.get("webhook_per_s"), "pull_per_s": full.get("pull_per_s"),
         "lag_rate": half["lag_rate"], "ack_lag_p50_ms": half["ack_lag_p50_ms"],
         "ack_lag_p99_ms": half["ack_lag_p99_ms"],
         "down_s": down_s, "catch_up_backlog": half["catch_up_backlog"],

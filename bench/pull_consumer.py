@@ -1,5 +1,6 @@
 """The delivery benchmark's pull consumer: lease a batch of a PULL subscription, acknowledge
-each delivery, repeat (a short pause when nothing is due) until SIGTERM.
+each delivery (eight acknowledgements in flight), repeat (a short pause when nothing is due)
+until SIGTERM.
 
 It runs the relay's consumer transactions (``orbit_common.relay.deliveries``) directly -- the
 same ones the API's pull routes run -- so it measures the delivery path, not an HTTP client."""
@@ -21,7 +22,8 @@ async def consume() -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     db = await open_database(DatabaseUrl.parse(os.environ["ORBIT_DATABASE_URL"]), minsize=1,
-                             maxsize=4)
+                             maxsize=9)
+    in_flight = asyncio.Semaphore(8)
     namespace, name = os.environ["ORBIT_NAMESPACE"], os.environ["PULL_SUBSCRIPTION"]
     try:
         who = await db.read("bench.auth", lambda cur: credentials.authenticate(
@@ -29,10 +31,14 @@ async def consume() -> None:
         while not stop.is_set():
             leased = await deliveries.lease_deliveries(db, who, namespace=namespace, name=name,
                                                        limit=100)
-            for lease in leased:
-                await deliveries.acknowledge_delivery(
-                    db, who, namespace=namespace, name=name, delivery_id=lease.delivery_id,
-                    token=lease.token)
+
+            async def acknowledge(lease: deliveries.Leased) -> None:
+                async with in_flight:
+                    await deliveries.acknowledge_delivery(
+                        db, who, namespace=namespace, name=name,
+                        delivery_id=lease.delivery_id, token=lease.token)
+
+            await asyncio.gather(*(acknowledge(lease) for lease in leased))
             if not leased:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.02)

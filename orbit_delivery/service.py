@@ -7,9 +7,10 @@ Four loops share one database pool:
   replicas never fan out one subscription at once). A pass that found nothing to do backs off
   from ``poll_min_ms`` to ``poll_max_ms``; one that created deliveries wakes the webhook loop.
 * **webhooks** -- :func:`orbit_common.relay.circuit.webhook_targets` (ACTIVE webhook
-  subscriptions with a delivery due now whose circuit lets a pump send) → one task per
-  subscription, at most ``subscriptions_in_flight`` at once. A task leases up to ``lease_batch``
-  due deliveries (a circuit due for its probe: first claims the probe with
+  subscriptions with a delivery due now whose circuit lets a pump send) → batch tasks, up to
+  ``batches_per_subscription`` per subscription (so a batch's slow tail does not idle the
+  endpoint) and ``subscriptions_in_flight`` subscriptions at once. A task leases up to
+  ``lease_batch`` due deliveries (a circuit due for its probe: first claims the probe with
   :func:`~orbit_common.relay.circuit.begin_probe` -- one pump of many wins -- and leases one),
   signs each payload's exact bytes, sends them with the sender's bounds
   (``endpoint_concurrency`` at a time; every request is over before its lease ends, so no other
@@ -22,8 +23,7 @@ Four loops share one database pool:
   (:func:`~orbit_common.relay.circuit.after`): once the batch's failures open it, the batch's
   unsent deliveries are released instead of sent. A failing endpoint therefore holds one task
   slot for a few timeouts per batch (until the failures reach the threshold), and between its
-  retries it is not a target at all
-  (nothing due, or its circuit open).
+  retries it is not a target at all (nothing due, or its circuit open).
 * **lapse recovery** -- every ``recovery_interval_s``,
   :func:`~orbit_common.relay.deliveries.recover_lapsed` (a killed pump's leases come back with
   their attempt counted).
@@ -120,7 +120,8 @@ class DeliveryService:
         self.stopping = asyncio.Event()
         self.wake = asyncio.Event()  # deliveries became due: fan-out created, a batch was full
         self.loops: list[asyncio.Task[None]] = []
-        self.busy: dict[tuple[bytes, bytes], asyncio.Task[BatchResult]] = {}
+        # Batches in flight, per subscription.
+        self.busy: dict[tuple[bytes, bytes], set[asyncio.Task[BatchResult]]] = {}
         self._warned_sealer = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -143,15 +144,15 @@ class DeliveryService:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.loops = []
-        batches = list(self.busy.values())
+        batches = self.batches()
         if batches:
             await asyncio.gather(*batches, return_exceptions=True)
 
     async def close(self) -> None:
         self.stopping.set()
-        for task in [*self.loops, *self.busy.values()]:
+        for task in [*self.loops, *self.batches()]:
             task.cancel()
-        for task in [*self.loops, *self.busy.values()]:
+        for task in [*self.loops, *self.batches()]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self.loops = []
@@ -223,23 +224,37 @@ class DeliveryService:
             except TimeoutError:
                 delay = min(delay * 2, poll_max)
 
+    def batches(self) -> list[asyncio.Task[BatchResult]]:
+        """The batch tasks in flight in this pump."""
+        return [task for running in self.busy.values() for task in running]
+
     def start_batches(self, targets: list[dict[str, Any]]) -> int:
-        """One batch task per target subscription not already being served here."""
+        """One more batch task per target subscription, up to ``batches_per_subscription`` in
+        flight each (a circuit's probe: one) and ``subscriptions_in_flight`` subscriptions."""
         started = 0
         for row in targets:
             key = (row["namespace_id"], row["id"])
-            if self.stopping.is_set() or len(self.busy) >= self.config.subscriptions_in_flight:
+            if self.stopping.is_set():
                 break
-            if key in self.busy:
+            running = self.busy.get(key)
+            if running is None and len(self.busy) >= self.config.subscriptions_in_flight:
+                continue
+            probing = row["circuit_state"] != CircuitState.CLOSED
+            limit = 1 if probing else self.config.batches_per_subscription
+            if running is not None and len(running) >= limit:
                 continue
             task = asyncio.create_task(self._batch_guarded(row), name="delivery-batch")
-            self.busy[key] = task
+            self.busy.setdefault(key, set()).add(task)
             task.add_done_callback(functools.partial(self._done, key))
             started += 1
         return started
 
-    def _done(self, key: tuple[bytes, bytes], _task: asyncio.Task[BatchResult]) -> None:
-        self.busy.pop(key, None)
+    def _done(self, key: tuple[bytes, bytes], task: asyncio.Task[BatchResult]) -> None:
+        running = self.busy.get(key)
+        if running is not None:
+            running.discard(task)
+            if not running:
+                del self.busy[key]
 
     async def _batch_guarded(self, row: dict[str, Any]) -> BatchResult:
         try:
@@ -286,6 +301,8 @@ class DeliveryService:
             return BatchResult(leased=0, sent=0, released=0)
         if not leased:
             return BatchResult(leased=0, sent=0, released=0)
+        if len(leased) == limit and not probing:
+            self.wake.set()  # a full batch: more may be due, another batch can start meanwhile
         found = model.signing_secrets(self.sealer, row, now)
         if not found:
             log.error("webhook subscription without a signing secret",

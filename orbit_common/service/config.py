@@ -161,6 +161,7 @@ class DeliveryConfig:
     lease_batch: int = attrs.field(default=50, validator=[attrs.validators.ge(1),
                                                           attrs.validators.le(500)])
     subscriptions_in_flight: int = attrs.field(default=32, validator=attrs.validators.ge(1))
+    batches_per_subscription: int = attrs.field(default=2, validator=attrs.validators.ge(1))
     targets_limit: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
     poll_min_ms: int = attrs.field(default=10, validator=attrs.validators.ge(1))
     poll_max_ms: int = attrs.field(default=200, validator=attrs.validators.ge(1))

@@ -155,7 +155,7 @@ async def test_a_failing_endpoint_opens_its_circuit_and_the_rest_is_released(
         rows = [await target(db, tenant, "bad"), await target(db, tenant, "good")]
         assert all(rows)
         assert service.start_batches([r for r in rows if r is not None]) == 2
-        results = await asyncio.gather(*service.busy.values())
+        results = await asyncio.gather(*service.batches())
     finally:
         await service.close()
     by_sent = sorted((b.sent, b.released) for b in results)
@@ -302,3 +302,45 @@ async def test_a_request_ends_before_its_lease_does(
     attempts = await relay.rows(db, "SELECT outcome FROM orbit_delivery_attempts"
                                 " WHERE namespace_id = %s", tenant.namespace_id)
     assert [a["outcome"] for a in attempts] == ["FAILED"]  # recorded, not lapsed
+
+
+async def test_two_batches_of_one_subscription_run_at_once_but_one_probe(
+        db: Database, tenant: Tenant, receivers: list[Receiver]) -> None:
+    queue = await make_queue(db, tenant)
+    r = await receiver(receivers)
+    r.hold = asyncio.Event()  # the first batch stays on the wire while the next one starts
+    await hook(db, tenant, "hook", r)
+    await relay.cancelled_results(db, tenant, queue, 4)
+    await relay.fan_out_all(db, tenant)
+    service = pump(db, attrs.evolve(CONFIG, lease_batch=2, batches_per_subscription=2))
+    try:
+        row = await target(db, tenant, "hook")
+        assert row is not None
+        assert service.start_batches([row]) == 1
+        await until_leased(db, tenant, 2)
+        assert service.start_batches([row]) == 1
+        assert service.start_batches([row]) == 0  # two in flight: the most per subscription
+        await until_leased(db, tenant, 4)
+        assert len(r.bodies) == 0
+        r.hold.set()
+        results = await asyncio.gather(*service.batches())
+        assert sorted(b.sent for b in results) == [2, 2]
+        assert service.busy == {}
+        probing = {**row, "circuit_state": "OPEN"}
+        assert service.start_batches([probing]) == 1
+        assert service.start_batches([probing]) == 0  # a probe is one batch
+        await asyncio.gather(*service.batches())
+    finally:
+        r.hold.set()
+        await service.close()
+    assert {d["state"] for d in await relay.delivery_rows(db, tenant)} == {"ACKNOWLEDGED"}
+
+
+async def until_leased(db: Database, tenant: Tenant, count: int) -> None:
+    from tests.support.waiting import until
+
+    async def leased() -> bool:
+        rows = await relay.delivery_rows(db, tenant)
+        return sum(1 for d in rows if d["state"] == "LEASED") >= count
+
+    await until(leased, message=f"{count} leased deliveries")

@@ -144,7 +144,8 @@ def test_killed_pumps_leave_no_gap_and_no_duplicate(tmp_path: Path) -> None:
 
 
 def test_a_lost_acknowledgement_is_redelivered_and_applied_once(tmp_path: Path) -> None:
-    stack = Stack(tmp_path)
+    # The pump runs as the least-privileged runtime user (rows only), as deployed.
+    stack = Stack(tmp_path, runtime_user=True)
     relay = Relay(stack)
     pump: PumpDaemon | None = None
     receiver: InboxReceiver | None = None

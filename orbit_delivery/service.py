@@ -336,7 +336,18 @@ class DeliveryService:
             state["circuit"] = circuit.after(state["circuit"], outcome.delivered, now,
                                              threshold=self.threshold, open_for=self.open_for)
 
-        await asyncio.gather(*(one(lease) for lease in leased))
+        # One chain per task: a task's results go out in sequence order, each attempt ending
+        # before the next starts (a receiver that applies by task_revision then rarely sees an
+        # older revision after a newer one; retries and other batches may still overtake).
+        chains: dict[str, list[Leased]] = {}
+        for lease in sorted(leased, key=lambda lease: lease.payload["sequence"]):
+            chains.setdefault(lease.payload["task_id"], []).append(lease)
+
+        async def chain(leases: list[Leased]) -> None:
+            for lease in leases:
+                await one(lease)
+
+        await asyncio.gather(*(chain(leases) for leases in chains.values()))
         reason = "draining" if self.stopping.is_set() else "circuit_open"
         after = await self._record(row, sent, unsent, reason,
                                    [o.delivered for _, o in sent], probing=probing)

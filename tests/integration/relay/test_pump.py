@@ -344,3 +344,29 @@ async def until_leased(db: Database, tenant: Tenant, count: int) -> None:
         return sum(1 for d in rows if d["state"] == "LEASED") >= count
 
     await until(leased, message=f"{count} leased deliveries")
+
+
+async def test_exhaustion_and_the_backlog_reach_the_metrics(
+        db: Database, tenant: Tenant, receivers: list[Receiver]) -> None:
+    queue = await make_queue(db, tenant)
+    r = await receiver(receivers, 500)
+    await hook(db, tenant, "hook", r, max_attempts=1)
+    await relay.cancelled_results(db, tenant, queue, 2)
+    await relay.fan_out_all(db, tenant)
+    service = pump(db, attrs.evolve(CONFIG, circuit_failure_threshold=10))
+    try:
+        await service.refresh_gauges()
+        # Without tenant labels: one summed series and the largest backlog, no names.
+        assert sample(service, "orbit_delivery_backlog") >= 2
+        assert sample(service, "orbit_delivery_backlog_max") >= 2
+        row = await target(db, tenant, "hook")
+        assert row is not None
+        assert (await service.batch(row)).sent == 2
+    finally:
+        await service.close()
+    assert [d["state"] for d in await relay.delivery_rows(db, tenant)] == ["EXHAUSTED"] * 2
+    assert (await relay.subscription_row(db, tenant, "hook"))["backlog"] == 0
+    assert sample(service, "orbit_delivery_exhausted_total") == 2
+    assert sample(service, "orbit_delivery_attempts_total", outcome="http_5xx") == 2
+    text = prometheus_client.generate_latest(service.metrics.registry).decode()
+    assert tenant.namespace not in text

@@ -3,7 +3,10 @@
 ``orbit dev up`` starts Orbit's private database (unless ``ORBIT_DATABASE_URL`` is set), applies
 migrations, bootstraps once (``.orbit/bootstrap.json``, mode 0600) and runs every daemon as a
 supervised child process until Ctrl-C, restarting a daemon that dies. State lives in ``.orbit/``
-and survives a restart. On the private database the migrations run as the instance's
+and survives a restart. Webhooks work out of the box: unless ``ORBIT_DELIVERY_SECRET_KEY`` is
+set, a key made on first use is kept in ``.orbit/delivery.key`` (mode 0600; the API and the pump
+share it), and unless set otherwise loopback and ``http://`` endpoints are allowed (a receiver on
+this machine). On the private database the migrations run as the instance's
 administrator and the bootstrap and the daemons as the least-privileged runtime user
 (``orbit_devdb.RUNTIME_USER``: rows only, no DDL); with ``ORBIT_DATABASE_URL`` everything uses
 that URL.
@@ -31,7 +34,7 @@ from orbit_common.db import migrator
 from orbit_common.db.pool import DatabaseUrl
 
 # Every daemon that exists today; later capabilities add theirs.
-DAEMONS = ("api", "dispatcher", "scheduler")
+DAEMONS = ("api", "dispatcher", "scheduler", "delivery")
 
 
 @click.group()
@@ -182,10 +185,30 @@ def _operator_note(ports: Ports) -> str:
                      for name in DAEMONS)
 
 
+def delivery_env(root: Path, environ: dict[str, str]) -> dict[str, str]:
+    """The [delivery] settings of the local stack: the sealing key (made once, kept in
+    ``root/delivery.key``) and loopback http endpoints, each unless the environment sets it."""
+    from orbit_common.model.sealing import new_key_text
+
+    env: dict[str, str] = {}
+    if not environ.get("ORBIT_DELIVERY_SECRET_KEY"):
+        path = root / "delivery.key"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(new_key_text() + "\n")
+        env["ORBIT_DELIVERY_SECRET_KEY"] = path.read_text().strip()
+    for name in ("ORBIT_DELIVERY_ALLOW_LOOPBACK", "ORBIT_DELIVERY_ALLOW_HTTP"):
+        if not environ.get(name):
+            env[name] = "true"
+    return env
+
+
 def _supervise(root: Path, url: str, ports: Ports) -> None:
     api_url = ports.api_url
     env = {**os.environ, "ORBIT_DATABASE_URL": url, "ORBIT_API_PORT": str(ports.api),
-           "ORBIT_DISPATCHER_PORT": str(ports.dispatcher)}
+           "ORBIT_DISPATCHER_PORT": str(ports.dispatcher),
+           **delivery_env(root, dict(os.environ))}
     stopping = False
 
     def request_stop(_signum: int, _frame: Any) -> None:
@@ -201,6 +224,8 @@ def _supervise(root: Path, url: str, ports: Ports) -> None:
                        f"Bearer <api_key>' {api_url}/v1/whoami)\n  health: {api_url}/readyz\n"
                        f"  workers: {ports.dispatcher_url}  (docs/api/worker.md)\n"
                        f"  metrics: {_operator_note(ports)}\n"
+                       f"  webhooks: loopback http endpoints allowed; key in"
+                       f" {root / 'delivery.key'} unless ORBIT_DELIVERY_SECRET_KEY is set\n"
                        f"  key:    {root / 'bootstrap.json'}\nPress Ctrl-C to stop.")
         else:
             click.echo("warning: the API did not become ready within 30 s; see its logs above")

@@ -591,6 +591,18 @@ def scheduler_command(ctx: click.Context) -> None:
     runner.run(SchedulerService, config, "scheduler")
 
 
+@cli.command("delivery")
+@click.pass_context
+def delivery_command(ctx: click.Context) -> None:
+    """Run the delivery pump (fan-out, webhooks, lapse recovery; run any number of replicas)."""
+    from orbit_common.service import runner
+    from orbit_delivery.service import DeliveryService
+
+    config = _config(ctx)
+    _url(ctx)
+    runner.run(DeliveryService, config, "delivery")
+
+
 @cli.group()
 def bench() -> None:
     """Benchmarks (run from a checkout; figures go to bench/RESULTS.md)."""
@@ -705,6 +717,32 @@ def bench_schedules(count: int, replicas: int, steady_seconds: float, as_json: b
     result = run(os.environ.get("ORBIT_DATABASE_URL"), count, replicas, steady_seconds)
     if not as_json:
         click.echo("schedules: burst drain and steady lateness (from the ledger):")
+    click.echo(json.dumps(result))
+
+
+@bench.command("deliveries")
+@click.option("--tasks", "count", default=5_000, show_default=True, help="Tasks per phase.")
+@click.option("--workers", default=2, show_default=True, help="SDK worker processes.")
+@click.option("--concurrency", default=64, show_default=True, help="Handlers per worker.")
+@click.option("--down-seconds", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="How long the webhook receiver is down before the catch-up is timed.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON line.")
+def bench_deliveries(count: int, workers: int, concurrency: int,
+                     down_seconds: float, as_json: bool) -> None:
+    """Result deliveries (a webhook and a pull subscription on every result) vs plain tasks."""
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "bench" / "deliveries.py").exists():
+        raise click.ClickException("orbit bench runs from a source checkout")
+    sys.path.insert(0, str(root))
+    from bench.deliveries import run
+
+    result = run(os.environ.get("ORBIT_DATABASE_URL"), count, workers, concurrency,
+                 down_seconds)
+    if not as_json:
+        click.echo("deliveries end to end vs plain tasks, ack lag at half that rate, catch-up"
+                   " after a receiver outage (duplicates and missing must be 0):")
     click.echo(json.dumps(result))
 
 

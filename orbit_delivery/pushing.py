@@ -1,82 +1,48 @@
-"""One webhook attempt: circuit check, signing, sending, recording -- everything but the rows.
+"""One webhook attempt: signing and sending -- everything but the rows and the circuit.
 
-:meth:`WebhookPusher.push` is what the pump's loop calls for a leased webhook delivery. It asks
-the endpoint's circuit first; an open circuit refuses without a request and says how long to
-wait (:class:`CircuitRefused` -- not an attempt: the caller postpones the delivery without
-spending budget). Otherwise it signs the body afresh (a new ``webhook-timestamp`` per attempt),
-sends it, reports the outcome to the circuit and the metrics, and returns the
-:class:`~orbit_delivery.sender.SendOutcome` for the caller to write (acknowledged on a 2xx, else
-backoff or exhaustion). A cancelled send gives its circuit ticket back (a half-open circuit's
-probe slot is freed).
-
-Every non-2xx answer and every transport error counts against the endpoint's circuit: an
-endpoint that answers 4xx to everything is as stuck, for its subscriptions, as one that is down.
+:meth:`WebhookPusher.push` is what the pump calls for a leased webhook delivery: it takes the
+delivery's payload (``orbit_common.relay.payload.build``, the one body builder), signs exactly
+the bytes :func:`orbit_common.relay.payload.body` gives (a new ``webhook-timestamp`` per
+attempt), sends them with the sender's bounds and counts the outcome. Whether the endpoint may
+be sent to at all is the endpoint circuit's decision, kept on the subscription row
+(``orbit_common.relay.circuit``); the pump asks it before leasing and records each outcome in
+the same transaction as the delivery's.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
-import attrs
-
+from orbit_common.relay import payload
 from orbit_delivery import signing
-from orbit_delivery.circuits import CircuitBreakers, CircuitState
 from orbit_delivery.metrics import PumpMetrics
-from orbit_delivery.payload import ResultDelivery
-from orbit_delivery.sender import SendOutcome, WebhookSender, endpoint_key, webhook_url
-
-
-@attrs.frozen(kw_only=True)
-class CircuitRefused:
-    """The endpoint's circuit is open: try again in ``retry_in_s`` seconds (no request made)."""
-
-    endpoint: str
-    retry_in_s: float
+from orbit_delivery.sender import SendOutcome, WebhookSender
 
 
 class WebhookPusher:
-    def __init__(self, sender: WebhookSender, breakers: CircuitBreakers, *,
-                 metrics: PumpMetrics | None = None,
-                 monotonic: Callable[[], float] = time.monotonic,
+    def __init__(self, sender: WebhookSender, *, metrics: PumpMetrics | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.sender = sender
-        self.breakers = breakers
         self.metrics = metrics
-        self.monotonic = monotonic
         self.wall_clock = wall_clock  # only for the webhook-timestamp header
 
-    async def push(self, url: str, delivery: ResultDelivery, secrets: signing.SigningSecrets,
-                   *, namespace: str | None = None) -> SendOutcome | CircuitRefused:
-        body = delivery.body()
-        headers = signing.headers(secrets, msg_id=delivery.delivery_id,
-                                  timestamp=int(self.wall_clock()), body=body)
-        target = webhook_url(url)
-        if target is None:  # not a URL with an endpoint: the sender says why
-            return self._record(await self.sender.send(url, body, headers), namespace)
-        endpoint = endpoint_key(target)
-        circuit = self.breakers.get(endpoint)
-        now = self.monotonic()
-        ticket = circuit.allow(now)
-        if ticket is None:
-            if self.metrics is not None:
-                self.metrics.circuit_refused(namespace=namespace)
-            return CircuitRefused(endpoint=endpoint, retry_in_s=circuit.retry_at(now) - now)
-        try:
-            outcome = await self.sender.send(url, body, headers)
-        except BaseException:
-            circuit.abandon(ticket)
-            raise
-        if outcome.delivered:
-            circuit.success(ticket)
-            if circuit.state is CircuitState.CLOSED and circuit.failures == 0:
-                self.breakers.circuits.pop(endpoint, None)  # nothing left to remember
-        else:
-            circuit.failure(ticket, self.monotonic())
-        return self._record(outcome, namespace)
+    @staticmethod
+    def signed(document: dict[str, Any], secrets: signing.SigningSecrets,
+               timestamp: int) -> tuple[bytes, dict[str, str]]:
+        """The body (the payload's exact bytes) and the Standard Webhooks headers over them."""
+        body = payload.body(document)
+        return body, signing.headers(secrets, msg_id=document["id"], timestamp=timestamp,
+                                     body=body)
 
-    def _record(self, outcome: SendOutcome, namespace: str | None) -> SendOutcome:
+    async def push(self, url: str, document: dict[str, Any], secrets: signing.SigningSecrets,
+                   *, namespace: str | None = None, deadline: float | None = None
+                   ) -> SendOutcome:
+        """Sign and POST one attempt of a delivery, over by ``deadline`` (monotonic) at the
+        latest; never raises for network trouble."""
+        body, headers = self.signed(document, secrets, int(self.wall_clock()))
+        outcome = await self.sender.send(url, body, headers, deadline=deadline)
         if self.metrics is not None:
             self.metrics.attempt(outcome, namespace=namespace)
-            self.metrics.set_circuits(self.breakers)
         return outcome

@@ -216,8 +216,14 @@ class WebhookSender:
             await self._resolver.close()  # a connector does not close a resolver it was given
             self._resolver = None
 
-    async def send(self, url: str, body: bytes, headers: Mapping[str, str]) -> SendOutcome:
-        """POST ``body`` (JSON) with ``headers`` to ``url``; never raises for network trouble."""
+    async def send(self, url: str, body: bytes, headers: Mapping[str, str], *,
+                   deadline: float | None = None) -> SendOutcome:
+        """POST ``body`` (JSON) with ``headers`` to ``url``; never raises for network trouble.
+
+        ``deadline`` (a ``time.monotonic()`` reading): the request ends by then at the latest,
+        whatever the total timeout says -- the pump passes its lease's end, so a request is
+        over before another pump may lease the delivery again. A deadline already passed
+        when a slot frees up is a ``timeout`` outcome without a request."""
         target = webhook_url(url)
         if target is None:
             return SendOutcome(delivered=False, duration_ms=0, error=TransportError.INVALID_URL,
@@ -230,9 +236,16 @@ class WebhookSender:
             async with endpoint, self._global:
                 self.waiting -= 1
                 waiting = False
+                total = self.limits.total_timeout_s
+                if deadline is not None:
+                    total = min(total, deadline - time.monotonic())
+                    if total <= 0:
+                        return SendOutcome(delivered=False, duration_ms=0,
+                                           error=TransportError.TIMEOUT,
+                                           detail="the lease ended before a slot was free")
                 self.in_flight += 1
                 try:
-                    return await self._post(target, body, headers)
+                    return await self._post(target, body, headers, total)
                 finally:
                     self.in_flight -= 1
         finally:
@@ -240,7 +253,8 @@ class WebhookSender:
                 self.waiting -= 1
             self._endpoints.leave(key)
 
-    async def _post(self, url: URL, body: bytes, headers: Mapping[str, str]) -> SendOutcome:
+    async def _post(self, url: URL, body: bytes, headers: Mapping[str, str],
+                    total_s: float) -> SendOutcome:
         started = time.monotonic()
 
         def took() -> int:
@@ -248,8 +262,10 @@ class WebhookSender:
 
         request_headers = {**headers, "Content-Type": "application/json"}
         try:
+            timeout = aiohttp.ClientTimeout(
+                total=total_s, sock_connect=min(self.limits.connect_timeout_s, total_s))
             async with self._client().post(url, data=body, headers=request_headers,
-                                           allow_redirects=False) as response:
+                                           allow_redirects=False, timeout=timeout) as response:
                 text, truncated = await _read_bounded(response, self.limits.max_response_bytes)
                 if truncated:
                     response.close()  # drop the connection instead of draining the rest

@@ -84,6 +84,10 @@ TARGETS = f"""
 SELECT {subscriptions.COLUMNS} FROM orbit_subscriptions FORCE INDEX (ix_subscriptions_state)
 WHERE state = 'ACTIVE' AND kind = 'WEBHOOK' AND backlog > 0
   AND (circuit_state = 'CLOSED' OR circuit_open_until <= UTC_TIMESTAMP(6))
+  AND EXISTS (SELECT 1 FROM orbit_deliveries d FORCE INDEX (ix_deliveries_due)
+              WHERE d.namespace_id = orbit_subscriptions.namespace_id
+                AND d.subscription_id = orbit_subscriptions.id AND d.state = 'PENDING'
+                AND d.available_at <= UTC_TIMESTAMP(6))
 LIMIT %s
 """
 
@@ -114,7 +118,9 @@ async def begin_probe(cur: Any, namespace_id: bytes, subscription_id: bytes,
 
 
 async def webhook_targets(cur: Any, limit: int = 100) -> list[dict[str, Any]]:
-    """ACTIVE WEBHOOK subscriptions with open deliveries whose circuit lets a pump send now
-    (plain read; the rows carry the sealed secrets for :func:`model.signing_secrets`)."""
+    """ACTIVE WEBHOOK subscriptions with a delivery due now (PENDING, past its backoff) whose
+    circuit lets a pump send now (plain read; the rows carry the sealed secrets for
+    :func:`model.signing_secrets`). A subscription whose deliveries all wait out a backoff is
+    not a target, so a failing endpoint costs no lease transactions between its retries."""
     await cur.execute(TARGETS, (limit,))
     return [dict(r) for r in await cur.fetchall()]

@@ -1,6 +1,6 @@
 """The delivery payload: what the pump POSTs and what a pull consumer receives (one JSON
-object per delivery). Pure; serialise it with ``jsondoc.dumps`` (the snapshot is spliced in
-as the exact text stored with the result event, never re-parsed)."""
+object per delivery). Pure; :func:`body` gives the exact bytes the pump signs and sends (the
+snapshot is spliced in as the exact text stored with the result event, never re-parsed)."""
 
 from __future__ import annotations
 
@@ -25,3 +25,9 @@ def build(*, delivery_id: bytes, subscription_id: bytes, subscription: str,
         "task_revision": task_revision, "state": state, "committed_at": iso(committed_at),
         "attempt": attempt, "snapshot": jsondoc.RawJson(snapshot),
     }
+
+
+def body(document: dict[str, Any]) -> bytes:
+    """The UTF-8 JSON bytes of a payload, keys in contract order: what the pump signs and POSTs
+    (the signature covers exactly these bytes)."""
+    return jsondoc.dumps(document).encode("utf-8")

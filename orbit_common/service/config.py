@@ -154,6 +154,31 @@ class DeliveryConfig:
     allow_private_networks: bool = False
     allow_loopback: bool = False
     endpoint_allow_list: tuple[str, ...] = ()
+    # The pump (``orbit delivery``, docs/configuration.md): fan-out passes, webhook sending,
+    # endpoint circuits, lapse recovery and gauges.
+    fanout_batch: int = attrs.field(default=500, validator=attrs.validators.ge(1))
+    fanout_subscriptions: int = attrs.field(default=50, validator=attrs.validators.ge(1))
+    lease_batch: int = attrs.field(default=50, validator=[attrs.validators.ge(1),
+                                                          attrs.validators.le(500)])
+    subscriptions_in_flight: int = attrs.field(default=32, validator=attrs.validators.ge(1))
+    batches_per_subscription: int = attrs.field(default=2, validator=attrs.validators.ge(1))
+    targets_limit: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
+    poll_min_ms: int = attrs.field(default=10, validator=attrs.validators.ge(1))
+    poll_max_ms: int = attrs.field(default=200, validator=attrs.validators.ge(1))
+    recovery_interval_s: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+    gauge_interval_s: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
+    send_concurrency: int = attrs.field(default=64, validator=attrs.validators.ge(1))
+    endpoint_concurrency: int = attrs.field(default=4, validator=attrs.validators.ge(1))
+    connect_timeout_s: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
+    timeout_s: float = attrs.field(default=15.0, validator=attrs.validators.gt(0))
+    max_response_bytes: int = attrs.field(default=4096, validator=attrs.validators.ge(0))
+    circuit_failure_threshold: int = attrs.field(default=5, validator=attrs.validators.ge(1))
+    circuit_open_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    probe_window_s: float = attrs.field(default=60.0, validator=attrs.validators.gt(0))
+    release_delay_ms: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
+    # false: no series names a namespace or subscription (the backlog gauge is the sum and the
+    # largest one); true: attempts, exhaustion, lag and backlog gain tenant labels.
+    metrics_tenant_labels: bool = False
 
     def policy(self) -> EndpointPolicy:
         return EndpointPolicy(allow_http=self.allow_http,

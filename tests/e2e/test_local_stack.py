@@ -215,11 +215,14 @@ def test_dev_up_on_the_private_database_runs_the_daemons_as_the_runtime_user(
             finally:
                 conn.close()
 
-        # Each of the three daemons holds connections (the scheduler's loops poll on theirs).
-        wait_until(lambda: users().get(devdb.RUNTIME_USER, 0) >= 3, timeout=20, interval=0.2,
-                   message="three daemons connected as the runtime user")
+        # Each of the four daemons holds connections (the scheduler's and the pump's loops poll
+        # on theirs).
+        wait_until(lambda: users().get(devdb.RUNTIME_USER, 0) >= 4, timeout=20, interval=0.2,
+                   message="four daemons connected as the runtime user")
         assert set(users()) == {devdb.RUNTIME_USER}, users()
-        assert users()[devdb.RUNTIME_USER] >= 3
+        assert users()[devdb.RUNTIME_USER] >= 4
+        key = state / "delivery.key"
+        assert key.stat().st_mode & 0o777 == 0o600  # the webhook sealing key, made once
         assert stack.interrupt() == 0, stack.output()
     finally:
         stack.kill()

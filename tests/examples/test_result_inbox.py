@@ -22,10 +22,9 @@ from aiohttp.test_utils import TestServer
 from result_inbox import inbox
 from result_inbox.receiver import PATH, create_app
 
-from orbit_common.model.jsondoc import RawJson
 from orbit_delivery import signing
-from orbit_delivery.payload import ResultDelivery
 from orbit_delivery.sender import SenderLimits, TransportError, WebhookSender
+from tests.support.webhook_payload import Delivery as ResultDelivery
 
 
 def new_secret() -> str:
@@ -39,10 +38,11 @@ def hex_id() -> str:
 def delivery(task_id: str, revision: int, *, state: str = "SUCCEEDED",
              result: str = '{"amount":12345678901234567890.10}',
              event_id: str | None = None) -> ResultDelivery:
-    snapshot = RawJson(json.dumps({
+    snapshot = json.dumps({
         "task_id": task_id, "handler": "charge", "state": state, "revision": revision,
         "outcome_reason": "completed", "attempts_used": 1, "effect_uncertain": False,
-        "error": None}).removesuffix("}") + f',"result":{result}}}')
+        "error": None}).removesuffix("}") + f',"result":{result}}}'
+
     return ResultDelivery(
         delivery_id=hex_id(), subscription_id=hex_id(), subscription="billing",
         namespace="prod", sequence=revision, event_id=event_id or hex_id(), task_id=task_id,
@@ -82,7 +82,7 @@ async def test_a_duplicate_delivery_is_applied_once(pool: Any) -> None:
 
     assert await inbox.apply_with_retry(pool, parsed(first), on_applied=business) == "applied"
     # The same event again (another delivery of it, or a retry of the same delivery).
-    again = ResultDelivery(**{**_fields(first), "delivery_id": hex_id(), "attempt": 2})
+    again = first.again(delivery_id=hex_id(), attempt=2)
     assert await inbox.apply_with_retry(pool, parsed(again), on_applied=business) == "duplicate"
     inbox_rows, view_rows = await rows(pool, task)
     assert inbox_rows == [(first.event_id, 2, "APPLIED")]
@@ -225,7 +225,7 @@ async def test_a_lost_2xx_is_redelivered_and_applied_once(receiver: Any, pool: A
         assert first.error is TransportError.TIMEOUT
         # Committed before answering: the rows are there although the sender saw no 2xx.
         assert len((await rows(pool, task))[0]) == 1
-        retry = ResultDelivery(**{**_fields(d), "attempt": 2})  # same delivery id, next attempt
+        retry = d.again(attempt=2)  # same delivery id, next attempt
         second = await sender.send(url, *signed(secret, retry))
     answer_lost.set()
     assert second.delivered, second
@@ -248,9 +248,3 @@ async def test_a_malformed_but_signed_body_gets_400(receiver: Any, pool: Any) ->
         outcome = await sender.send(url, body, headers)
     assert outcome.status == 400
     assert await rows(pool, task) == ([], [])
-
-
-def _fields(d: ResultDelivery) -> dict[str, Any]:
-    import attrs
-
-    return attrs.asdict(d, recurse=False)

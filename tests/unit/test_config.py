@@ -182,3 +182,17 @@ def test_a_tenant_labels_value_that_is_not_a_boolean_is_an_error(
 ) -> None:
     with pytest.raises(ConfigError, match=r"\$\.service\.metrics_tenant_labels"):
         load_config(_toml(tmp_path, text), {})
+
+
+def test_the_pump_settings_come_from_the_environment_and_are_checked() -> None:
+    config = load_config(None, {"ORBIT_DELIVERY_LEASE_BATCH": "20",
+                                "ORBIT_DELIVERY_CIRCUIT_OPEN_S": "2.5",
+                                "ORBIT_DELIVERY_METRICS_TENANT_LABELS": "yes"})
+    assert config.delivery.lease_batch == 20
+    assert config.delivery.circuit_open_s == 2.5
+    assert config.delivery.metrics_tenant_labels is True
+    assert load_config(None, {}).delivery.metrics_tenant_labels is False  # no tenant names
+    for bad in ({"ORBIT_DELIVERY_LEASE_BATCH": "501"}, {"ORBIT_DELIVERY_TIMEOUT_S": "0"},
+                {"ORBIT_DELIVERY_CIRCUIT_FAILURE_THRESHOLD": "0"}):
+        with pytest.raises(ConfigError):
+            load_config(None, bad)

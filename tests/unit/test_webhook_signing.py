@@ -1,4 +1,5 @@
-"""Webhook signatures (orbit_delivery/signing.py) and the body (orbit_delivery/payload.py)."""
+"""Webhook signatures (orbit_delivery/signing.py) and the body they cover
+(orbit_common/relay/payload.py, the one body builder)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import time
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from orbit_common.model.jsondoc import RawJson
-from orbit_delivery import payload, signing
+from orbit_common.relay import payload
+from orbit_delivery import signing
+from orbit_delivery.pushing import WebhookPusher
 
 
 def new_secret() -> str:
@@ -71,28 +73,35 @@ def test_secrets_never_show_in_repr() -> None:
 
 
 def test_the_body_follows_the_contract_and_keeps_the_snapshot_verbatim() -> None:
-    snapshot = RawJson('{"task_id":"t","result":{"amount":1.10,"big":12345678901234567890}}')
-    delivery = payload.ResultDelivery(
-        delivery_id="d" * 32, subscription_id="s" * 32, subscription="billing",
-        namespace="prod", sequence=42, event_id="e" * 32, task_id="t" * 32, queue="pay",
-        task_revision=5, state="SUCCEEDED",
+    snapshot = '{"task_id":"t","result":{"amount":1.10,"big":12345678901234567890}}'
+    document = payload.build(
+        delivery_id=b"\xdd" * 16, subscription_id=b"\x55" * 16, subscription="billing",
+        namespace="prod", sequence=42, event_id=b"\xee" * 16, task_id=b"\x77" * 16,
+        queue="pay", task_revision=5, state="SUCCEEDED",
         committed_at=dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC), attempt=1,
         snapshot=snapshot)
-    body = delivery.body()
+    body = payload.body(document)
     assert body.endswith(b'"snapshot":' + snapshot.encode() + b"}")
-    document = json.loads(body)
-    assert list(document) == [
+    parsed = json.loads(body)
+    assert list(parsed) == [
         "type", "id", "subscription_id", "subscription", "namespace", "sequence", "event_id",
         "task_id", "queue", "task_revision", "state", "committed_at", "attempt", "snapshot"]
-    assert document["type"] == "task.result"
-    assert document["committed_at"] == "2026-01-02T03:04:05.678901+00:00"
-    with pytest.raises(ValueError):
-        payload.ResultDelivery(**{**_fields(delivery), "state": "RUNNING"})
-    with pytest.raises(ValueError):
-        payload.ResultDelivery(**{**_fields(delivery), "attempt": 0})
+    assert parsed["type"] == "task.result"
+    assert parsed["id"] == "dd" * 16
+    assert parsed["committed_at"].startswith("2026-01-02T03:04:05.678901")
 
 
-def _fields(delivery: payload.ResultDelivery) -> dict[str, object]:
-    import attrs
-
-    return attrs.asdict(delivery, recurse=False)
+def test_the_pusher_signs_exactly_the_payload_bytes() -> None:
+    secret = new_secret()
+    document = payload.build(
+        delivery_id=b"\x01" * 16, subscription_id=b"\x02" * 16, subscription="s",
+        namespace="n", sequence=1, event_id=b"\x03" * 16, task_id=b"\x04" * 16, queue="q",
+        task_revision=1, state="FAILED", committed_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        attempt=3, snapshot='{"error":{"n":1.50}}')
+    body, headers = WebhookPusher.signed(document, signing.SigningSecrets(current=secret),
+                                         int(time.time()))
+    assert body == payload.body(document)
+    assert headers["webhook-id"] == "01" * 16
+    Webhook(secret).verify(body, headers)  # raises unless the signature covers these bytes
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(body + b" ", headers)

@@ -209,9 +209,9 @@ def _fields(raw: dict[str, Any], allowed: frozenset[str], required: tuple[str, .
 
 
 def _string(raw: dict[str, Any], key: str, path: str, problem: _Problems) -> str | None:
-    value = raw.get(key)
-    if value is None:
+    if key not in raw:
         return None
+    value = raw[key]
     if not isinstance(value, str):
         problem(f"{path}.{key}", "invalid_value", "expected a string")
         return None
@@ -464,7 +464,8 @@ def _reach(scope: _Scope, incoming: set[str], problem: _Problems) -> None:
 def _cycles(scope: _Scope, problem: _Problems) -> None:
     """Depth-first search; the transition that closes a cycle is the offending part."""
     state: dict[str, int] = {}  # 1 on the stack, 2 done
-    for root in scope.steps:
+    for root in [scope.start, *scope.steps]:  # from the start first: the closing edge is the
+        # one that leads back, whatever order the document lists the steps in
         if root in state:
             continue
         stack: list[tuple[str, list[tuple[str, str]]]] = [(root, targets(scope.steps[root]))]

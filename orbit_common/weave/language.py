@@ -608,9 +608,10 @@ def parse_definition(data: bytes | str) -> Definition:
     """Parse and validate a definition document (strict JSON)."""
     size = len(data.encode("utf-8") if isinstance(data, str) else data)
     if size > MAX_DOCUMENT_BYTES:
-        raise errors.DefinitionInvalid([{
-            "path": "$", "code": "limit_exceeded",
-            "message": f"a definition document has at most {MAX_DOCUMENT_BYTES} bytes"}])
+        problem = _Problems()
+        problem("$", "limit_exceeded",
+                f"a definition document has at most {MAX_DOCUMENT_BYTES} bytes")
+        problem.raise_if_any()
     return validate_document(jsondoc.loads_strict(data))
 
 

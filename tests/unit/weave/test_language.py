@@ -6,6 +6,7 @@ import copy
 import hashlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -281,3 +282,11 @@ def test_input_problems_check_the_declared_schema() -> None:
         {"path": "$.input.amount", "message": "required"},
         {"path": "$.input.items", "message": "required"},
     ]
+
+
+def test_the_example_of_the_language_document_is_valid() -> None:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "weave" / "language.md").read_text(
+        encoding="utf-8")
+    example = text.split("```json\n", 1)[1].split("```", 1)[0]
+    definition = language.parse_definition(example)
+    assert definition.queues == ("inventory", "payments", "shipping")

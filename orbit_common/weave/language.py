@@ -314,7 +314,9 @@ class _Parser:
             dto = strict.structure({"queue": "", "handler": "", **submit}, tasks.SubmitRequest)
         except errors.ValidationFailed as exc:
             for found in exc.errors:
-                problem(path + found["path"][1:], "invalid_value", found["message"])
+                extra = found["message"].startswith("extra fields found")
+                problem(path + found["path"][1:], "unknown_field" if extra else "invalid_value",
+                        found["message"])
         else:
             spec, found_problems = tasks.validate(dto, {}, path)
             for found in found_problems:

@@ -119,6 +119,7 @@ def _branch_step(branch: int, name: str, **fields: Any) -> Callable[[dict[str, A
     (_step("reserve", handler="no spaces"), [("$.steps.reserve.handler", "invalid_value")]),
     (_step("reserve", concurrency_key=""), [("$.steps.reserve.concurrency_key",
                                             "invalid_value")]),
+    (_step("reserve", retry={"bogus": 1}), [("$.steps.reserve.retry", "unknown_field")]),
     (_step("reserve", rerun_safe="yes"), [("$.steps.reserve.rerun_safe", "invalid_value")]),
     (_step("reserve", on_failure=None), [("$.steps.reserve.on_failure", "invalid_value")]),
     (_step("reserve", delay_ms=5), [("$.steps.reserve.delay_ms", "unknown_field")]),

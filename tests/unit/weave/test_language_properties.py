@@ -80,13 +80,16 @@ def _mutations(definition: language.Definition) -> list[tuple[str, Any, str]]:
     """(path, new value, the code the refusal must carry at that path)."""
     found: list[tuple[str, Any, str]] = [("$.start", "zz_missing", "missing_target")]
     top = sorted(definition.steps)
+    inner_names = sorted(set(definition.all_steps) - set(top))
     for start, steps in _scopes(definition):
         inner = steps is not definition.steps and start not in definition.steps
         for name, step in steps.items():
             for where, _target in language.targets(step):
                 found.append((where, "zz_missing", "missing_target"))
-                if inner:
+                if inner:  # out of its block
                     found.append((where, top[0], "unstructured_join"))
+                elif inner_names:  # into a block
+                    found.append((where, inner_names[0], "unstructured_join"))
             if isinstance(step, language.TaskStep):
                 found.append((f"{step.path}.next", start, "cycle"))
                 found.append((f"{step.path}.input", "{'v': input.nope}", "expression_type"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 import attrs
@@ -398,7 +399,8 @@ class _Parser:
             names.add(branch_name)
             steps = self.scope(item.get("steps"), f"{where}.steps", depth + 1)
             branches.append(Branch(name=branch_name, path=where,
-                                   start=_name_of(item, "start", where, problem), steps=steps))
+                                   start=_name_of(item, "start", where, problem),
+                                   steps=MappingProxyType(steps)))
         return ParallelStep(name=name, path=path, branches=tuple(branches),
                             policy=policy,  # type: ignore[arg-type]
                             next=_name_of(raw, "next", path, problem),
@@ -651,6 +653,6 @@ def validate_document(document: Any) -> Definition:
     problem.raise_if_any()
     canonical = jsondoc.canonical(document)
     queues = sorted({s.queue for s in parser.all_steps.values() if isinstance(s, TaskStep)})
-    return Definition(input_schema=input_schema, start=start, steps=steps,
-                      all_steps=parser.all_steps, queues=tuple(queues), canonical=canonical,
-                      digest=digests.sha256(canonical), document=document)
+    return Definition(input_schema=input_schema, start=start, steps=MappingProxyType(steps),
+                      all_steps=MappingProxyType(parser.all_steps), queues=tuple(queues),
+                      canonical=canonical, digest=digests.sha256(canonical), document=document)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from orbit_common import errors
@@ -89,6 +90,13 @@ def test_the_order_workflow_is_valid() -> None:
     fulfil = definition.steps["fulfil"]
     assert isinstance(fulfil, language.ParallelStep)
     assert [b.name for b in fulfil.branches] == ["pay", "ship"]
+    # The model is immutable: a validated definition cannot be changed after the digest.
+    with pytest.raises(TypeError):
+        definition.steps["other"] = reserve  # type: ignore[index]
+    with pytest.raises(TypeError):
+        fulfil.branches[0].steps["other"] = reserve  # type: ignore[index]
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        reserve.next = "done"  # type: ignore[misc]
 
 
 def _step(name: str, **fields: Any) -> Callable[[dict[str, Any]], None]:

@@ -16,7 +16,6 @@ Nothing here calls ``eval`` or parses an expression itself.
 
 from __future__ import annotations
 
-import decimal
 import functools
 import math
 from typing import Any
@@ -69,9 +68,13 @@ def _program(source: str) -> Any:
 
 
 def evaluate(source: str, variables: dict[str, Any]) -> Any:
-    """Evaluate ``source`` over ``variables`` (values from :func:`cel_value`); return a JSON value
-    (dict, list, str, int, float, bool or None) or raise :class:`ExpressionError`."""
-    result = _program(source).eval(data=variables)
+    """Evaluate ``source`` over ``variables`` (values from
+    :func:`orbit_common.weave.types.cel_input`); return a JSON value (dict, list, str, int,
+    float, bool or None) or raise :class:`ExpressionError`."""
+    try:
+        result = _program(source).eval(data=variables)
+    except (RuntimeError, TypeError, ValueError) as exc:  # a value CEL cannot take
+        raise ExpressionError(str(exc)) from exc
     if result.type().name() == "ERROR":
         raise ExpressionError(str(result.value()))
     return _json_value(result.plain_value())
@@ -96,15 +99,3 @@ def _json_value(value: Any) -> Any:
             out[key] = _json_value(item)
         return out
     raise ExpressionError(f"the value is not JSON: {type(value).__name__}")
-
-
-def cel_value(value: Any) -> Any:
-    """A JSON value (normal parse: ``int`` / ``Decimal``) as CEL takes it: Decimals become
-    doubles. :func:`orbit_common.weave.types.cel_input` converts by schema first."""
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, dict):
-        return {key: cel_value(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [cel_value(item) for item in value]
-    return value

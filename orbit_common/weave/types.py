@@ -190,11 +190,10 @@ def cel_input(schema: Schema | None, value: Any) -> Any:
 
 
 def _plain(value: Any) -> Any:
+    """Where no schema says: an integer token stays an int, a token with a fraction or an
+    exponent (a Decimal from the normal parse) is a double."""
     if isinstance(value, decimal.Decimal):
-        return int(value) if value == value.to_integral_value() and "." not in str(value) \
-            else float(value)
-    if isinstance(value, float) and not isinstance(value, bool):
-        return value
+        return float(value)
     if isinstance(value, dict):
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, list):

@@ -203,7 +203,7 @@ def _fields(raw: dict[str, Any], allowed: frozenset[str], required: tuple[str, .
             problem: _Problems) -> None:
     for key in raw:
         if key not in allowed:
-            problem(f"{path}.{key}", "unknown_field", "unknown field")
+            problem(types.member(path, key), "unknown_field", "unknown field")
     for key in required:
         if key not in raw:
             problem(f"{path}.{key}", "missing_field", "required")
@@ -253,7 +253,7 @@ class _Parser:
             return {}
         steps: dict[str, Step] = {}
         for name, body in raw.items():
-            where = f"{path}.{name}"
+            where = types.member(path, name)
             self.count += 1
             if self.count == MAX_STEPS + 1:
                 problem(where, "limit_exceeded", f"a definition has at most {MAX_STEPS} steps")
@@ -320,8 +320,10 @@ class _Parser:
                         found["message"])
         else:
             spec, found_problems = tasks.validate(dto, {}, path)
+            missing = {f"{path}.{key}" for key in ("queue", "handler") if key not in raw}
             for found in found_problems:
-                problem(found["path"], "invalid_value", found["message"])
+                if found["path"] not in missing:  # reported as missing_field already
+                    problem(found["path"], "invalid_value", found["message"])
             if spec is not None:
                 options = TaskOptions(
                     priority=spec.priority, deadline_ms=spec.deadline_ms,

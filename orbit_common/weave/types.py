@@ -5,6 +5,7 @@ type checker see the declared shapes."""
 from __future__ import annotations
 
 import decimal
+import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,6 +29,17 @@ IDENTIFIER_RULE = ("1-64 characters: ASCII letters, digits or '_', not starting 
                    "and not a CEL reserved word")
 
 Problem = Callable[[str, str, str], None]
+
+
+_PLAIN_KEY = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def member(path: str, key: str) -> str:
+    """The JSON path of member ``key`` of the object at ``path``: ``$.a.b``, or ``$.a["b c"]``
+    when the key is not a plain name."""
+    if _PLAIN_KEY.match(key):
+        return f"{path}.{key}"
+    return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
 
 
 def is_identifier(name: Any) -> bool:
@@ -61,7 +73,7 @@ def parse_schema(raw: Any, path: str, problem: Problem, depth: int = 1) -> Schem
         return ANY
     for key in raw:
         if key not in _SCHEMA_FIELDS:
-            problem(f"{path}.{key}", "unknown_field", "unknown field")
+            problem(member(path, key), "unknown_field", "unknown field")
     kind = raw.get("type")
     if kind not in TYPES:
         problem(f"{path}.type", "invalid_value", f"one of {', '.join(TYPES)}")
@@ -91,7 +103,7 @@ def _object_schema(raw: dict[str, Any], path: str, problem: Problem, depth: int)
             problem(f"{path}.properties", "limit_exceeded", f"at most {MAX_PROPERTIES} properties")
         props = []
         for name, sub in found.items():
-            where = f"{path}.properties.{name}"
+            where = member(f"{path}.properties", name)
             if not is_identifier(name):
                 problem(where, "invalid_name", IDENTIFIER_RULE)
             props.append((name, parse_schema(sub, where, problem, depth + 1)))

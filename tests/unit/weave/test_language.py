@@ -134,6 +134,9 @@ def _branch_step(branch: int, name: str, **fields: Any) -> Callable[[dict[str, A
     (_step("reserve", delay_ms=5), [("$.steps.reserve.delay_ms", "unknown_field")]),
     (_step("failed", error="Not A Code"), [("$.steps.failed.error", "invalid_value")]),
     (lambda d: d["steps"].update({"in": {"kind": "SUCCEED"}}), [("$.steps.in", "invalid_name")]),
+    (lambda d: d["steps"].update({"a b": {"kind": "SUCCEED"}}),
+     [('$.steps["a b"]', "invalid_name")]),
+    (lambda d: d["steps"]["reserve"].pop("queue"), [("$.steps.reserve.queue", "missing_field")]),
     (lambda d: d["steps"]["fulfil"]["branches"][1]["steps"].update(
         reserve={"kind": "SUCCEED"}),
      [("$.steps.fulfil.branches[1].steps.reserve", "duplicate_name")]),

@@ -71,6 +71,14 @@ class ValidationFailed(BadRequest):
         self.errors = errors[:MAX_LISTED_ERRORS]
 
 
+class DefinitionInvalid(ValidationFailed):
+    """A workflow definition refused by the validator (orbit_common.weave.language): each item of
+    ``errors`` has the JSON path of the offending part and its own ``code``."""
+
+    code = "definition_invalid"
+    title = "The workflow definition is not valid"
+
+
 class InvalidCursor(BadRequest):
     code = "invalid_cursor"
     title = "The cursor is malformed or belongs to another query"

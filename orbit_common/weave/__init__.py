@@ -1,0 +1,1 @@
+"""Weave: workflows whose steps are Pulse tasks (docs/weave/)."""

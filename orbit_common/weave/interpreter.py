@@ -1,0 +1,289 @@
+"""An in-memory reference interpreter of the workflow language (docs/weave/language.md § 执行语义).
+
+It shares nothing with the engine but the validated model and the expression evaluator: given a
+definition, an input and a function that says how each task ends, it computes the tasks each
+advance creates and the instance's final state and output. Tests compare the engine with it.
+
+An *advance* is what the engine does in one transaction: the start, or the consumption of one
+task's result. Within an advance, CHOICE, PARALLEL, SUCCEED and FAIL steps are passed at once;
+every path stops at a TASK (its task is created) or at the end of its scope. Results are then
+delivered one at a time, by default in the order the tasks were created (``choose`` picks
+another order: the engine sees results in whatever order workers finish).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from orbit_common.weave import expressions, types
+from orbit_common.weave.language import (
+    ChoiceStep,
+    Definition,
+    ParallelStep,
+    Step,
+    SucceedStep,
+    TaskStep,
+)
+
+EXPRESSION_FAILED = "expression_failed"
+RESULT_SHAPE = "result_shape_mismatch"
+
+
+class InstanceState(enum.StrEnum):
+    RUNNING = "RUNNING"  # a task is held (NEEDS_REVIEW) and nothing else can move
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+@attrs.frozen(kw_only=True)
+class TaskCall:
+    """A task the instance creates: ``seq`` counts tasks of the instance from 1; ``branch`` is the
+    path of PARALLEL branches it runs in (``("fulfil.pay",)``), empty at the top level."""
+
+    seq: int
+    step: str
+    queue: str
+    handler: str
+    input: Any
+    branch: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Succeeded:
+    result: Any
+
+
+@attrs.frozen(kw_only=True)
+class Failed:
+    error: Any
+
+
+@attrs.frozen(kw_only=True)
+class NeedsReview:
+    """The task ended in NEEDS_REVIEW: its step holds until a person decides (part 3)."""
+
+
+Outcome = Succeeded | Failed | NeedsReview
+
+
+@attrs.frozen(kw_only=True)
+class Advance:
+    """One advance: ``trigger`` is ``0`` for the start, else the ``seq`` of the task whose result
+    was consumed; ``created`` the tasks it created; ``ignored`` when the result belonged to a
+    branch that a FAIL_FAST join had already closed (kept, never advanced)."""
+
+    trigger: int
+    created: tuple[TaskCall, ...]
+    ignored: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Run:
+    state: InstanceState
+    output: Any  # SUCCEEDED: the SUCCEED step's output
+    error: Any  # FAILED: {"error": code, "cause": value, "step": name}
+    advances: tuple[Advance, ...]
+    results: dict[str, Any]  # step name -> result, for every step that completed
+
+    @property
+    def tasks(self) -> list[TaskCall]:
+        return [call for advance in self.advances for call in advance.created]
+
+
+@attrs.define
+class _Block:
+    """One running PARALLEL step."""
+
+    step: ParallelStep
+    frame: _Frame
+    outcomes: dict[str, tuple[bool, Any]] = attrs.field(factory=dict)
+    closed: bool = False
+
+
+@attrs.frozen
+class _Frame:
+    """Where a path runs: the top level (``block`` None) or one branch of a running block."""
+
+    block: _Block | None
+    branch: str = ""
+
+    def alive(self) -> bool:
+        frame: _Frame = self
+        while frame.block is not None:
+            if frame.block.closed:
+                return False
+            frame = frame.block.frame
+        return True
+
+    def labels(self) -> tuple[str, ...]:
+        found: list[str] = []
+        frame: _Frame = self
+        while frame.block is not None:
+            found.append(f"{frame.block.step.name}.{frame.branch}")
+            frame = frame.block.frame
+        return tuple(reversed(found))
+
+
+class _Instance:
+    def __init__(self, definition: Definition, workflow_input: Any) -> None:
+        self.definition = definition
+        self.input = types.cel_input(definition.input_schema, workflow_input)
+        self.results: dict[str, Any] = {}
+        self.cel_results: dict[str, Any] = {}
+        self.state = InstanceState.RUNNING
+        self.output: Any = None
+        self.error: Any = None
+        self.seq = 0
+        self.pending: list[tuple[TaskCall, TaskStep, _Frame]] = []
+        self.created: list[TaskCall] = []
+
+    def evaluate(self, source: str) -> Any:
+        return expressions.evaluate(source, {"input": self.input, "steps": self.cel_results})
+
+    def run_path(self, name: str | None, frame: _Frame) -> None:
+        """Pass steps from ``name`` until the path creates a task or ends its scope."""
+        while name is not None:
+            step: Step = self.definition.all_steps[name]
+            try:
+                name = self._pass(step, frame)
+            except expressions.ExpressionError as exc:
+                failure = _failure(EXPRESSION_FAILED, exc.message, step.name)
+                if isinstance(step, TaskStep):
+                    self.task_failed(step, frame, failure)
+                else:
+                    self.scope_ended(frame, False, failure)
+                return
+
+    def _pass(self, step: Step, frame: _Frame) -> str | None:
+        """Run one step; the next step of the same path, or None where the path stops."""
+        if isinstance(step, ChoiceStep):
+            return self.choose(step)
+        if isinstance(step, TaskStep):
+            self.create_task(step, frame)
+        elif isinstance(step, ParallelStep):
+            block = _Block(step=step, frame=frame)
+            for branch in step.branches:
+                if block.closed or not frame.alive():
+                    break
+                self.run_path(branch.start, _Frame(block, branch.name))
+        elif isinstance(step, SucceedStep):
+            value = None if step.output is None else self.evaluate(step.output)
+            self.scope_ended(frame, True, value)
+        else:
+            cause = None if step.cause is None else self.evaluate(step.cause)
+            self.scope_ended(frame, False, {"error": step.error, "cause": cause,
+                                            "step": step.name})
+        return None
+
+    def create_task(self, step: TaskStep, frame: _Frame) -> None:
+        task_input = {} if step.input is None else self.evaluate(step.input)
+        if not isinstance(task_input, dict):
+            raise expressions.ExpressionError("the task input is not an object")
+        self.seq += 1
+        call = TaskCall(seq=self.seq, step=step.name, queue=step.queue, handler=step.handler,
+                        input=task_input, branch=frame.labels())
+        self.created.append(call)
+        self.pending.append((call, step, frame))
+
+    def choose(self, step: ChoiceStep) -> str:
+        for choice in step.choices:
+            holds = self.evaluate(choice.when)
+            if not isinstance(holds, bool):
+                raise expressions.ExpressionError("the condition is not a bool")
+            if holds:
+                return choice.next
+        return step.default
+
+    def completed(self, name: str, result: Any, schema: types.Schema | None) -> None:
+        self.results[name] = result
+        self.cel_results[name] = {"result": types.cel_input(schema, result)}
+
+    def task_succeeded(self, step: TaskStep, frame: _Frame, result: Any) -> None:
+        if step.result_schema is not None:
+            found: list[dict[str, str]] = []
+            types.value_problems(step.result_schema, result, "$.result", found)
+            if found:
+                self.task_failed(step, frame, _failure(
+                    RESULT_SHAPE, f"{found[0]['path']}: {found[0]['message']}", step.name))
+                return
+        self.completed(step.name, result, step.result_schema)
+        self.run_path(step.next, frame)
+
+    def task_failed(self, step: TaskStep | ParallelStep, frame: _Frame, error: Any) -> None:
+        if isinstance(error, dict) and "step" not in error:
+            error = {**error, "step": step.name}
+        if step.on_failure is not None:
+            self.run_path(step.on_failure, frame)
+        else:
+            self.scope_ended(frame, False, error)
+
+    def scope_ended(self, frame: _Frame, ok: bool, value: Any) -> None:
+        block = frame.block
+        if block is None:
+            self.state = InstanceState.SUCCEEDED if ok else InstanceState.FAILED
+            if ok:
+                self.output = value
+            else:
+                self.error = value
+            return
+        if block.closed:
+            return
+        block.outcomes[frame.branch] = (ok, value)
+        step = block.step
+        if not ok and step.policy == "FAIL_FAST":
+            block.closed = True
+            self.task_failed(step, block.frame, value)
+            return
+        if len(block.outcomes) < len(step.branches):
+            return
+        block.closed = True
+        for branch in step.branches:
+            ok_branch, found = block.outcomes[branch.name]
+            if not ok_branch:
+                self.task_failed(step, block.frame, found)
+                return
+        result = {branch.name: block.outcomes[branch.name][1] for branch in step.branches}
+        self.completed(step.name, result, None)
+        self.run_path(step.next, block.frame)
+
+
+def _failure(code: str, message: str, step: str | None = None) -> dict[str, Any]:
+    found: dict[str, Any] = {"error": code, "cause": message}
+    if step is not None:
+        found["step"] = step
+    return found
+
+
+def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall], Outcome],
+        choose: Callable[[Sequence[TaskCall]], int] | None = None) -> Run:
+    """Run an instance to its end (or until only held tasks remain).
+
+    ``workflow_input`` must match the definition's input schema (:meth:`Definition.input_problems`
+    is the check the start does). ``outcome`` says how each task ends; ``choose`` picks the index
+    of the next result to deliver among the tasks still running (default: the oldest)."""
+    instance = _Instance(definition, workflow_input)
+    instance.run_path(definition.start, _Frame(None))
+    advances = [Advance(trigger=0, created=tuple(instance.created))]
+    held: list[TaskCall] = []
+    while instance.pending and instance.state is InstanceState.RUNNING:
+        index = 0 if choose is None else choose([call for call, _, _ in instance.pending])
+        call, step, frame = instance.pending.pop(index)
+        instance.created = []
+        if not frame.alive():
+            advances.append(Advance(trigger=call.seq, created=(), ignored=True))
+            continue
+        ended = outcome(call)
+        if isinstance(ended, NeedsReview):
+            held.append(call)
+            continue
+        if isinstance(ended, Succeeded):
+            instance.task_succeeded(step, frame, ended.result)
+        else:
+            instance.task_failed(step, frame, {"error": "task_failed", "cause": ended.error})
+        advances.append(Advance(trigger=call.seq, created=tuple(instance.created)))
+    return Run(state=instance.state, output=instance.output, error=instance.error,
+               advances=tuple(advances), results=dict(instance.results))

@@ -35,11 +35,11 @@ from orbit_common.model import jsondoc
 from orbit_common.platform.events import EventRecord, append_events
 from orbit_common.platform.results import ResultEvent, append_results
 from orbit_common.pulse import resources
+from orbit_common.pulse.leases import workflow_inbox as inbox
 from orbit_common.pulse.leases.common import expect_rows, task_event
 from orbit_common.pulse.leases.decisions import Decision
 from orbit_common.pulse.model import AttemptState, TaskState
 from orbit_common.pulse.resources import Usage
-from orbit_common.weave import inbox
 
 
 @attrs.frozen(kw_only=True)

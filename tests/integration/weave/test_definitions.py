@@ -4,6 +4,7 @@ bad input changes nothing; another tenant sees nothing."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pymysql
 import pytest
@@ -138,8 +139,8 @@ async def test_publish_needs_tasks_submit_on_every_queue(db: Database, tenant: T
 
 
 async def test_published_versions_are_immutable(db: Database, tenant: Tenant,
-                                                sync_conn: pymysql.connections.Connection
-                                                ) -> None:  # type: ignore[type-arg]
+                                                sync_conn: pymysql.connections.Connection[Any]
+                                                ) -> None:
     queue = await make_queue(db, tenant)
     who = await principal(db, tenant.api_key)
     await definitions.create_definition(db, who, namespace=tenant.namespace, name="wf")
@@ -161,8 +162,8 @@ async def test_a_version_without_its_scope_is_not_used(db: Database, tenant: Ten
     definition_id = bytes.fromhex(created.body["id"])
     text = document(queue.name)
 
-    async def body(cur: object) -> None:
-        await cur.execute(  # type: ignore[attr-defined]
+    async def body(cur: Any) -> None:
+        await cur.execute(
             "INSERT INTO weave_definition_versions (namespace_id, definition_id, version,"
             " document, digest, created_by_credential_id, created_at)"
             " VALUES (%s, %s, 1, %s, %s, %s, UTC_TIMESTAMP(6))",

@@ -1,5 +1,8 @@
 """Pulse → Weave: the internal inbox rows the single ending writer adds (000 §6.3).
 
+The producing side lives in Pulse, next to the ending writer (as the result stream does): Weave
+imports Pulse, never the other way round; the engine (orbit_common/weave) consumes the rows.
+
 When a task a workflow owns (``owner_kind = 'WORKFLOW'``) ends — SUCCEEDED, FAILED, CANCELLED
 or NEEDS_REVIEW — :func:`record` inserts one ``weave_inbox`` row per task in the ending's own
 transaction, with a frozen snapshot of the result (the same document as the result event's), at

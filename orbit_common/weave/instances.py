@@ -54,7 +54,7 @@ INSTANCE_COLUMNS = (
     " i.business_key, i.input, i.output, i.error, i.gate_id, i.created_at, i.updated_at,"
     " i.completed_at, d.name AS definition_name"
 )
-INSTANCE_FROM = (" FROM weave_instances i JOIN weave_definitions d"
+INSTANCE_FROM = (" FROM weave_instances i STRAIGHT_JOIN weave_definitions d"
                  " ON d.namespace_id = i.namespace_id AND d.id = i.definition_id")
 
 
@@ -215,6 +215,34 @@ async def get_instance(db: Database, principal: credentials.Principal, *, namesp
     return await db.read("workflows.instances.get", body)
 
 
+def list_query(namespace_id: bytes, *, definition_id: bytes | None, state: str | None,
+               key: bytes | None, created_from: dt.datetime | None,
+               created_to: dt.datetime | None, position: tuple[dt.datetime, bytes] | None,
+               limit: int) -> tuple[str, list[Any]]:
+    """The list statement, newest first: each filter narrows one index (the definition's,
+    the state's or the business key's, each ``(namespace, filter, created_at, id)``; none:
+    ``ix_weave_instances_created``), read in order from the cursor position."""
+    where: list[str] = ["i.namespace_id = %s"]
+    params: list[Any] = [namespace_id]
+    for column, value in (("i.definition_id", definition_id), ("i.state", state),
+                          ("i.business_key", key)):
+        if value is not None:
+            where.append(f"{column} = %s")
+            params.append(value)
+    if created_from is not None:
+        where.append("i.created_at >= %s")
+        params.append(to_db(cursors.clamp(created_from)))
+    if created_to is not None:
+        where.append("i.created_at < %s")
+        params.append(to_db(cursors.clamp(created_to)))
+    if position is not None:
+        where.append("(i.created_at < %s OR (i.created_at = %s AND i.id < %s))")
+        params += [to_db(position[0]), to_db(position[0]), position[1]]
+    sql = (f"SELECT {INSTANCE_COLUMNS}{INSTANCE_FROM} WHERE {' AND '.join(where)}"
+           " ORDER BY i.created_at DESC, i.id DESC LIMIT %s")
+    return sql, [*params, limit]
+
+
 async def list_instances(db: Database, principal: credentials.Principal, *, namespace: str,
                          definition: str | None = None, state: str | None = None,
                          business_key: str | None = None,
@@ -242,34 +270,18 @@ async def list_instances(db: Database, principal: credentials.Principal, *, name
 
     async def body(cur: Any) -> cursors.Page:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        where: list[str] = ["i.namespace_id = %s"]
-        params: list[Any] = [ns.id]
+        definition_id = None
         if definition is not None:
             await cur.execute("SELECT id, name FROM weave_definitions WHERE namespace_id = %s"
                               " AND name = %s", (ns.id, definition))
             found = await cur.fetchone()
             if found is None or found["name"] != definition:
                 return cursors.Page(items=[], next_cursor=None)
-            where.append("i.definition_id = %s")
-            params.append(found["id"])
-        if state is not None:
-            where.append("i.state = %s")
-            params.append(state)
-        if key is not None:
-            where.append("i.business_key = %s")
-            params.append(key)
-        if created_from is not None:
-            where.append("i.created_at >= %s")
-            params.append(to_db(cursors.clamp(created_from)))
-        if created_to is not None:
-            where.append("i.created_at < %s")
-            params.append(to_db(cursors.clamp(created_to)))
-        if position is not None:
-            where.append("(i.created_at < %s OR (i.created_at = %s AND i.id < %s))")
-            params += [to_db(position[0]), to_db(position[0]), position[1]]
-        await cur.execute(
-            f"SELECT {INSTANCE_COLUMNS}{INSTANCE_FROM} WHERE {' AND '.join(where)}"
-            " ORDER BY i.created_at DESC, i.id DESC LIMIT %s", (*params, limit + 1))
+            definition_id = found["id"]
+        sql, params = list_query(ns.id, definition_id=definition_id, state=state, key=key,
+                                 created_from=created_from, created_to=created_to,
+                                 position=position, limit=limit + 1)
+        await cur.execute(sql, params)
         rows = [dict(r) for r in await cur.fetchall()]
         more = len(rows) > limit
         rows = rows[:limit]

@@ -9,15 +9,18 @@ from typing import Any
 
 import pytest
 
+from orbit_common import errors
 from orbit_common.db.pool import Database
 from orbit_common.model import ids
 from orbit_common.pulse.leases import workflow_inbox as inbox
+from orbit_common.pulse.workers import QueueRef
 from orbit_common.weave import instances
 from tests.conftest import Tenant
 from tests.integration.test_interventions import cancel
+from tests.integration.test_leases import claim, finish, report, start
 from tests.integration.weave.support import principal, published
 from tests.support import invariants
-from tests.support.lease_fixtures import add_tasks, make_queue
+from tests.support.lease_fixtures import add_tasks, make_queue, open_session, task_row
 
 
 async def rows(db: Database, tenant: Tenant, task_id: bytes) -> list[dict[str, Any]]:
@@ -29,11 +32,12 @@ async def rows(db: Database, tenant: Tenant, task_id: bytes) -> list[dict[str, A
 
 
 async def workflow_task(db: Database, tenant: Tenant, *, activation: bool = True,
-                        gate: bool = True) -> tuple[bytes, dict[str, Any], bytes | None]:
+                        gate: bool = True, queue: QueueRef | None = None
+                        ) -> tuple[bytes, dict[str, Any], bytes | None]:
     """A WAITING task owned by a started instance (as the engine would make it: owner, gate and
     a LIVE activation of step ``a`` naming the task); the task, the instance row and the
     activation id. ``activation``/``gate`` False leave that link out."""
-    queue = await make_queue(db, tenant)
+    queue = queue or await make_queue(db, tenant)
     name = await published(db, tenant, queue.name)
     started = await instances.start_instance(db, await principal(db, tenant.api_key),
                                              namespace=tenant.namespace, definition=name,
@@ -136,4 +140,42 @@ async def test_a_task_no_workflow_owns_costs_no_inbox_statement(
 
     monkeypatch.setattr(inbox, "record", refuse)
     await cancel(db, tenant, task_id)
+    assert await rows(db, tenant, task_id) == []
+
+
+@pytest.mark.parametrize(("outcome", "state", "kw"), [
+    ("succeeded", "SUCCEEDED", {"result": '{"total": 12.50}'}),
+    ("failed", "FAILED", {"error": {"type": "boom", "message": "no"}}),
+    ("unknown", "NEEDS_REVIEW", {"error": {"type": "lost", "message": "?"}}),
+])
+async def test_a_worker_report_ends_the_task_and_writes_its_inbox_row(
+        db: Database, tenant: Tenant, outcome: str, state: str, kw: dict[str, Any]) -> None:
+    queue = await make_queue(db, tenant, max_attempts=1)
+    task_id, _, activation_id = await workflow_task(db, tenant, queue=queue)
+    session = await open_session(db, tenant, [queue])
+    (grant,) = await claim(db, session, queue)
+    await start(db, tenant, [grant])
+    await finish(db, tenant, [report(grant, outcome, **kw)])
+    (row,) = await rows(db, tenant, task_id)
+    assert (row["state"], row["task_state"], row["activation_id"]) == (
+        "PENDING", state, activation_id)
+    snapshot = json.loads(row["snapshot"])
+    assert snapshot["state"] == state
+    if "result" in kw:
+        assert row["snapshot"].count('"result":{"total": 12.50}') == 1  # the exact text, frozen
+    assert await invariants.check_db(db, [tenant.namespace_id]) == []
+
+
+async def test_the_inbox_row_is_part_of_the_ending_transaction(
+        db: Database, tenant: Tenant, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the inbox write fails, the ending rolls back whole: the task is still WAITING."""
+    task_id, _, _ = await workflow_task(db, tenant)
+
+    async def broken(*_: Any) -> None:
+        raise errors.IntegrityViolation("inbox write refused")
+
+    monkeypatch.setattr(inbox, "record", broken)
+    with pytest.raises(errors.IntegrityViolation):
+        await cancel(db, tenant, task_id)
+    assert (await task_row(db, tenant, task_id))["state"] == "WAITING"
     assert await rows(db, tenant, task_id) == []

@@ -3,6 +3,7 @@ bad input changes nothing; another tenant sees nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -198,3 +199,18 @@ async def test_validate_list_and_tenant_isolation(db: Database, tenant: Tenant) 
         await definitions.get_definition(db, stranger, namespace=other.namespace, name="a-wf")
     with pytest.raises(errors.NamespaceNotFound):
         await definitions.get_definition(db, stranger, namespace=tenant.namespace, name="a-wf")
+
+
+async def test_two_racing_publishes_of_one_revision_make_one_version(db: Database,
+                                                                       tenant: Tenant) -> None:
+    queue = await make_queue(db, tenant)
+    who = await principal(db, tenant.api_key)
+    await definitions.create_definition(db, who, namespace=tenant.namespace, name="wf")
+    outcomes = await asyncio.gather(*(
+        definitions.publish_version(db, who, namespace=tenant.namespace, name="wf", revision=1,
+                                    document=document(queue.name, handler=f"h{i}"))
+        for i in range(2)), return_exceptions=True)
+    assert sorted(type(o).__name__ for o in outcomes) == ["Replay", "StaleRevision"]
+    got = await definitions.get_definition(db, who, namespace=tenant.namespace, name="wf")
+    assert [v["version"] for v in got["versions"]] == [1]
+    assert got["revision"] == 2

@@ -48,6 +48,11 @@ class Action(enum.StrEnum):
     SUBSCRIPTIONS_MANAGE = "subscriptions.manage"  # create, update, pause/resume, disable,
     # rotate the secret, add budget to an exhausted delivery
     SUBSCRIPTIONS_CONSUME = "subscriptions.consume"  # lease, acknowledge and fail deliveries
+    # Workflows (orbit_common/weave), namespace-wide: a version's tasks go to several queues,
+    # so publishing and starting also need ``tasks.submit`` on every queue the version uses.
+    WORKFLOWS_READ = "workflows.read"  # definitions, versions, instances with steps
+    WORKFLOWS_MANAGE = "workflows.manage"  # create definitions, publish versions
+    WORKFLOWS_START = "workflows.start"  # start instances
 
 
 ACTIONS = frozenset(a.value for a in Action)

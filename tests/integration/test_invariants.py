@@ -1040,6 +1040,44 @@ async def test_a_schedule_task_and_its_owner_must_agree(
     assert "task_owner" in codes(await check_db(scratch_db, [damaged.namespace_id]))
 
 
+# --- workflows (orbit_common/weave) ------------------------------------------------------------
+
+
+async def test_workflow_corruptions(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any]
+) -> None:
+    """A started instance whose owned task ended through the real ending writer is clean; a
+    step naming another live activation is ``live_activation``, a lost inbox row is
+    ``workflow_inbox``, a finished instance with a LIVE activation and a pending advance is
+    ``instance_state``; another tenant stays clean."""
+    from tests.integration.weave.test_inbox import workflow_task
+
+    damaged, bystander = await make_tenant(scratch_db), await make_tenant(scratch_db)
+    task_id, instance, _ = await workflow_task(scratch_db, damaged)
+    await workflow_task(scratch_db, bystander)
+    await interventions.cancel_task(scratch_db, await principal(scratch_db, damaged),
+                                    namespace=damaged.namespace, task_id=task_id, reason="x")
+    ns = [damaged.namespace_id]
+    assert check(scratch_conn, ns) == []
+    sql(scratch_conn, "UPDATE weave_steps SET live_activation_id = %s WHERE namespace_id = %s"
+                      " AND name = 'a'", ids.new_id(), damaged.namespace_id)
+    found = check(scratch_conn, ns)
+    assert codes(found) == {"live_activation"}, found
+    sql(scratch_conn, "DELETE FROM weave_inbox WHERE namespace_id = %s AND task_id = %s",
+        damaged.namespace_id, task_id)
+    found = check(scratch_conn, ns)
+    assert codes(found) == {"live_activation", "workflow_inbox"}, found
+    assert "no inbox row" in next(f for f in found if f.startswith("[workflow_inbox]"))
+    sql(scratch_conn, "UPDATE weave_instances SET state = 'SUCCEEDED',"
+                      " completed_at = UTC_TIMESTAMP(6) WHERE namespace_id = %s AND id = %s",
+        damaged.namespace_id, instance["id"])
+    found = [f for f in check(scratch_conn, ns) if f.startswith("[instance_state]")]
+    assert len(found) == 2, found  # the LIVE $root activation and the ROOT advance
+    assert check(scratch_conn, [bystander.namespace_id]) == []
+    assert {"live_activation", "workflow_inbox", "instance_state"} <= codes(
+        await check_db(scratch_db, ns))
+
+
 # --- subscriptions and deliveries (orbit_common/relay) ---------------------------------------
 
 
@@ -1198,5 +1236,5 @@ def test_every_code_has_a_corruption_test() -> None:
     covered = ({code for code, _ in CORRUPTIONS} | {code for code, _ in FLOW_CORRUPTIONS}
                | {code for code, _ in RELAY_CORRUPTIONS}
                | {"stuck", "missing_task", "one_run_per_instant", "task_owner",
-                  "delivery_stuck"})
+                  "delivery_stuck", "live_activation", "workflow_inbox", "instance_state"})
     assert covered == set(CODES)

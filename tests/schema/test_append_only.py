@@ -105,6 +105,26 @@ VALUES (%s, %s, %s, UTC_TIMESTAMP(6), 1, 'RULE', 'FIRED', NULL, NULL, 1, %s, UTC
         column="reason",
         extra_ids=2,
     ),
+    AppendOnlyTable(
+        name="weave_definition_versions",
+        key_columns=("namespace_id", "definition_id"),
+        insert="""
+INSERT INTO weave_definition_versions (namespace_id, definition_id, version, document, digest,
+  created_by_credential_id, created_at)
+VALUES (%s, %s, 1, '{}', REPEAT('a', 32), REPEAT('b', 16), UTC_TIMESTAMP(6))
+""",
+        column="document",
+    ),
+    AppendOnlyTable(
+        name="weave_version_scopes",
+        key_columns=("namespace_id", "definition_id"),
+        insert="""
+INSERT INTO weave_version_scopes (namespace_id, definition_id, version, digest, queue_ids,
+  created_at)
+VALUES (%s, %s, 1, REPEAT('a', 32), '[]', UTC_TIMESTAMP(6))
+""",
+        column="queue_ids",
+    ),
 )
 IDS = [t.name for t in APPEND_ONLY]
 

@@ -107,6 +107,15 @@ Invariants (code: what must hold)
                           committed next_sequence - 1 (0 without a stream)
     delivery_stuck        (``quiescent=True`` only) no LEASED delivery whose lease lapsed
                           longer than ``grace`` ago
+    live_activation       (Weave) a step has at most one LIVE activation, and its
+                          live_activation_id names exactly that activation (NULL when none);
+                          its activation sequences are 1..activation_count
+    workflow_inbox        every result event of a task a workflow owns has its weave_inbox row
+                          (same source event, task, revision and state), and every inbox row
+                          has that result event
+    instance_state        an instance has exactly one $root step and its own WORKFLOW gate;
+                          a finished instance (SUCCEEDED, FAILED, CANCELLED) has no LIVE
+                          activation and no unfinished pending advance
 """
 
 from __future__ import annotations
@@ -144,7 +153,8 @@ CODES = (
     "permit_count", "permit_held", "permit_holder", "permit_missing", "permit_tokens",
     "permit_revision", "start_budget", "session_binding", "one_run_per_instant", "task_owner",
     "subscription_backlog", "delivery_unique", "delivery_source", "delivery_lease",
-    "delivery_attempts", "scan_position", "delivery_stuck",
+    "delivery_attempts", "scan_position", "delivery_stuck", "live_activation",
+    "workflow_inbox", "instance_state",
 )
 
 
@@ -899,6 +909,79 @@ def _delivery(row: dict[str, Any]) -> str:
 
 # --- quiescence and acknowledged tasks -------------------------------------------------------
 
+# --- workflows (orbit_common/weave) ------------------------------------------------------------
+
+def _live_activation_sql(s: Scope) -> str:
+    return f"""
+SELECT st.namespace_id, st.instance_id, st.name, st.live_activation_id, st.activation_count,
+  COUNT(a.id) AS n, SUM(a.state = 'LIVE') AS live,
+  MAX(IF(a.state = 'LIVE', a.id, NULL)) AS live_id, MIN(a.sequence) AS lo, MAX(a.sequence) AS hi
+FROM weave_steps st
+LEFT JOIN weave_activations a ON a.namespace_id = st.namespace_id
+  AND a.instance_id = st.instance_id AND a.step_id = st.id
+WHERE TRUE{s.ns('st')}
+GROUP BY st.namespace_id, st.instance_id, st.id, st.name, st.live_activation_id,
+  st.activation_count
+HAVING COALESCE(SUM(a.state = 'LIVE'), 0) > 1
+  OR NOT (st.live_activation_id <=> MAX(IF(a.state = 'LIVE', a.id, NULL)))
+  OR COUNT(a.id) <> st.activation_count
+  OR (COUNT(a.id) > 0 AND (MIN(a.sequence) <> 1 OR MAX(a.sequence) <> COUNT(a.id)))"""
+
+
+def _live_activation_render(row: dict[str, Any], _s: Scope) -> str:
+    return (f"step {_h(row['namespace_id'])}/{_h(row['instance_id'])}/{row['name']} names live"
+            f" activation {_h(row['live_activation_id'])} and counts {row['activation_count']}"
+            f" activations; it has {row['n']} (sequences {_h(row['lo'])}..{_h(row['hi'])}),"
+            f" {_h(row['live'])} LIVE ({_h(row['live_id'])})")
+
+
+def _workflow_inbox_sql(s: Scope) -> str:
+    return f"""
+SELECT r.namespace_id, r.task_id, r.id AS event_id, r.state, 'no inbox row' AS problem
+FROM orbit_result_events r
+JOIN pulse_tasks t ON t.namespace_id = r.namespace_id AND t.id = r.task_id
+LEFT JOIN weave_inbox i ON i.namespace_id = r.namespace_id AND i.source_event_id = r.id
+WHERE t.owner_kind = 'WORKFLOW' AND i.id IS NULL{s.ns('r')}
+UNION ALL
+SELECT i.namespace_id, i.task_id, i.source_event_id, i.task_state,
+  'an inbox row without its result event'
+FROM weave_inbox i
+LEFT JOIN orbit_result_events r ON r.namespace_id = i.namespace_id
+  AND r.id = i.source_event_id AND r.task_id = i.task_id
+  AND r.task_revision = i.task_revision AND r.state = i.task_state
+WHERE r.id IS NULL{s.ns('i')}"""
+
+
+def _instance_state_sql(s: Scope) -> str:
+    return f"""
+SELECT i.namespace_id, i.id AS instance_id, i.state, 'root steps' AS what,
+  COUNT(st.id) AS n
+FROM weave_instances i
+LEFT JOIN weave_steps st ON st.namespace_id = i.namespace_id AND st.instance_id = i.id
+  AND st.name = '$root' AND st.kind = 'ROOT'
+WHERE TRUE{s.ns('i')}
+GROUP BY i.namespace_id, i.id, i.state HAVING COUNT(st.id) <> 1
+UNION ALL
+SELECT i.namespace_id, i.id, i.state, 'own WORKFLOW gates', COUNT(g.id)
+FROM weave_instances i
+LEFT JOIN pulse_execution_gates g ON g.namespace_id = i.namespace_id AND g.id = i.gate_id
+  AND g.owner_kind = 'WORKFLOW' AND g.owner_id = i.id
+WHERE TRUE{s.ns('i')}
+GROUP BY i.namespace_id, i.id, i.state HAVING COUNT(g.id) <> 1
+UNION ALL
+SELECT i.namespace_id, i.id, i.state, 'LIVE activations', COUNT(*)
+FROM weave_instances i
+JOIN weave_activations a ON a.namespace_id = i.namespace_id AND a.instance_id = i.id
+WHERE i.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND a.state = 'LIVE'{s.ns('i')}
+GROUP BY i.namespace_id, i.id, i.state
+UNION ALL
+SELECT i.namespace_id, i.id, i.state, 'unfinished pending advances', COUNT(*)
+FROM weave_instances i
+JOIN weave_pending_advances p ON p.namespace_id = i.namespace_id AND p.instance_id = i.id
+WHERE i.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND p.state <> 'DONE'{s.ns('i')}
+GROUP BY i.namespace_id, i.id, i.state"""
+
+
 def _stuck_sql(s: Scope) -> str:
     cutoff = f"UTC_TIMESTAMP(6) - INTERVAL {s.grace_us} MICROSECOND"
     return f"""
@@ -1042,6 +1125,13 @@ PROBES: tuple[Probe, ...] = (
           lambda r, s: f"subscription {_h(r['namespace_id'])}/{r['name']} scanned past"
                        f" {r['scan_after_sequence']}, but its stream's next_sequence is"
                        f" {_h(r['next_sequence'])}"),
+    Probe("live_activation", _live_activation_sql, _live_activation_render),
+    Probe("workflow_inbox", _workflow_inbox_sql,
+          lambda r, s: f"{_task(r)}: {r['problem']} (event {_h(r['event_id'])},"
+                       f" {r['state']})"),
+    Probe("instance_state", _instance_state_sql,
+          lambda r, s: f"instance {_h(r['namespace_id'])}/{_h(r['instance_id'])} ({r['state']})"
+                       f" has {r['n']} {r['what']}"),
     Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),
     Probe("delivery_stuck", _delivery_stuck_sql,
           lambda r, s: f"{_delivery(r)} is still LEASED though its lease lapsed at"

@@ -108,7 +108,7 @@ TASK_COLUMNS = (
     " max_attempts, retry_initial_ms, retry_max_ms, retry_multiplier, retry_jitter,"
     " execution_lease_ms, attempt_timeout_ms, deadline_at, start_deadline_at, rerun_safe,"
     " current_attempt_id, lease_expires_at, cancel_requested_at, effect_uncertain,"
-    " first_started_at, workflow_gate_id"
+    " first_started_at, workflow_gate_id, owner_kind, owner_id"
 )
 ATTEMPT_COLUMNS = (
     "id, task_id, queue_id, generation, token_digest, concurrency_token, worker_instance_id,"

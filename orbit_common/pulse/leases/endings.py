@@ -35,6 +35,7 @@ from orbit_common.model import jsondoc
 from orbit_common.platform.events import EventRecord, append_events
 from orbit_common.platform.results import ResultEvent, append_results
 from orbit_common.pulse import resources
+from orbit_common.pulse.leases import workflow_inbox as inbox
 from orbit_common.pulse.leases.common import expect_rows, task_event
 from orbit_common.pulse.leases.decisions import Decision
 from orbit_common.pulse.model import AttemptState, TaskState
@@ -170,10 +171,23 @@ async def write(cur: Any, namespace_id: bytes, endings: Sequence[Ending], now: d
         cur, namespace_id, permits, now))
     if before_results is not None:
         await before_results()
+    ended = [(e, event) for e, event in zip(endings, events, strict=True)
+             if e.decision.task_state.terminal
+             or e.decision.task_state is TaskState.NEEDS_REVIEW]
+    snapshots = {e.task["id"]: _snapshot(e) for e, _ in ended}
+    # Pulse → Weave (000 §6.3): a workflow-owned task's end is an inbox row in this same
+    # transaction; no statement at all when no ended task has a workflow owner.
+    owned = [inbox.Source(event_id=event.id, task_id=e.task["id"], task_revision=e.revision,
+                          task_state=e.decision.task_state.value,
+                          instance_id=e.task.get("owner_id"),
+                          gate_id=e.task.get("workflow_gate_id"),
+                          snapshot=snapshots[e.task["id"]])
+             for e, event in ended if e.task.get("owner_kind") == "WORKFLOW"]
+    if owned:
+        await inbox.record(cur, namespace_id, owned)
     await append_results(cur, namespace_id, [
         ResultEvent(event_id=event.id, task_id=e.task["id"], queue_id=e.task["queue_id"],
                     task_revision=e.revision, state=e.decision.task_state.value,
-                    snapshot=_snapshot(e))
-        for e, event in zip(endings, events, strict=True)
-        if e.decision.task_state.terminal or e.decision.task_state is TaskState.NEEDS_REVIEW
+                    snapshot=snapshots[e.task["id"]])
+        for e, event in ended
     ])

@@ -1,0 +1,295 @@
+"""Workflow instances: start, get (with steps and activations), list.
+
+Start is one transaction (000 §5 "流程启动"): the idempotency identity (a replay returns the
+original receipt, another request under the same key is ``idempotency_conflict``), the pinned
+definition version (its scope verified against its digest), the input validated against the
+version's input schema, the instance (RUNNING), its own execution gate (``owner_kind =
+'WORKFLOW'``), the internal ``$root`` step with its first activation, the ROOT pending advance
+the engine leases, and the ``workflow.started`` event and audit record.
+
+Authorization: ``workflows.start`` in the namespace and ``tasks.submit`` on every queue the
+version uses (the scope is never a grant by itself: it is checked against the caller's current
+grants). Reads need ``workflows.read``; another namespace's instances are not found.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from orbit_common import errors
+from orbit_common.db.clock import as_utc, db_now, to_db
+from orbit_common.db.pool import Database
+from orbit_common.model import cursors, ids, jsondoc
+from orbit_common.platform import authz, credentials, namespaced
+from orbit_common.platform.audit import AuditRecord, append_audit
+from orbit_common.platform.events import append_event
+from orbit_common.platform.idempotency import Replay
+from orbit_common.pulse import tasks
+from orbit_common.weave import definitions
+
+ROOT_STEP = "$root"
+BUSINESS_KEY_MAX_BYTES = 512
+INPUT_MAX_BYTES = 1024 * 1024
+LIST_MAX = 100
+STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PAUSED", "STOPPING")
+
+
+class InstanceNotFound(errors.NotFound):
+    code = "workflow_instance_not_found"
+    title = "Workflow instance not found"
+
+
+class DefinitionNotPublished(errors.Conflict):
+    code = "definition_not_published"
+    title = "The workflow definition has no published version"
+
+
+def _iso(value: Any) -> str | None:
+    return None if value is None else as_utc(value).isoformat(timespec="microseconds")
+
+
+INSTANCE_COLUMNS = (
+    "i.namespace_id, i.id, i.definition_id, i.version, i.version_digest, i.state, i.revision,"
+    " i.business_key, i.input, i.output, i.error, i.gate_id, i.created_at, i.updated_at,"
+    " i.completed_at, d.name AS definition_name"
+)
+INSTANCE_FROM = (" FROM weave_instances i STRAIGHT_JOIN weave_definitions d"
+                 " ON d.namespace_id = i.namespace_id AND d.id = i.definition_id")
+
+
+def instance_view(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"].hex(), "definition": row["definition_name"], "version": row["version"],
+        "version_digest": row["version_digest"].hex(), "state": row["state"],
+        "revision": row["revision"],
+        "business_key": tasks.business_key_text(row["business_key"]),
+        "input": jsondoc.RawJson(row["input"]),
+        "output": jsondoc.RawJson(row["output"]) if row["output"] is not None else None,
+        "error": jsondoc.RawJson(row["error"]) if row["error"] is not None else None,
+        "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
+        "completed_at": _iso(row["completed_at"]),
+    }
+
+
+def step_view(row: dict[str, Any], activations: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": row["id"].hex(), "name": row["name"], "kind": row["kind"], "state": row["state"],
+        "revision": row["revision"],
+        "output": jsondoc.RawJson(row["output"]) if row["output"] is not None else None,
+        "error": jsondoc.RawJson(row["error"]) if row["error"] is not None else None,
+        "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
+        "activations": [{
+            "id": a["id"].hex(), "sequence": a["sequence"], "state": a["state"],
+            "task_id": a["task_id"].hex() if a["task_id"] else None,
+            "created_at": _iso(a["created_at"]), "ended_at": _iso(a["ended_at"]),
+        } for a in activations],
+    }
+
+
+def _business_key(value: str | None) -> bytes | None:
+    if value is None:
+        return None
+    raw = value.encode() if isinstance(value, str) else None
+    if raw is None or not 1 <= len(raw) <= BUSINESS_KEY_MAX_BYTES:
+        raise errors.ValidationFailed([{
+            "path": "$.business_key",
+            "message": f"a string of 1-{BUSINESS_KEY_MAX_BYTES} bytes (UTF-8)"}])
+    return raw
+
+
+async def start_instance(db: Database, principal: credentials.Principal, *, namespace: str,
+                         definition: str, input_json: bytes, version: int | None = None,
+                         business_key: str | None = None, idempotency_key: str | None = None,
+                         request_id: str | None = None) -> Replay:
+    """Start an instance of ``definition`` (its latest version unless ``version``); 201 with
+    the receipt (the instance)."""
+    problems: list[dict[str, str]] = []
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)
+                                or version < 1):
+        problems.append({"path": "$.version", "message": "an integer ≥ 1"})
+    if len(input_json) > INPUT_MAX_BYTES:
+        problems.append({"path": "$.input", "message": f"at most {INPUT_MAX_BYTES} bytes"})
+    if problems:
+        raise errors.ValidationFailed(problems)
+    key = _business_key(business_key)
+    value = jsondoc.loads_strict(input_json)
+    input_text = jsondoc.dumps(jsondoc.loads_strict(input_json, keep_number_text=True))
+    instance_id, gate_id, root_id, activation_id, advance_id = (ids.new_id() for _ in range(5))
+    idem = namespaced.request(
+        "workflows.instances.start", idempotency_key, definition.encode(),
+        {"definition": definition, "version": version, "input": input_text,
+         "business_key": business_key}, principal)
+
+    async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
+        row = await definitions._by_name(cur, namespace_id, definition)
+        pinned_number = version if version is not None else row["latest_version"]
+        if pinned_number == 0:
+            raise DefinitionNotPublished(f"workflow definition {definition!r} has no version")
+        pinned = await definitions.load_version(cur, namespace_id, row["id"], pinned_number)
+        grants = await credentials.recheck_principal(cur, principal)
+        for queue in pinned.definition.queues:
+            if not authz.allowed(grants, authz.Action.TASKS_SUBMIT.value, namespace, queue):
+                raise errors.Forbidden(
+                    f"the credential may not tasks.submit in queue {queue!r}, which this"
+                    " workflow version's steps use")
+        found = pinned.definition.input_problems(value)
+        if found:
+            raise errors.ValidationFailed(found)
+        now = await db_now(cur)
+        when = to_db(now)
+        await cur.execute(
+            "INSERT INTO pulse_execution_gates (namespace_id, id, owner_kind, owner_id, state,"
+            " control_revision, created_at, updated_at)"
+            " VALUES (%s, %s, 'WORKFLOW', %s, 'OPEN', 1, %s, %s)",
+            (namespace_id, gate_id, instance_id, when, when))
+        await cur.execute(
+            "INSERT INTO weave_instances (namespace_id, id, definition_id, version,"
+            " version_digest, state, revision, business_key, input, gate_id,"
+            " started_by_credential_id, created_at, updated_at)"
+            " VALUES (%s, %s, %s, %s, %s, 'RUNNING', 1, %s, %s, %s, %s, %s, %s)",
+            (namespace_id, instance_id, row["id"], pinned.version, pinned.digest, key,
+             input_text, gate_id, principal.credential_id, when, when))
+        await cur.execute(
+            "INSERT INTO weave_steps (namespace_id, instance_id, id, name, kind, state, revision,"
+            " activation_count, live_activation_id, created_at, updated_at)"
+            " VALUES (%s, %s, %s, %s, 'ROOT', 'RUNNING', 1, 1, %s, %s, %s)",
+            (namespace_id, instance_id, root_id, ROOT_STEP, activation_id, when, when))
+        await cur.execute(
+            "INSERT INTO weave_activations (namespace_id, instance_id, step_id, id, sequence,"
+            " state, live_step_id, created_at) VALUES (%s, %s, %s, %s, 1, 'LIVE', %s, %s)",
+            (namespace_id, instance_id, root_id, activation_id, root_id, when))
+        await cur.execute(
+            "INSERT INTO weave_pending_advances (namespace_id, id, instance_id, step_id, kind,"
+            " state, due_at, created_at) VALUES (%s, %s, %s, %s, 'ROOT', 'PENDING', %s, %s)",
+            (namespace_id, advance_id, instance_id, root_id, when, when))
+        payload = {"definition": definition, "version": pinned.version,
+                   "digest": pinned.digest.hex(), "business_key": business_key}
+        await append_event(cur, namespace_id=namespace_id, aggregate_type="workflow_instance",
+                           aggregate_id=instance_id, aggregate_revision=1,
+                           event_type="workflow.started", from_state=None, to_state="RUNNING",
+                           payload=payload)
+        await append_audit(cur, AuditRecord(
+            actor=principal.actor, action="workflow.started", resource_type="workflow_instance",
+            resource_id=instance_id, resource_revision=1, namespace_id=namespace_id,
+            application_id=principal.application_id, after=payload, request_id=request_id))
+        view = await _instance(cur, namespace_id, instance_id)
+        return 201, instance_view(view), instance_id
+
+    return await namespaced.run(
+        db, "workflows.instances.start", principal=principal,
+        action=authz.Action.WORKFLOWS_START, namespace=namespace, idem=idem, act=act)
+
+
+async def _instance(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[str, Any]:
+    await cur.execute(f"SELECT {INSTANCE_COLUMNS}{INSTANCE_FROM}"
+                      " WHERE i.namespace_id = %s AND i.id = %s", (namespace_id, instance_id))
+    row = await cur.fetchone()
+    if row is None:
+        raise InstanceNotFound("no such workflow instance in this namespace")
+    return dict(row)
+
+
+async def get_instance(db: Database, principal: credentials.Principal, *, namespace: str,
+                       instance_id: str) -> dict[str, Any]:
+    """The instance with its steps and each step's activations (in sequence order)."""
+    try:
+        raw_id = ids.from_hex(instance_id)
+    except ValueError as exc:
+        raise InstanceNotFound("no such workflow instance in this namespace") from exc
+
+    async def body(cur: Any) -> dict[str, Any]:
+        ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
+        view = instance_view(await _instance(cur, ns.id, raw_id))
+        await cur.execute("SELECT * FROM weave_steps WHERE namespace_id = %s"
+                          " AND instance_id = %s ORDER BY created_at, id", (ns.id, raw_id))
+        steps = [dict(r) for r in await cur.fetchall()]
+        await cur.execute("SELECT * FROM weave_activations WHERE namespace_id = %s"
+                          " AND instance_id = %s ORDER BY step_id, sequence", (ns.id, raw_id))
+        by_step: dict[bytes, list[dict[str, Any]]] = {}
+        for a in await cur.fetchall():
+            by_step.setdefault(a["step_id"], []).append(dict(a))
+        view["steps"] = [step_view(s, by_step.get(s["id"], [])) for s in steps]
+        return view
+
+    return await db.read("workflows.instances.get", body)
+
+
+def list_query(namespace_id: bytes, *, definition_id: bytes | None, state: str | None,
+               key: bytes | None, created_from: dt.datetime | None,
+               created_to: dt.datetime | None, position: tuple[dt.datetime, bytes] | None,
+               limit: int) -> tuple[str, list[Any]]:
+    """The list statement, newest first: each filter narrows one index (the definition's,
+    the state's or the business key's, each ``(namespace, filter, created_at, id)``; none:
+    ``ix_weave_instances_created``), read in order from the cursor position."""
+    where: list[str] = ["i.namespace_id = %s"]
+    params: list[Any] = [namespace_id]
+    for column, value in (("i.definition_id", definition_id), ("i.state", state),
+                          ("i.business_key", key)):
+        if value is not None:
+            where.append(f"{column} = %s")
+            params.append(value)
+    if created_from is not None:
+        where.append("i.created_at >= %s")
+        params.append(to_db(cursors.clamp(created_from)))
+    if created_to is not None:
+        where.append("i.created_at < %s")
+        params.append(to_db(cursors.clamp(created_to)))
+    if position is not None:
+        where.append("(i.created_at < %s OR (i.created_at = %s AND i.id < %s))")
+        params += [to_db(position[0]), to_db(position[0]), position[1]]
+    sql = (f"SELECT {INSTANCE_COLUMNS}{INSTANCE_FROM} WHERE {' AND '.join(where)}"
+           " ORDER BY i.created_at DESC, i.id DESC LIMIT %s")
+    return sql, [*params, limit]
+
+
+async def list_instances(db: Database, principal: credentials.Principal, *, namespace: str,
+                         definition: str | None = None, state: str | None = None,
+                         business_key: str | None = None,
+                         created_from: dt.datetime | None = None,
+                         created_to: dt.datetime | None = None, limit: int = LIST_MAX,
+                         cursor: str | None = None) -> cursors.Page:
+    """Instances newest first, filtered by definition, state, business key (exact bytes) and
+    a created range ``[created_from, created_to)``; a cursor is bound to its filter."""
+    problems = []
+    if state is not None and state not in STATES:
+        problems.append({"path": "state", "message": f"one of {', '.join(STATES)}"})
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX:
+        problems.append({"path": "limit", "message": f"1-{LIST_MAX}"})
+    for name, value in (("created_from", created_from), ("created_to", created_to)):
+        if value is not None and value.tzinfo is None:
+            problems.append({"path": name, "message": "a time with a zone"})
+    if problems:
+        raise errors.ValidationFailed(problems)
+    key = _business_key(business_key) if business_key is not None else None
+    filters = {"definition": definition, "state": state, "business_key": business_key,
+               "created_from": created_from.isoformat() if created_from else None,
+               "created_to": created_to.isoformat() if created_to else None}
+    position = (cursors.time_position(cursors.decode(cursor, "workflow_instances", filters))
+                if cursor else None)
+
+    async def body(cur: Any) -> cursors.Page:
+        ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
+        definition_id = None
+        if definition is not None:
+            await cur.execute("SELECT id, name FROM weave_definitions WHERE namespace_id = %s"
+                              " AND name = %s", (ns.id, definition))
+            found = await cur.fetchone()
+            if found is None or found["name"] != definition:
+                return cursors.Page(items=[], next_cursor=None)
+            definition_id = found["id"]
+        sql, params = list_query(ns.id, definition_id=definition_id, state=state, key=key,
+                                 created_from=created_from, created_to=created_to,
+                                 position=position, limit=limit + 1)
+        await cur.execute(sql, params)
+        rows = [dict(r) for r in await cur.fetchall()]
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_cursor = None
+        if more:
+            last = rows[-1]
+            next_cursor = cursors.encode("workflow_instances", filters, [
+                as_utc(last["created_at"]).isoformat(), last["id"].hex()])
+        return cursors.Page(items=[instance_view(r) for r in rows], next_cursor=next_cursor)
+
+    return await db.read("workflows.instances.list", body)

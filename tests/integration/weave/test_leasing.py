@@ -1,0 +1,91 @@
+"""The engine's leases (orbit_common.weave.leasing), on a database of their own (a lease scan
+reads every namespace): oldest first, SKIP LOCKED between replicas, lapsed leases leased again,
+QUARANTINED inbox rows never."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from orbit_common.db.pool import Database, DatabaseUrl, open_database
+from orbit_common.weave import instances, leasing
+from tests.conftest import make_tenant
+from tests.integration.test_interventions import cancel
+from tests.integration.weave.support import principal, published
+from tests.integration.weave.test_inbox import workflow_task
+from tests.support import database
+from tests.support.lease_fixtures import make_queue
+
+
+@pytest.fixture(scope="module")
+def own_url(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
+    name = database.scratch_name("orbit_weave_leasing")
+    yield database.create_database(server_url, name)
+    database.drop_database(server_url, name)
+
+
+@pytest.fixture
+async def own_db(own_url: DatabaseUrl) -> AsyncIterator[Database]:
+    db = await open_database(own_url, minsize=1, maxsize=4)
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+async def test_advances_are_leased_once_skipped_while_held_and_again_after_a_lapse(
+        own_db: Database) -> None:
+    db = own_db
+    tenant = await make_tenant(db)
+    queue = await make_queue(db, tenant)
+    name = await published(db, tenant, queue.name)
+    who = await principal(db, tenant.api_key)
+    started = [(await instances.start_instance(db, who, namespace=tenant.namespace,
+                                               definition=name, input_json=b'{"n": 1}')
+                ).body["id"] for _ in range(3)]
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def first(cur: Any) -> list[dict[str, Any]]:
+        rows = await leasing.lease_advances(cur, owner="engine-1", lease_ms=60_000, limit=2)
+        held.set()
+        await release.wait()
+        return rows
+
+    holder = asyncio.create_task(db.transaction("test.lease1", first))
+    await held.wait()
+    second = await db.transaction("test.lease2", lambda cur: leasing.lease_advances(
+        cur, owner="engine-2", lease_ms=1, limit=10))
+    release.set()
+    leased_first = await holder
+    assert len(leased_first) == 2
+    assert len(second) == 1  # the two rows the first replica holds are skipped, not waited for
+    everyone = {r["instance_id"].hex() for r in leased_first + second}
+    assert everyone == set(started)
+    assert {r["state"] for r in leased_first + second} == {"LEASED"}
+    # engine-2's lease (1 ms) lapses: the next scan leases that row again, and only that one.
+
+    async def lapsed(cur: Any) -> list[dict[str, Any]]:
+        await cur.execute("SELECT SLEEP(0.01)")
+        return await leasing.lease_advances(cur, owner="engine-3", lease_ms=60_000, limit=10)
+
+    again = await db.transaction("test.lease3", lapsed)
+    assert [(r["id"], r["lease_owner"], r["attempts"]) for r in again] == [
+        (second[0]["id"], "engine-3", 2)]
+
+
+async def test_inbox_rows_are_leased_but_quarantined_ones_never(own_db: Database) -> None:
+    db = own_db
+    tenant = await make_tenant(db)
+    good, _, _ = await workflow_task(db, tenant)
+    broken, _, _ = await workflow_task(db, tenant, activation=False)
+    await cancel(db, tenant, good)
+    await cancel(db, tenant, broken)
+    rows = await db.transaction("test.lease", lambda cur: leasing.lease_inbox(
+        cur, owner="engine-1", lease_ms=60_000, limit=10))
+    assert [(r["task_id"], r["state"]) for r in rows] == [(good, "LEASED")]
+    assert await db.transaction("test.lease", lambda cur: leasing.lease_inbox(
+        cur, owner="engine-2", lease_ms=60_000, limit=10)) == []

@@ -28,6 +28,7 @@ from orbit_sdk import (
     SubscriptionFilters,
     ValidationError,
 )
+from orbit_sdk.subscriber import _Stream
 
 from orbit_common.model.sealing import new_key_text
 from tests.support.processes import ApiDaemon
@@ -255,6 +256,39 @@ async def test_every_result_once_with_bounded_concurrency(stack: Stack, orbit: C
     assert consumer.subscriber.acknowledged == 16
 
 
+async def test_credit_is_granted_in_steps_of_a_quarter_of_the_slots(
+        stack: Stack, orbit: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    await orbit.create_queue("steps")
+    await orbit.create_subscription("steps-all", filters={"queues": ["steps"]})
+    async with producing(stack, ["steps"]):
+        ids = stack.submit("steps", "echo", [{"i": i} for i in range(24)])
+        await until(lambda: all_in(orbit, "steps-all", "PENDING", 24), timeout=60,
+                    message="every task's result delivered (pending)")
+    granted: list[int] = []
+    real_send = _Stream.send
+
+    async def send(stream: _Stream, frame: dict[str, Any]) -> None:
+        if frame.get("type") == "ready":
+            granted.append(frame["credit"])
+        await real_send(stream, frame)
+
+    monkeypatch.setattr(_Stream, "send", send)
+    # Handlers end one at a time (staggered durations): without steps each would free one
+    # slot and grant one credit.
+    consumer = Consumer(stack, "steps-all", concurrency=8,
+                        work_s=lambda d: 0.01 + 0.013 * (d.sequence % 8))
+    try:
+        await until(lambda: consumer.tasks_seen() == set(ids), timeout=60,
+                    message="every task's result")
+        await until(lambda: all_in(orbit, "steps-all", "ACKNOWLEDGED", 24), timeout=30,
+                    message="every delivery acknowledged")
+    finally:
+        await consumer.stop()
+    assert granted[0] == 8
+    assert min(granted) >= 2  # a quarter of eight slots
+    assert consumer.peak <= 8
+
+
 async def test_failures_are_redelivered_then_exhausted_and_budget_brings_them_back(
         stack: Stack, orbit: Client) -> None:
     await orbit.create_queue("flaky")
@@ -400,12 +434,13 @@ async def test_http_settlements_ready_together_share_one_settle_request(
     await orbit.create_queue(name)
     await orbit.create_subscription(name, filters={"queues": [name]})
     gate = asyncio.Event()
+    ids: list[str] = []
     consumer = Consumer(stack, name, base_url=no_upgrade_proxy, concurrency=4,
                         poll_wait_ms=500, gate=gate,
                         fail_when=lambda d: d.task_id == ids[3])
     try:
         async with producing(stack, [name]):
-            ids = stack.submit(name, "echo", [{"i": i} for i in range(4)])
+            ids.extend(stack.submit(name, "echo", [{"i": i} for i in range(4)]))
             await until(lambda: len(consumer.seen) == 4, timeout=60,
                         message="four deliveries held")
             gate.set()  # the four handlers end in one instant

@@ -11,7 +11,9 @@ Life of a delivery in this subscriber
 Flow control
     At most ``concurrency`` deliveries are held at once (running, or waiting for their
     acknowledgement). Over the WebSocket the subscriber grants credit (``ready``) only for free
-    slots, so the server never pushes more; over HTTP it leases at most the free slots.
+    slots, so the server never pushes more, and only once a quarter of the slots (at least one)
+    are free, so the server leases in fewer, larger transactions; over HTTP it leases at most the
+    free slots.
 
 Connection
     The WebSocket ``…/subscriptions/{name}/stream`` with pings (heartbeats); when it drops,
@@ -280,6 +282,10 @@ class Subscriber:
                               max_retries=2, exact_numbers=exact_numbers)
         self._reconnect = Backoff(reconnect_initial, reconnect_max)
         self._held: dict[str, _Held] = {}
+        # Credit is granted in steps of a quarter of the slots (at least one): fewer, larger
+        # leases on the server. Below a step, more than three quarters of the slots are held or
+        # credited, so a step always comes free again.
+        self._credit_step = max(1, concurrency // 4)
         # HTTP settlements waiting for their batch request, and the task sending them.
         self._http_reports: list[tuple[DeliveryReport, asyncio.Future[Settlement]]] = []
         self._http_settler: asyncio.Task[None] | None = None
@@ -433,7 +439,7 @@ class Subscriber:
         try:
             while not stream.closed.is_set() and not self._stop.is_set():
                 free = self._free()
-                if free > 0:
+                if free >= self._credit_step:
                     await stream.send({"type": "ready", "credit": free})
                     self._credit += free
                     self._reconnect.reset()

@@ -6,7 +6,8 @@ Three phases, each on a fresh database with its own API, dispatcher and SDK work
 1. **plain** -- N no-op tasks end to end, no subscription: the reference throughput.
 2. **deliveries** -- the same with one WEBHOOK subscription on every result (a loopback
    receiver, bench/webhook_receiver.py, that acknowledges at once) and one PULL subscription
-   consumed by a plain loop (bench/pull_consumer.py), one delivery pump (``orbit delivery``).
+   consumed by the SDK's ``Subscriber`` over the API's WebSocket stream (bench/pull_consumer.py,
+   32 deliveries held at once), one delivery pump (``orbit delivery``).
    ``delivery_per_s`` is N over the time from the first task's creation to the last
    acknowledgement of either subscription; ``delivery_ratio`` is that over phase 1's
    ``tasks_per_s``. The pump's CPU over the phase, per delivery (both subscriptions' rows are
@@ -69,8 +70,8 @@ class _DeliveryPhase:
             "ORBIT_SERVICE_METRICS_PORT": str(ops), "ORBIT_SERVICE_LOG_LEVEL": "WARNING"})
         self.pump = self.phase.procs[-1]
         self.phase._spawn("consumer", [sys.executable, "-m", "bench.pull_consumer"], {
-            "ORBIT_API_KEY": api_key, "ORBIT_NAMESPACE": namespace,
-            "PULL_SUBSCRIPTION": "pull"})
+            "ORBIT_API_URL": self.phase.api, "ORBIT_API_KEY": api_key,
+            "ORBIT_NAMESPACE": namespace, "PULL_SUBSCRIPTION": "pull"})
         wait_ready(f"http://127.0.0.1:{ops}/readyz")
 
     def start_receiver(self) -> None:

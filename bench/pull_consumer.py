@@ -1,50 +1,34 @@
-"""The delivery benchmark's pull consumer: lease a batch of a PULL subscription, acknowledge
-each delivery (eight acknowledgements in flight), repeat (a short pause when nothing is due)
-until SIGTERM.
+"""The delivery benchmark's pull consumer: the SDK's :class:`orbit_sdk.Subscriber` over the
+API's WebSocket stream (``…/subscriptions/{name}/stream``), a handler that does nothing,
+``PULL_CONCURRENCY`` deliveries held at once (32), until SIGTERM (the subscriber drains).
 
-It runs the relay's consumer transactions (``orbit_common.relay.deliveries``) directly -- the
-same ones the API's pull routes run -- so it measures the delivery path, not an HTTP client."""
+It consumes through the public interface a real consumer uses -- credit, pushed deliveries,
+``ack`` frames answered by ``settled`` -- so the figure includes the API's stream and the SDK,
+not only the relay's transactions."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
-import signal
 
-from orbit_common.db.pool import DatabaseUrl, open_database
-from orbit_common.platform import credentials
-from orbit_common.relay import deliveries
+from orbit_sdk import Subscriber
+from orbit_sdk.models import ResultDelivery
+
+
+async def _handle(_delivery: ResultDelivery) -> None:
+    return None
 
 
 async def consume() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    db = await open_database(DatabaseUrl.parse(os.environ["ORBIT_DATABASE_URL"]), minsize=1,
-                             maxsize=9)
-    in_flight = asyncio.Semaphore(8)
-    namespace, name = os.environ["ORBIT_NAMESPACE"], os.environ["PULL_SUBSCRIPTION"]
-    try:
-        who = await db.read("bench.auth", lambda cur: credentials.authenticate(
-            cur, os.environ["ORBIT_API_KEY"]))
-        while not stop.is_set():
-            leased = await deliveries.lease_deliveries(db, who, namespace=namespace, name=name,
-                                                       limit=100)
-
-            async def acknowledge(lease: deliveries.Leased) -> None:
-                async with in_flight:
-                    await deliveries.acknowledge_delivery(
-                        db, who, namespace=namespace, name=name,
-                        delivery_id=lease.delivery_id, token=lease.token)
-
-            await asyncio.gather(*(acknowledge(lease) for lease in leased))
-            if not leased:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.02)
-    finally:
-        await db.close()
+    subscriber = Subscriber(
+        os.environ["ORBIT_API_URL"], os.environ["ORBIT_API_KEY"], os.environ["ORBIT_NAMESPACE"],
+        os.environ["PULL_SUBSCRIPTION"], _handle,
+        concurrency=int(os.environ.get("PULL_CONCURRENCY", "32")),
+        transport=os.environ.get("PULL_TRANSPORT", "websocket"), drain_timeout=10.0)
+    await subscriber.run()
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
     asyncio.run(consume())

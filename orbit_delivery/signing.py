@@ -17,6 +17,7 @@ package's, not ours.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
 import attrs
 from standardwebhooks import Webhook
@@ -37,7 +38,14 @@ class SigningSecrets:
     def signers(self) -> tuple[Webhook, ...]:
         """The ``standardwebhooks`` signers, current first (raises on a malformed secret)."""
         keys = (self.current,) if self.previous is None else (self.current, self.previous)
-        return tuple(Webhook(key) for key in keys)
+        return tuple(_signer(key) for key in keys)
+
+
+@functools.lru_cache(maxsize=1024)
+def _signer(key: str) -> Webhook:
+    """One signer per secret, kept: building it decodes the secret (base64), which every
+    attempt of a batch would otherwise repeat. The cache holds secrets the pump holds anyway."""
+    return Webhook(key)
 
 
 def signature(secrets: SigningSecrets, *, msg_id: str, timestamp: int, body: bytes) -> str:

@@ -4,8 +4,11 @@ WebSocket within the credit the consumer grants (docs/api/subscriptions.md, "Web
 The consumer grants credit with ``ready`` frames (each adds ``credit``); the server leases at
 most the outstanding credit (each lease is a transaction that checks ``subscriptions.consume``)
 and pushes one ``delivery`` frame per leased delivery, spending one credit each. ``ack`` and
-``fail`` frames are settled one transaction each and answered with a ``settled`` (or ``error``)
-frame carrying the request's ``id``. With credit but nothing due, the server polls a cheap read
+``fail`` frames are settled in batches: the frames that arrive within SETTLE_WINDOW_MS of the
+first one waiting (or while the previous batch's transaction runs), at most SETTLE_BATCH_MAX, are
+settled in one transaction (consumer.settle_deliveries), and each is answered with its own
+``settled`` (or ``error``) frame carrying the request's ``id``. Frames received before the socket
+closes are still settled. With credit but nothing due, the server polls a cheap read
 (consumer.due_in_ms) with a back-off from POLL_MIN_MS to POLL_MAX_MS — never a lease loop.
 When the socket closes, leases taken but not yet pushed are handed back unsent
 (deliveries.release); pushed but unsettled ones lapse with their lease and are delivered again.
@@ -28,7 +31,7 @@ from orbit_common.model import jsondoc
 from orbit_common.platform import credentials
 from orbit_common.platform.principals import principal_of
 from orbit_common.relay import consumer, deliveries
-from orbit_common.relay.deliveries import Leased
+from orbit_common.relay.deliveries import Leased, Report
 from orbit_common.relay.model import (
     SubscriptionDisabled,
     SubscriptionNotActive,
@@ -46,6 +49,9 @@ LEASE_STEP = 100  # deliveries leased per transaction at most
 POLL_MIN_MS = 50
 POLL_MAX_MS = 2000
 HEARTBEAT_S = 20.0  # WebSocket ping interval; a peer that misses the pong is closed
+SETTLE_WINDOW_MS = 2  # how long the first ack/fail frame waits for others to join its batch
+SETTLE_BATCH_MAX = 100  # ack/fail frames settled in one transaction at most
+SETTLE_DRAIN_S = 10.0  # after the socket closed, how long frames received may take to settle
 MAX_INVALID_FRAMES = 10  # refused frames on one connection before it is closed (1008)
 CLOSE_CREDENTIAL = 4401
 CLOSE_FORBIDDEN = 4403
@@ -67,6 +73,12 @@ class Stream:
         self.invalid = 0
         self.wake = asyncio.Event()
         self.closing = False
+        # ack/fail frames received and not yet settled, in arrival order; the settler runs them.
+        self.reports: list[tuple[str, Report]] = []
+        self.queued = asyncio.Event()  # a report was queued, or the connection ends
+        self.room = asyncio.Event()  # the queue is below its bound again
+        self.room.set()
+        self.ending = False
 
     # --- sending ----------------------------------------------------------------------------
 
@@ -219,19 +231,84 @@ class Stream:
         self.wake.set()
 
     async def settle(self, doc: dict[str, Any], request_id: str, outcome: str) -> None:
+        """Queue one ack/fail frame for the settler (waits while SETTLE_BATCH_MAX × 2 frames
+        are queued: a consumer cannot pile up unsettled frames)."""
         problems: routes.Problems = []
         fields = {k: v for k, v in doc.items() if k not in ("type", "id")}
         report = routes.parse_report(fields, "$", problems, outcome=outcome)
         if problems or report is None:
             raise errors.ValidationFailed(problems)
-        (answer,) = await consumer.settle_deliveries(
-            self.db, self.principal, namespace=self.namespace, name=self.name,
-            reports=[report])
-        if isinstance(answer, errors.OrbitError):
-            await self.send_error(answer, request_id)
-            return
-        await self.send({"type": "settled", "id": request_id,
-                         **routes.settled_view(answer, report.delivery_id)})
+        while len(self.reports) >= 2 * SETTLE_BATCH_MAX:
+            self.room.clear()
+            await self.room.wait()
+        self.reports.append((request_id, report))
+        self.queued.set()
+
+    # --- the settler: queued ack/fail frames, a batch per transaction -----------------------
+
+    async def settler(self) -> None:
+        try:
+            await self._settler()
+        except Exception:
+            log.exception("the subscription stream's settler failed; closing it")
+            self.closing = True
+            self.wake.set()
+            with contextlib.suppress(Exception):
+                await self.ws.close(code=1011, message=b"internal error")
+
+    async def _settler(self) -> None:
+        while True:
+            if not self.reports:
+                if self.ending:
+                    return
+                self.queued.clear()
+                await self.queued.wait()
+                continue
+            if len(self.reports) < SETTLE_BATCH_MAX and not self.ending:
+                # The first frame waits a moment for the ones a busy consumer sends right after.
+                await asyncio.sleep(SETTLE_WINDOW_MS / 1000)
+            batch = self._take()
+            self.room.set()
+            if not await self._settle_batch(batch):
+                return
+
+    def _take(self) -> list[tuple[str, Report]]:
+        """The next batch: frames in arrival order up to SETTLE_BATCH_MAX, ending before a
+        second frame for the same delivery (it goes into the next batch, after the first)."""
+        batch: list[tuple[str, Report]] = []
+        seen: set[bytes] = set()
+        for request_id, report in self.reports:
+            if len(batch) >= SETTLE_BATCH_MAX or report.delivery_id in seen:
+                break
+            seen.add(report.delivery_id)
+            batch.append((request_id, report))
+        del self.reports[:len(batch)]
+        return batch
+
+    async def _settle_batch(self, batch: list[tuple[str, Report]]) -> bool:
+        """Settle one batch in one transaction and answer each frame; False when the
+        connection must close (the credential was revoked)."""
+        try:
+            answers = await consumer.settle_deliveries(
+                self.db, self.principal, namespace=self.namespace, name=self.name,
+                reports=[report for _id, report in batch])
+        except errors.Unauthenticated as exc:
+            for request_id, _report in batch:
+                await self.send_error(exc, request_id)
+            if not self.ws.closed:
+                await self.close_for(exc, CLOSE_CREDENTIAL)
+            return False
+        except errors.OrbitError as exc:  # forbidden, gone, unavailable: nothing was settled
+            for request_id, _report in batch:
+                await self.send_error(exc, request_id)
+            return True
+        for (request_id, report), answer in zip(batch, answers, strict=True):
+            if isinstance(answer, errors.OrbitError):
+                await self.send_error(answer, request_id)
+            else:
+                await self.send({"type": "settled", "id": request_id,
+                                 **routes.settled_view(answer, report.delivery_id)})
+        return True
 
 
 async def stream(request: web.Request) -> web.StreamResponse:
@@ -246,6 +323,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     streams = request.app[STREAMS]
     streams.add(conn)
     pumping = asyncio.create_task(conn.pump(), name="subscription-stream")
+    settling = asyncio.create_task(conn.settler(), name="subscription-stream-settler")
     try:
         async for message in ws:
             if message.type == WSMsgType.TEXT:
@@ -259,12 +337,18 @@ async def stream(request: web.Request) -> web.StreamResponse:
                 log.info("subscription stream closed on a protocol error: %s", message.data,
                          extra={"close_code": ws.close_code})
                 break
-            if pumping.done():
+            if pumping.done() or settling.done():
                 break
     finally:
         streams.discard(conn)
         conn.closing = True
         conn.wake.set()
+        # Frames received are settled even though their answers can no longer be sent.
+        conn.ending = True
+        conn.queued.set()
+        conn.room.set()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(settling, timeout=SETTLE_DRAIN_S)
         # The pump finishes its step (a lease in flight is pushed or handed back), bounded.
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(pumping, timeout=10)

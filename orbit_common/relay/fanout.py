@@ -48,8 +48,11 @@ from orbit_common.relay import model
 DEFAULT_EVENTS = 500
 DEFAULT_SUBSCRIPTIONS = 50
 
-# The pump's to-do list (plain read), in (namespace_id, id) order after a position, so
-# successive passes take turns round the subscriptions instead of always serving the first.
+# The pump's to-do list (plain read, one statement): the due subscriptions after a position in
+# (namespace_id, id) order, then wrapping round to those at or before it, so successive passes
+# take turns round the subscriptions instead of always serving the first. (The due test is not
+# indexable -- it compares with the stream's counter -- so every ACTIVE subscription is read
+# either way; ordering by "at or before the position" first costs nothing more.)
 DUE_FROM_START = """
 SELECT s.namespace_id, s.id FROM orbit_subscriptions s
 JOIN orbit_event_streams e ON e.namespace_id = s.namespace_id
@@ -60,8 +63,7 @@ DUE_AFTER = """
 SELECT s.namespace_id, s.id FROM orbit_subscriptions s
 JOIN orbit_event_streams e ON e.namespace_id = s.namespace_id
 WHERE s.state = 'ACTIVE' AND s.scan_after_sequence < e.next_sequence - 1
-  AND (s.namespace_id > %s OR (s.namespace_id = %s AND s.id > %s))
-ORDER BY s.namespace_id, s.id LIMIT %s
+ORDER BY (s.namespace_id, s.id) <= (%s, %s), s.namespace_id, s.id LIMIT %s
 """
 LOCK = """
 SELECT namespace_id, id, filters, scan_after_sequence, max_attempts FROM orbit_subscriptions
@@ -109,17 +111,11 @@ async def due(cur: Any, limit: int = DEFAULT_SUBSCRIPTIONS,
     """``(namespace_id, subscription_id)`` of active subscriptions with unscanned results,
     after ``after`` in key order (None: from the start), wrapping round to the start when
     fewer than ``limit`` follow it."""
-    found: list[tuple[bytes, bytes]] = []
-    if after is not None:
-        await cur.execute(DUE_AFTER, (after[0], after[0], after[1], limit))
-        found = [(r["namespace_id"], r["id"]) for r in await cur.fetchall()]
-    if len(found) < limit:
+    if after is None:
         await cur.execute(DUE_FROM_START, (limit,))
-        for row in await cur.fetchall():
-            key = (row["namespace_id"], row["id"])
-            if key not in found and len(found) < limit:
-                found.append(key)
-    return found
+    else:
+        await cur.execute(DUE_AFTER, (after[0], after[1], limit))
+    return [(r["namespace_id"], r["id"]) for r in await cur.fetchall()]
 
 
 async def fan_out_subscription(cur: Any, namespace_id: bytes, subscription_id: bytes,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from orbit_sdk import (
     SubscriptionFilters,
     ValidationError,
 )
+from orbit_sdk.subscriber import _Stream
 
 from orbit_common.model.sealing import new_key_text
 from tests.support.processes import ApiDaemon
@@ -254,6 +256,39 @@ async def test_every_result_once_with_bounded_concurrency(stack: Stack, orbit: C
     assert consumer.subscriber.acknowledged == 16
 
 
+async def test_credit_is_granted_in_steps_of_a_quarter_of_the_slots(
+        stack: Stack, orbit: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    await orbit.create_queue("steps")
+    await orbit.create_subscription("steps-all", filters={"queues": ["steps"]})
+    async with producing(stack, ["steps"]):
+        ids = stack.submit("steps", "echo", [{"i": i} for i in range(24)])
+        await until(lambda: all_in(orbit, "steps-all", "PENDING", 24), timeout=60,
+                    message="every task's result delivered (pending)")
+    granted: list[int] = []
+    real_send = _Stream.send
+
+    async def send(stream: _Stream, frame: dict[str, Any]) -> None:
+        if frame.get("type") == "ready":
+            granted.append(frame["credit"])
+        await real_send(stream, frame)
+
+    monkeypatch.setattr(_Stream, "send", send)
+    # Handlers end one at a time (staggered durations): without steps each would free one
+    # slot and grant one credit.
+    consumer = Consumer(stack, "steps-all", concurrency=8,
+                        work_s=lambda d: 0.01 + 0.013 * (d.sequence % 8))
+    try:
+        await until(lambda: consumer.tasks_seen() == set(ids), timeout=60,
+                    message="every task's result")
+        await until(lambda: all_in(orbit, "steps-all", "ACKNOWLEDGED", 24), timeout=30,
+                    message="every delivery acknowledged")
+    finally:
+        await consumer.stop()
+    assert granted[0] == 8
+    assert min(granted) >= 2  # a quarter of eight slots
+    assert consumer.peak <= 8
+
+
 async def test_failures_are_redelivered_then_exhausted_and_budget_brings_them_back(
         stack: Stack, orbit: Client) -> None:
     await orbit.create_queue("flaky")
@@ -330,7 +365,14 @@ async def test_graceful_drain_settles_held_deliveries_and_leaves_no_lease(
 
 
 @pytest.fixture
-async def no_upgrade_proxy(stack: Stack) -> AsyncIterator[str]:
+def proxied() -> list[tuple[str, bytes]]:
+    """(path, body) of every request no_upgrade_proxy forwarded."""
+    return []
+
+
+@pytest.fixture
+async def no_upgrade_proxy(stack: Stack, proxied: list[tuple[str, bytes]]
+                           ) -> AsyncIterator[str]:
     """An HTTP proxy in front of the API that refuses WebSocket upgrades (400), as some
     corporate proxies do, and forwards everything else."""
     session = aiohttp.ClientSession()
@@ -340,8 +382,10 @@ async def no_upgrade_proxy(stack: Stack) -> AsyncIterator[str]:
             return web.Response(status=400, text="upgrades are not allowed here")
         headers = {k: v for k, v in request.headers.items()
                    if k.lower() in {"authorization", "content-type", "idempotency-key"}}
+        body = await request.read()
+        proxied.append((request.path, body))
         async with session.request(request.method, stack.api.url + request.path_qs,
-                                   headers=headers, data=await request.read()) as answer:
+                                   headers=headers, data=body) as answer:
             return web.Response(status=answer.status, body=await answer.read(),
                                 content_type=answer.content_type)
 
@@ -381,6 +425,36 @@ async def test_http_long_poll_fallback_consumes_too(stack: Stack, orbit: Client,
     assert len({d.id for d in consumer.seen}) == len(consumer.seen) == 6
     assert consumer.peak <= 2
     assert consumer.subscriber.connections == 0  # never a WebSocket
+
+
+async def test_http_settlements_ready_together_share_one_settle_request(
+        stack: Stack, orbit: Client, no_upgrade_proxy: str,
+        proxied: list[tuple[str, bytes]]) -> None:
+    name = "poll-batch"
+    await orbit.create_queue(name)
+    await orbit.create_subscription(name, filters={"queues": [name]})
+    gate = asyncio.Event()
+    ids: list[str] = []
+    consumer = Consumer(stack, name, base_url=no_upgrade_proxy, concurrency=4,
+                        poll_wait_ms=500, gate=gate,
+                        fail_when=lambda d: d.task_id == ids[3])
+    try:
+        async with producing(stack, [name]):
+            ids.extend(stack.submit(name, "echo", [{"i": i} for i in range(4)]))
+            await until(lambda: len(consumer.seen) == 4, timeout=60,
+                        message="four deliveries held")
+            gate.set()  # the four handlers end in one instant
+            await until(lambda: consumer.subscriber.acknowledged == 3
+                        and consumer.subscriber.failed == 1, timeout=30,
+                        message="three acknowledged, one failed")
+    finally:
+        await consumer.stop()
+    settles = [json.loads(body)["items"] for path, body in proxied
+               if path.endswith("/settle")]
+    assert not [path for path, _ in proxied if path.endswith(("/ack", "/fail"))]
+    assert len(settles) == 1
+    assert sorted(item["outcome"] for item in settles[0]) == ["acknowledged"] * 3 + ["failed"]
+    assert await all_in(orbit, name, "ACKNOWLEDGED", 3)
 
 
 async def test_a_lapsed_lease_is_delivered_again_with_a_higher_attempt(

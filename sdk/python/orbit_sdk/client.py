@@ -820,12 +820,14 @@ class Client:
         raw = await self._post(self._sub(name, f"/deliveries/{_seg(delivery_id)}/fail"), body)
         return Settlement.from_json(raw)
 
-    async def settle_deliveries(self, name: str, reports: Sequence[DeliveryReport]
-                                ) -> list[Settlement]:
+    async def settle_deliveries(self, name: str, reports: Sequence[DeliveryReport], *,
+                                retry: bool = False) -> list[Settlement]:
         """Acknowledge and fail several leased deliveries in one transaction; one answer per
-        report, in order (an unsettled one has ``settled=False`` and a ``code``)."""
+        report, in order (an unsettled one has ``settled=False`` and a ``code``). ``retry=True``
+        retries a lost answer like :meth:`ack_delivery` (safe when every report acknowledges:
+        acknowledging again with the same token answers ``repeated``)."""
         raw = await self._post(self._sub(name, "/settle"),
-                               {"items": [r.to_json() for r in reports]})
+                               {"items": [r.to_json() for r in reports]}, retry=retry)
         items = raw.get("items") if isinstance(raw, dict) else None
         return [Settlement.from_json(item) for item in items or []
                 if isinstance(item, Mapping)]

@@ -11,14 +11,19 @@ Life of a delivery in this subscriber
 Flow control
     At most ``concurrency`` deliveries are held at once (running, or waiting for their
     acknowledgement). Over the WebSocket the subscriber grants credit (``ready``) only for free
-    slots, so the server never pushes more; over HTTP it leases at most the free slots.
+    slots, so the server never pushes more, and only once a quarter of the slots (at least one)
+    are free, so the server leases in fewer, larger transactions; over HTTP it leases at most the
+    free slots.
 
 Connection
     The WebSocket ``…/subscriptions/{name}/stream`` with pings (heartbeats); when it drops,
     reconnect with jittered backoff (deliveries pushed but not acknowledged are settled over
     HTTP meanwhile, or lapse and come again). When the upgrade is refused (a proxy that does not
-    pass WebSockets answers 4xx), the subscriber long-polls ``…/lease`` instead and acknowledges
-    with ``…/ack``; ``transport="long-poll"`` chooses that from the start.
+    pass WebSockets answers 4xx), the subscriber long-polls ``…/lease`` instead;
+    ``transport="long-poll"`` chooses that from the start. Over HTTP, acknowledgements and
+    failures go through the batch ``…/settle`` route: the ones ready within
+    HTTP_SETTLE_WINDOW_S of the first (or while the previous call runs), at most
+    HTTP_SETTLE_BATCH_MAX, share one request (one transaction), answered per delivery.
 
 Shutdown (SIGTERM, SIGINT or :meth:`Subscriber.stop`)
     Grant no more credit and lease no more, wait up to ``drain_timeout`` for running handlers
@@ -45,7 +50,7 @@ import aiohttp
 
 from orbit_sdk import jsonvalue
 from orbit_sdk._backoff import Backoff
-from orbit_sdk.client import Client
+from orbit_sdk.client import Client, DeliveryReport
 from orbit_sdk.errors import (
     BadRequest,
     Conflict,
@@ -57,7 +62,7 @@ from orbit_sdk.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
-from orbit_sdk.models import LeasedDelivery, ResultDelivery
+from orbit_sdk.models import LeasedDelivery, ResultDelivery, Settlement
 
 __all__ = ["DeliveryHandler", "Subscriber"]
 
@@ -66,6 +71,9 @@ log = logging.getLogger("orbit_sdk.subscriber")
 DeliveryHandler = Callable[[ResultDelivery], Awaitable[Any]]
 
 ERROR_TEXT_MAX = 1024
+HTTP_SETTLE_WINDOW_S = 0.005  # how long the first HTTP settlement waits for others to join it
+HTTP_SETTLE_BATCH_MAX = 100  # settlements in one ``…/settle`` request at most
+REFUSED_CODES = frozenset({"delivery_lease_lost", "delivery_not_found"})
 # A refused upgrade with one of these statuses is a reason to try again later, not to fall back
 # to HTTP long-polling (a proxy that refuses WebSockets answers 400, 404, 426, ...).
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -98,6 +106,13 @@ def _closed_for(close_code: int, last: OrbitError | None) -> OrbitError:
     if code.endswith("_not_found"):
         return NotFound(detail, code=code)
     return Conflict(detail, code=code)
+
+
+def _answer_all(batch: list[tuple[DeliveryReport, asyncio.Future[Settlement]]],
+                exc: BaseException) -> None:
+    for _report, future in batch:
+        if not future.done():
+            future.set_exception(exc)
 
 
 class _Held:
@@ -267,6 +282,13 @@ class Subscriber:
                               max_retries=2, exact_numbers=exact_numbers)
         self._reconnect = Backoff(reconnect_initial, reconnect_max)
         self._held: dict[str, _Held] = {}
+        # Credit is granted in steps of a quarter of the slots (at least one): fewer, larger
+        # leases on the server. Below a step, more than three quarters of the slots are held or
+        # credited, so a step always comes free again.
+        self._credit_step = max(1, concurrency // 4)
+        # HTTP settlements waiting for their batch request, and the task sending them.
+        self._http_reports: list[tuple[DeliveryReport, asyncio.Future[Settlement]]] = []
+        self._http_settler: asyncio.Task[None] | None = None
         self._stream: _Stream | None = None
         self._credit = 0  # granted on the current stream and not yet used by a push
         self._polling = transport == "long-poll"
@@ -338,6 +360,11 @@ class Subscriber:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await consuming
             await self._abandon()
+            if self._http_settler is not None:
+                self._http_settler.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._http_settler
+                self._http_settler = None
             if self._stream is not None:
                 await self._stream.close()
                 self._stream = None
@@ -412,7 +439,7 @@ class Subscriber:
         try:
             while not stream.closed.is_set() and not self._stop.is_set():
                 free = self._free()
-                if free > 0:
+                if free >= self._credit_step:
                     await stream.send({"type": "ready", "credit": free})
                     self._credit += free
                     self._reconnect.reset()
@@ -495,24 +522,74 @@ class Subscriber:
                 return
         if answer is None:
             try:
-                if error is None:
-                    await self._client.ack_delivery(self.subscription, leased.delivery.id,
-                                                    leased.lease_token)
-                else:
-                    await self._client.fail_delivery(self.subscription, leased.delivery.id,
-                                                     leased.lease_token, error)
-            except (Conflict, NotFound) as exc:
-                self._refused(leased, exc)
-                return
+                settled = await self._settle_http(leased, error)
             except OrbitError as exc:
                 log.warning("could not settle delivery %s (%s); its lease will lapse and it "
                             "comes again", leased.delivery.id, exc)
                 self.lost += 1
                 return
+            if not settled.settled:
+                if settled.code in REFUSED_CODES:
+                    self._refused(leased, Conflict(settled.detail or "", code=settled.code))
+                else:
+                    log.warning("could not settle delivery %s (%s); its lease will lapse and "
+                                "it comes again", leased.delivery.id, settled.code)
+                    self.lost += 1
+                return
         if error is None:
             self.acknowledged += 1
         else:
             self.failed += 1
+
+    async def _settle_http(self, leased: LeasedDelivery, error: str | None) -> Settlement:
+        """This delivery's answer from a batch ``…/settle`` request (raises what the whole
+        request raised)."""
+        report = DeliveryReport(delivery_id=leased.delivery.id, token=leased.lease_token,
+                                acknowledged=error is None, error=error)
+        future: asyncio.Future[Settlement] = asyncio.get_running_loop().create_future()
+        self._http_reports.append((report, future))
+        if self._http_settler is None or self._http_settler.done():
+            self._http_settler = asyncio.get_running_loop().create_task(
+                self._http_settle_batches(), name="orbit-subscriber-settler")
+        return await future
+
+    async def _http_settle_batches(self) -> None:
+        while self._http_reports:
+            if len(self._http_reports) < HTTP_SETTLE_BATCH_MAX:
+                await asyncio.sleep(HTTP_SETTLE_WINDOW_S)
+            batch = self._take_http_batch()
+            reports = [report for report, _future in batch]
+            try:
+                answers = await self._client.settle_deliveries(
+                    self.subscription, reports,
+                    retry=all(report.acknowledged for report in reports))
+            except OrbitError as exc:
+                _answer_all(batch, exc)
+                continue
+            except BaseException:
+                _answer_all(batch, ConnectionFailed("the settlement was cut off"))
+                raise
+            for (report, future), answer in itertools.zip_longest(batch, answers[:len(batch)]):
+                if future.done():
+                    continue
+                if answer is None:
+                    future.set_exception(ProtocolError(
+                        f"no answer for delivery {report.delivery_id}"))
+                else:
+                    future.set_result(answer)
+
+    def _take_http_batch(self) -> list[tuple[DeliveryReport, asyncio.Future[Settlement]]]:
+        """Queued settlements in order, at most HTTP_SETTLE_BATCH_MAX, ending before a second
+        one for the same delivery."""
+        batch: list[tuple[DeliveryReport, asyncio.Future[Settlement]]] = []
+        seen: set[str] = set()
+        for report, future in self._http_reports:
+            if len(batch) >= HTTP_SETTLE_BATCH_MAX or report.delivery_id in seen:
+                break
+            seen.add(report.delivery_id)
+            batch.append((report, future))
+        del self._http_reports[:len(batch)]
+        return batch
 
     def _refused(self, leased: LeasedDelivery, exc: OrbitError) -> None:
         log.warning("settling delivery %s refused (%s): it comes again", leased.delivery.id,

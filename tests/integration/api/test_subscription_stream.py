@@ -322,3 +322,84 @@ async def test_a_draining_api_closes_its_streams(api: TestClient[Any, Any], db: 
         assert ws.close_code == subscription_stream.CLOSE_GOING_AWAY
     await until(lambda: not api.server.app[subscription_stream.STREAMS],
                 message="the stream is gone")
+
+
+def _record_batches(monkeypatch: pytest.MonkeyPatch, window_ms: int = 300) -> list[list[str]]:
+    """Widen the settle window (so frames sent together surely share one) and record the
+    delivery ids of every settle transaction."""
+    batches: list[list[str]] = []
+    real = consumer.settle_deliveries
+
+    async def settle(*args: Any, **kwargs: Any) -> Any:
+        batches.append([r.delivery_id.hex() for r in kwargs["reports"]])
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(consumer, "settle_deliveries", settle)
+    monkeypatch.setattr(subscription_stream, "SETTLE_WINDOW_MS", window_ms)
+    return batches
+
+
+async def test_frames_sent_together_settle_in_one_transaction_each_answered(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    await _setup(db, tenant, 4, backoff_initial_ms=0)
+    batches = _record_batches(monkeypatch)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 4})
+        pushed = [await _frame(ws) for _ in range(4)]
+        ids = [f["delivery"]["id"] for f in pushed]
+        for n, frame in enumerate(pushed):
+            token = pushed[0]["lease_token"] if n == 2 else frame["lease_token"]  # n=2: wrong
+            kind = "fail" if n == 3 else "ack"
+            await ws.send_json({"type": kind, "id": f"r{n}", "delivery_id": ids[n],
+                                "token": token})
+        answers = {f["id"]: f for f in [await _frame(ws) for _ in range(4)]}
+        await _nothing_more(ws)
+    assert batches == [ids]
+    assert {k: (f["type"], f.get("state") or f.get("code")) for k, f in answers.items()} == {
+        "r0": ("settled", "ACKNOWLEDGED"), "r1": ("settled", "ACKNOWLEDGED"),
+        "r2": ("error", "delivery_lease_lost"), "r3": ("settled", "PENDING")}
+    assert all(answers[f"r{n}"]["delivery_id"] == ids[n] for n in (0, 1, 3))
+    rows = {r["id"].hex(): r["state"] for r in await relay.delivery_rows(db, tenant)}
+    assert rows == {ids[0]: "ACKNOWLEDGED", ids[1]: "ACKNOWLEDGED", ids[2]: "LEASED",
+                    ids[3]: "PENDING"}
+
+
+async def test_a_second_frame_for_one_delivery_goes_into_the_next_batch(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    await _setup(db, tenant, 2)
+    batches = _record_batches(monkeypatch)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 2})
+        first, second = await _frame(ws), await _frame(ws)
+        a, b = first["delivery"]["id"], second["delivery"]["id"]
+        for n, frame in enumerate((first, first, second)):
+            await ws.send_json({"type": "ack", "id": f"r{n}", "delivery_id":
+                                frame["delivery"]["id"], "token": frame["lease_token"]})
+        answers = {f["id"]: f for f in [await _frame(ws) for _ in range(3)]}
+    assert batches == [[a], [a, b]]
+    assert [answers[f"r{n}"]["repeated"] for n in range(3)] == [False, True, False]
+
+
+async def test_frames_received_before_a_disconnect_are_settled(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    await _setup(db, tenant, 3)
+    batches = _record_batches(monkeypatch, window_ms=2000)
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 3})
+        pushed = [await _frame(ws) for _ in range(3)]
+        for n, frame in enumerate(pushed):
+            await ws.send_json({"type": "ack", "id": f"r{n}", "delivery_id":
+                                frame["delivery"]["id"], "token": frame["lease_token"]})
+        await until(lambda: len(api.server.app[subscription_stream.STREAMS]) == 1
+                    and len(next(iter(api.server.app[subscription_stream.STREAMS])).reports)
+                    == 3, message="the three frames are queued")
+    # The socket closed while the batch waited for its window: it is settled all the same.
+
+    async def settled() -> bool:
+        return await _states(db, tenant) == ["ACKNOWLEDGED"] * 3
+
+    await until(settled, message="the three deliveries are acknowledged")
+    assert len(batches) == 1

@@ -56,9 +56,12 @@ class Action(enum.StrEnum):
 
 
 ACTIONS = frozenset(a.value for a in Action)
-# Actions on a whole namespace: disabling it stops every queue in it, so only a grant that
-# covers every queue (``"*"``) allows them — a key scoped to some queues may not.
-NAMESPACE_WIDE = frozenset({Action.NAMESPACES_MANAGE.value})
+# Actions on a whole namespace: disabling it stops every queue in it, and a workflow's
+# definitions and instances span queues (their inputs, results and task links included), so only
+# a grant that covers every queue (``"*"``) allows them — a key scoped to some queues may not.
+# Starting an instance is checked per queue instead (``tasks.submit`` on each queue it uses).
+NAMESPACE_WIDE = frozenset({Action.NAMESPACES_MANAGE.value, Action.WORKFLOWS_READ.value,
+                            Action.WORKFLOWS_MANAGE.value})
 MAX_GRANTS = 64
 MAX_PATTERNS = 64
 _NAME_PREFIX = re.compile(r"\A[a-z0-9][a-z0-9._-]{0,62}\Z")

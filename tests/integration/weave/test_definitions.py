@@ -214,3 +214,18 @@ async def test_two_racing_publishes_of_one_revision_make_one_version(db: Databas
     got = await definitions.get_definition(db, who, namespace=tenant.namespace, name="wf")
     assert [v["version"] for v in got["versions"]] == [1]
     assert got["revision"] == 2
+
+
+async def test_reading_and_managing_workflows_need_a_grant_on_every_queue(
+        db: Database, tenant: Tenant) -> None:
+    """Definitions and instances span queues: a key scoped to some queues may not read or
+    manage them (authz.NAMESPACE_WIDE), even with tasks.submit on every queue they use."""
+    queue = await make_queue(db, tenant)
+    scoped = await principal(db, await make_key(db, tenant, [
+        {"namespaces": [tenant.namespace], "queues": [queue.name],
+         "actions": ["workflows.manage", "workflows.read", "tasks.submit"]},
+    ]))
+    with pytest.raises(errors.Forbidden):
+        await definitions.create_definition(db, scoped, namespace=tenant.namespace, name="wf")
+    with pytest.raises(errors.Forbidden):
+        await definitions.list_definitions(db, scoped, namespace=tenant.namespace)

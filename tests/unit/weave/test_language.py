@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -305,11 +304,10 @@ def test_the_example_of_the_language_document_is_valid() -> None:
     assert definition.queues == ("inventory", "payments", "shipping")
 
 
-@pytest.mark.alone
-def test_the_largest_chain_validates_in_well_under_a_second_or_two() -> None:
-    """200 steps, each reading the previous step's result: 200 distinct views. With one
-    descriptor pool for all views this took about 5 s (cel-cpp builds its type provider from the
-    whole pool per environment); with a pool per view about 0.6 s."""
+def test_the_largest_chain_validates() -> None:
+    """200 steps, each reading the previous step's result: 200 distinct views, each type-checked.
+    (Its speed is not asserted here: with one descriptor pool for all views it took about 5 s,
+    with a pool per view about 0.6 s on the 2-core machine.)"""
     count = language.MAX_STEPS - 1
     result = {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"]}
     steps: dict[str, Any] = {
@@ -319,6 +317,5 @@ def test_the_largest_chain_validates_in_well_under_a_second_or_two() -> None:
     steps[f"s{count}"] = {"kind": "SUCCEED", "output": f"steps.s{count - 1}.result"}
     document = {"format": language.FORMAT, "start": "s0", "steps": steps, "input_schema": {
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}
-    started = time.perf_counter()
-    language.parse_definition(json.dumps(document))
-    assert time.perf_counter() - started < 2.5
+    definition = language.parse_definition(json.dumps(document))
+    assert len(definition.steps) == language.MAX_STEPS

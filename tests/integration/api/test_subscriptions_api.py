@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import prometheus_client
 import pymysql
 import pytest
 from aiohttp.test_utils import TestClient
@@ -26,6 +27,7 @@ from tests.support import relay
 from tests.support.contract import assert_documented
 from tests.support.lease_fixtures import make_queue
 from tests.support.servers import ServiceTestServer
+from tests.support.waiting import until
 
 COLLECTION = routes.COLLECTION
 ITEM = routes.ITEM
@@ -386,6 +388,12 @@ async def test_lease_acknowledge_fail_and_settle(api: TestClient[Any, Any], db: 
     assert sub["backlog"] == 2  # four created, two acknowledged
 
 
+def _poll_reads() -> float:
+    """How many of the long poll's cheap reads (``relay.poll`` transactions) ran so far."""
+    return prometheus_client.REGISTRY.get_sample_value(
+        "orbit_db_transaction_seconds_count", {"transaction": "relay.poll"}) or 0.0
+
+
 async def test_a_long_poll_waits_for_a_delivery(api: TestClient[Any, Any], db: Database,
                                                 tenant: Tenant) -> None:
     await _create(api, tenant)
@@ -396,8 +404,12 @@ async def test_a_long_poll_waits_for_a_delivery(api: TestClient[Any, Any], db: D
         await relay.cancelled_results(db, tenant, queue, 1)
         await relay.fan_out_all(db, tenant)
 
+    # The request is waiting once it has made a cheap read after its empty lease (the API runs
+    # in this process: its transaction metric counts those reads).
+    polls = _poll_reads()
     waiting = asyncio.create_task(_lease(api, tenant, 5, wait_ms=10_000))
-    await asyncio.sleep(0)
+    await until(lambda: _poll_reads() > polls, message="the long poll is waiting")
+    assert not waiting.done()
     await later()
     found = await asyncio.wait_for(waiting, 10)
     assert len(found) == 1

@@ -167,15 +167,21 @@ async def test_a_worker_report_ends_the_task_and_writes_its_inbox_row(
 
 
 async def test_the_inbox_row_is_part_of_the_ending_transaction(
-        db: Database, tenant: Tenant, monkeypatch: pytest.MonkeyPatch) -> None:
-    """When the inbox write fails, the ending rolls back whole: the task is still WAITING."""
+        db: Database, tenant: Tenant) -> None:
+    """When the inbox write fails in the database (a trigger refuses it here), the ending rolls
+    back whole: the task is still WAITING. The trigger lives in this worker's own database only
+    for the test."""
     task_id, _, _ = await workflow_task(db, tenant)
 
-    async def broken(*_: Any) -> None:
-        raise errors.IntegrityViolation("inbox write refused")
+    async def ddl(sql: str) -> None:
+        await db.transaction("test.ddl", lambda cur: cur.execute(sql))
 
-    monkeypatch.setattr(inbox, "record", broken)
-    with pytest.raises(errors.IntegrityViolation):
-        await cancel(db, tenant, task_id)
+    await ddl("CREATE TRIGGER trg_test_refuse_inbox BEFORE INSERT ON weave_inbox FOR EACH ROW"
+              " SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'inbox write refused'")
+    try:
+        with pytest.raises(errors.IntegrityViolation):
+            await cancel(db, tenant, task_id)
+    finally:
+        await ddl("DROP TRIGGER trg_test_refuse_inbox")
     assert (await task_row(db, tenant, task_id))["state"] == "WAITING"
     assert await rows(db, tenant, task_id) == []

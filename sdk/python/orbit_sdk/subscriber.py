@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -50,6 +49,7 @@ import aiohttp
 
 from orbit_sdk import jsonvalue
 from orbit_sdk._backoff import Backoff
+from orbit_sdk._signals import stopping_on_signals
 from orbit_sdk.client import Client, DeliveryReport
 from orbit_sdk.errors import (
     BadRequest,
@@ -338,24 +338,17 @@ class Subscriber:
         self._stop, self._cut, self._changed = asyncio.Event(), asyncio.Event(), asyncio.Event()
         self._fatal = None
         loop = asyncio.get_running_loop()
-        signals: list[signal.Signals] = []
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.add_signal_handler(sig, self.stop)
-                    signals.append(sig)
         consuming = loop.create_task(self._consume(), name="orbit-subscriber")
         try:
-            stop = loop.create_task(self._stop.wait())
-            await asyncio.wait({consuming, stop}, return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            if consuming.done() and not consuming.cancelled() and consuming.exception():
-                self._fatal = consuming.exception()
-            self._stop.set()
-            await self._drain(consuming)
+            with stopping_on_signals(self.stop, install=install_signal_handlers):
+                stop = loop.create_task(self._stop.wait())
+                await asyncio.wait({consuming, stop}, return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                if consuming.done() and not consuming.cancelled() and consuming.exception():
+                    self._fatal = consuming.exception()
+                self._stop.set()
+                await self._drain(consuming)
         finally:
-            for sig in signals:
-                loop.remove_signal_handler(sig)
             consuming.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await consuming

@@ -40,7 +40,6 @@ import contextlib
 import datetime as dt
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -60,6 +59,7 @@ from orbit_sdk._channel import (
     WebSocketChannel,
 )
 from orbit_sdk._http import Transport
+from orbit_sdk._signals import stopping_on_signals
 from orbit_sdk.context import Context, Grant
 from orbit_sdk.errors import (
     BadRequest,
@@ -249,12 +249,6 @@ class Worker:
         self._draining = False
         self._fatal = None
         loop = asyncio.get_running_loop()
-        signals: list[signal.Signals] = []
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.add_signal_handler(sig, self.stop)
-                    signals.append(sig)
         self._loops = [
             loop.create_task(self._session_loop(), name="orbit-worker-session"),
             loop.create_task(self._start_loop(), name="orbit-worker-start"),
@@ -265,12 +259,11 @@ class Worker:
         for task in self._loops:
             task.add_done_callback(self._supervise)
         try:
-            await self._stop.wait()
-            if self._fatal is None:
-                await self._drain()
+            with stopping_on_signals(self.stop, install=install_signal_handlers):
+                await self._stop.wait()
+                if self._fatal is None:
+                    await self._drain()
         finally:
-            for sig in signals:
-                loop.remove_signal_handler(sig)
             for task in self._loops:
                 task.cancel()
             # Their failures were recorded by _supervise; here we only wait for them to end.

@@ -10,14 +10,16 @@ import socket
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 import orbit_devdb as devdb
 from orbit_common.db.pool import DatabaseUrl
+
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -81,6 +83,21 @@ def post_json(url: str, key: str, doc: dict[str, Any]) -> None:
         url, method="POST", data=json.dumps(doc).encode(),
         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
     urllib.request.urlopen(request, timeout=10).close()  # noqa: S310
+
+
+def poll_until(progress: Callable[[], T], done: Callable[[T], bool], what: str,
+               timeout: float = 900, every: float = 0.25) -> T:
+    """Call ``progress()`` every ``every`` seconds until ``done`` holds for its answer (returned);
+    RuntimeError naming ``what`` and the last answer at ``timeout``. The pace is slow on
+    purpose: the counts are scans of the server being measured."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = progress()
+        if done(seen):
+            return seen
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: only {seen} after {timeout} s")
+        time.sleep(every)
 
 
 def cpu_seconds(pid: int) -> float:

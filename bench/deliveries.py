@@ -34,7 +34,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import bench_server, cpu_seconds, free_port, percentile, wait_ready
+from bench.common import (
+    bench_server,
+    cpu_seconds,
+    free_port,
+    percentile,
+    poll_until,
+    wait_ready,
+)
 from bench.tasks import _end_to_end, _Phase, _submit_all, _wait_purged, wait_succeeded
 from orbit_common.db.pool import DatabaseUrl, connect_sync, open_database
 from orbit_common.model.endpoints import EndpointPolicy
@@ -133,14 +140,9 @@ def _acknowledged(conn: Any) -> dict[str, int]:
 def _wait_acknowledged(conn: Any, each: int, timeout: float = 900) -> None:
     """Until both subscriptions have ``each`` acknowledged deliveries (polled a few times a
     second: the count is a scan of the server being measured)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        done = _acknowledged(conn)
-        if done.get("hook", 0) >= each and done.get("pull", 0) >= each:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {done} of {each} deliveries each in {timeout} s")
-        time.sleep(0.25)
+    poll_until(lambda: _acknowledged(conn),
+               lambda done: done.get("hook", 0) >= each and done.get("pull", 0) >= each,
+               f"{each} deliveries acknowledged on each subscription", timeout)
 
 
 def _elapsed_by_subscription(conn: Any) -> dict[str, int]:

@@ -38,6 +38,7 @@ from bench.common import (
     cpu_seconds,
     free_port,
     percentile,
+    poll_until,
     post_json,
     wait_ready,
 )
@@ -290,18 +291,14 @@ def wait_succeeded(conn: Any, tasks: int, timeout: float = 900) -> None:
     """Until ``tasks`` tasks of the ``bench`` queues SUCCEEDED, or RuntimeError at ``timeout``.
     Polled a few times a second: the count is a scan, and polling it faster would load the
     server being measured."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def succeeded() -> int:
         with conn.cursor() as cur:
             cur.execute("SELECT COUNT(*) FROM pulse_tasks t JOIN pulse_queues q"
                         " ON q.namespace_id = t.namespace_id AND q.id = t.queue_id"
                         " WHERE q.name = 'bench' AND t.state = 'SUCCEEDED'")
-            done = int(cur.fetchone()[0])
-        if done >= tasks:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {done} of {tasks} tasks succeeded in {timeout} s")
-        time.sleep(0.25)
+            return int(cur.fetchone()[0])
+
+    poll_until(succeeded, lambda done: done >= tasks, f"{tasks} tasks succeeded", timeout)
 
 
 def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, concurrency: int,

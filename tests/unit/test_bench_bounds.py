@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+from bench.common import poll_until
 from bench.tasks import _bound_by_database, _cpu_per_task
 
 
@@ -24,3 +27,10 @@ def test_cpu_per_task_counts_this_process_and_skips_an_unknown_server() -> None:
     with _cpu_per_task("phase", 1000, os.getpid()) as figures:
         sum(i * i for i in range(200_000))
     assert figures["phase_cpu_us_per_task_database"] > 0  # the "server" here is this process
+
+
+def test_poll_until_returns_the_first_answer_that_is_done_and_names_what_it_waited_for() -> None:
+    answers = iter([1, 2, 3, 4])
+    assert poll_until(lambda: next(answers), lambda n: n >= 3, "three", every=0) == 3
+    with pytest.raises(RuntimeError, match="three: only 0 after 0 s"):
+        poll_until(lambda: 0, lambda n: n >= 3, "three", timeout=0, every=0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from orbit_sdk import jsonvalue
+from orbit_sdk._frames import FrameSocket
 from orbit_sdk._http import Transport
 from orbit_sdk.errors import (
     ConnectionFailed,
@@ -81,21 +81,19 @@ def _items(answer: Any) -> list[dict[str, Any]]:
     return [item for item in items if isinstance(item, dict)]
 
 
-class WebSocketChannel(Channel):
+class WebSocketChannel(FrameSocket, Channel):
     """``GET …/worker/sessions/{id}/ws``: grants and cancel notices pushed, requests matched to
-    replies by ``id``."""
+    replies by ``id`` (the frame plumbing: :class:`~orbit_sdk._frames.FrameSocket`)."""
+
+    down = ChannelDown
+    label = "WebSocket"
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse, *, on_grants: GrantsCallback,
                  on_cancel: CancelCallback, request_timeout: float,
                  exact_numbers: bool) -> None:
-        super().__init__(on_grants, on_cancel)
-        self._ws = ws
-        self._timeout = request_timeout
-        self._exact = exact_numbers
-        self._ids = itertools.count(1)
-        self._waiting: dict[str, asyncio.Future[list[dict[str, Any]]]] = {}
-        self._reader = asyncio.get_running_loop().create_task(self._read(),
-                                                              name="orbit-ws-reader")
+        Channel.__init__(self, on_grants, on_cancel)
+        FrameSocket.__init__(self, ws, request_timeout=request_timeout,
+                             exact_numbers=exact_numbers)
 
     @property
     def kind(self) -> str:
@@ -119,58 +117,14 @@ class WebSocketChannel(Channel):
         return cls(ws, on_grants=on_grants, on_cancel=on_cancel,
                    request_timeout=request_timeout, exact_numbers=exact_numbers)
 
-    def _next_id(self) -> str:
-        return f"r{next(self._ids)}"
-
-    async def _send(self, frame: dict[str, Any]) -> None:
-        if self.closed.is_set():
-            raise ChannelDown("the WebSocket is closed")
-        try:
-            await self._ws.send_str(jsonvalue.dumps(frame))
-        except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
-            self._fail()
-            raise ChannelDown(f"sending failed: {type(exc).__name__}") from exc
-
     async def request(self, op: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        request_id = self._next_id()
-        future: asyncio.Future[list[dict[str, Any]]] = (
-            asyncio.get_running_loop().create_future())
-        self._waiting[request_id] = future
-        try:
-            await self._send({"type": op, "id": request_id, "items": items})
-            async with asyncio.timeout(self._timeout):
-                return await future
-        except TimeoutError as exc:
-            self._fail()  # a connection that stopped answering is replaced, not trusted
-            raise ChannelDown(f"no reply to {op} within {self._timeout}s") from exc
-        finally:
-            self._waiting.pop(request_id, None)
+        answer: list[dict[str, Any]] = await self._call({"type": op, "items": items}, op)
+        return answer
 
     async def offer_slots(self, slots: int) -> None:
-        await self._send({"type": "ready", "id": self._next_id(), "slots": slots})
+        await self._send({"type": "ready", "id": f"r{next(self._ids)}", "slots": slots})
 
-    async def _read(self) -> None:
-        try:
-            async for message in self._ws:
-                if message.type is aiohttp.WSMsgType.TEXT:
-                    self._dispatch(message.data)
-                elif message.type in {aiohttp.WSMsgType.ERROR, aiohttp.WSMsgType.CLOSE}:
-                    break
-        except (aiohttp.ClientError, ConnectionError) as exc:
-            log.info("WebSocket read failed: %s", type(exc).__name__)
-        finally:
-            self._fail()
-
-    def _dispatch(self, data: str) -> None:
-        try:
-            frame = jsonvalue.loads(data, exact_numbers=self._exact)
-        except ValueError:
-            log.warning("ignoring a WebSocket frame that is not JSON")
-            return
-        if not isinstance(frame, dict):
-            log.warning("ignoring a WebSocket frame that is not an object")
-            return
-        kind = frame.get("type")
+    def _on_frame(self, kind: Any, frame: dict[str, Any]) -> bool:
         if kind == "grants":
             grants = frame.get("grants")
             self.on_grants([g for g in grants if isinstance(g, dict)]
@@ -180,41 +134,13 @@ class WebSocketChannel(Channel):
             self.on_cancel([i for i in ids if isinstance(i, str)] if isinstance(ids, list)
                            else [])
         elif kind == "reply":
-            future = self._waiting.get(str(frame.get("id")))
-            if future is not None and not future.done():
-                try:
-                    future.set_result(_items(frame))
-                except ProtocolError as exc:
-                    future.set_exception(exc)
-        elif kind == "error":
-            code = frame.get("code")
-            detail = frame.get("detail")
-            error = ProtocolError(detail if isinstance(detail, str) else "",
-                                  code=code if isinstance(code, str) else None)
-            future = self._waiting.get(str(frame.get("id")))
-            if future is not None and not future.done():
-                future.set_exception(error)
-            else:
-                log.warning("dispatcher error frame: %s", error)
+            try:
+                self._resolve(frame, _items(frame))
+            except ProtocolError as exc:
+                self._resolve(frame, error=exc)
         else:
-            log.debug("ignoring a frame of type %r", kind)
-
-    def _fail(self) -> None:
-        if self.closed.is_set():
-            return
-        self.closed.set()
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(ChannelDown("the WebSocket closed"))
-
-    async def close(self) -> None:
-        self._fail()
-        with contextlib.suppress(Exception):
-            await self._ws.close()
-        if self._reader is not asyncio.current_task():
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+            return False
+        return True
 
 
 class PollChannel(Channel):

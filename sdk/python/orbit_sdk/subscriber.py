@@ -47,8 +47,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from orbit_sdk import jsonvalue
 from orbit_sdk._backoff import Backoff
+from orbit_sdk._frames import FrameSocket
 from orbit_sdk._signals import stopping_on_signals
 from orbit_sdk.client import Client, DeliveryReport
 from orbit_sdk.errors import (
@@ -125,112 +125,51 @@ class _Held:
         self.task: asyncio.Task[None] | None = None
 
 
-class _Stream:
-    """One WebSocket connection: frames in, ``ack``/``fail`` answered by ``id``."""
+class _Stream(FrameSocket):
+    """One WebSocket connection: ``delivery`` frames in, ``ack``/``fail`` answered by ``id``
+    (the frame plumbing: :class:`~orbit_sdk._frames.FrameSocket`)."""
+
+    down = StreamClosed
+    label = "stream"
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse, *, exact_numbers: bool,
                  on_delivery: Callable[[LeasedDelivery], None], request_timeout: float) -> None:
-        self.ws = ws
-        self._exact = exact_numbers
         self._on_delivery = on_delivery
-        self._timeout = request_timeout
-        self._ids = itertools.count(1)
-        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        self.closed = asyncio.Event()
         self.close_code: int | None = None
         self.fatal: OrbitError | None = None
         self._last_error: OrbitError | None = None
-        self.reader = asyncio.get_running_loop().create_task(self._read(),
-                                                             name="orbit-subscriber-reader")
+        super().__init__(ws, request_timeout=request_timeout, exact_numbers=exact_numbers)
 
     async def send(self, frame: dict[str, Any]) -> None:
-        if self.closed.is_set():
-            raise StreamClosed("the stream is closed")
-        try:
-            await self.ws.send_str(jsonvalue.dumps(frame))
-        except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
-            self._fail()
-            raise StreamClosed(f"sending failed: {type(exc).__name__}") from exc
+        await self._send(frame)
 
     async def settle(self, kind: str, leased: LeasedDelivery, error: str | None
                      ) -> dict[str, Any]:
         """Send ``ack`` or ``fail``; the ``settled`` frame's fields, or the error raised."""
-        request_id = f"s{next(self._ids)}"
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = future
-        frame: dict[str, Any] = {"type": kind, "id": request_id,
-                                 "delivery_id": leased.delivery.id, "token": leased.lease_token}
+        frame: dict[str, Any] = {"type": kind, "delivery_id": leased.delivery.id,
+                                 "token": leased.lease_token}
         if error is not None:
             frame["error"] = error
-        try:
-            await self.send(frame)
-            async with asyncio.timeout(self._timeout):
-                return await future
-        except TimeoutError as exc:
-            self._fail()  # a stream that stopped answering is replaced
-            raise StreamClosed(f"no answer to {kind} within {self._timeout}s") from exc
-        finally:
-            self._waiting.pop(request_id, None)
+        answer: dict[str, Any] = await self._call(frame, kind)
+        return answer
 
-    async def _read(self) -> None:
-        try:
-            async for message in self.ws:
-                if message.type is aiohttp.WSMsgType.TEXT:
-                    self._dispatch(message.data)
-                elif message.type in {aiohttp.WSMsgType.ERROR, aiohttp.WSMsgType.CLOSE}:
-                    break
-        except (aiohttp.ClientError, ConnectionError) as exc:
-            log.info("subscription stream read failed: %s", type(exc).__name__)
-        finally:
-            self.close_code = self.ws.close_code
-            if self.close_code in (CLOSE_CREDENTIAL, CLOSE_FORBIDDEN):
-                self.fatal = _closed_for(self.close_code, self._last_error)
-            self._fail()
-
-    def _dispatch(self, data: str) -> None:
-        try:
-            frame = jsonvalue.loads(data, exact_numbers=self._exact)
-        except ValueError:
-            log.warning("ignoring a stream frame that is not JSON")
-            return
-        if not isinstance(frame, dict):
-            return
-        kind = frame.get("type")
+    def _on_frame(self, kind: Any, frame: dict[str, Any]) -> bool:
         if kind == "delivery":
             self._on_delivery(LeasedDelivery.from_json(frame))
         elif kind == "settled":
-            future = self._waiting.get(str(frame.get("id")))
-            if future is not None and not future.done():
-                future.set_result(frame)
-        elif kind == "error":
-            code, detail = frame.get("code"), frame.get("detail")
-            error = ProtocolError(detail if isinstance(detail, str) else "",
-                                  code=code if isinstance(code, str) else None)
-            future = self._waiting.get(str(frame.get("id")))
-            if future is not None and not future.done():
-                future.set_exception(error)
-            else:
-                self._last_error = error
-                log.warning("subscription stream error: %s", error)
+            self._resolve(frame, frame)
         else:
-            log.debug("ignoring a stream frame of type %r", kind)
+            return False
+        return True
 
-    def _fail(self) -> None:
-        if self.closed.is_set():
-            return
-        self.closed.set()
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(StreamClosed("the stream closed"))
+    def _unanswered_error(self, error: ProtocolError) -> None:
+        self._last_error = error
+        log.warning("subscription stream error: %s", error)
 
-    async def close(self) -> None:
-        self._fail()
-        with contextlib.suppress(Exception):
-            await self.ws.close()
-        if self.reader is not asyncio.current_task():
-            self.reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.reader
+    def _on_closed(self) -> None:
+        self.close_code = self._ws.close_code
+        if self.close_code in (CLOSE_CREDENTIAL, CLOSE_FORBIDDEN):
+            self.fatal = _closed_for(self.close_code, self._last_error)
 
 
 class Subscriber:

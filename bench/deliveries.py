@@ -18,6 +18,10 @@ Three phases, each on a fresh database with its own API, dispatcher and SDK work
    return to the last acknowledgement, ``catch_up_deliveries_per_s`` is the webhook backlog over
    that time (it includes the wait for the endpoint circuit's probe, ``circuit_open_s`` = 2 s).
 
+CPU per task by process role, without (``cpu_us_per_task_plain``) and with the deliveries
+(``cpu_us_per_task_with_deliveries``, up to the last acknowledgement), the bench's own receiving
+side (receiver and consumer) and ``ratio_if_receivers_elsewhere``: see :func:`cpu_split`.
+
 ``duplicates`` and ``missing`` (both must be 0) come from the database (delivery rows per
 (subscription, event); result events without an acknowledged delivery of each subscription)
 and from the receiver's log (an event acknowledged to the receiver twice; an acknowledged
@@ -88,6 +92,7 @@ class _DeliveryPhase:
                 env={**self.phase.env, "RECEIVER_PORT": str(self.port),
                      "RECEIVER_LOG": str(self.receiver_log)},
                 stdout=log, stderr=subprocess.STDOUT)
+        self.phase.extra_cpu["receiver"] = self.receiver.pid
         wait_ready(f"http://127.0.0.1:{self.port}/healthz")
 
     def stop_receiver(self) -> None:
@@ -189,10 +194,11 @@ def _deliveries_phase(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks
     phase = _DeliveryPhase(server, logs, db_pid)
     try:
         cpu_before = cpu_seconds(phase.pump.pid)
-        e2e = _end_to_end(phase.phase, tasks, workers, None, concurrency, 0)
+        # The CPU figures run until the last acknowledgement: they cover the deliveries.
+        e2e = _end_to_end(phase.phase, tasks, workers, None, concurrency, 0,
+                          settle=lambda conn: _wait_acknowledged(conn, tasks))
         conn = connect_sync(phase.phase.url, autocommit=True)
         try:
-            _wait_acknowledged(conn, tasks)
             pump_cpu = cpu_seconds(phase.pump.pid) - cpu_before
             elapsed_us = _one(conn, "SELECT TIMESTAMPDIFF(MICROSECOND, (SELECT MIN(created_at)"
                                     " FROM pulse_tasks), (SELECT MAX(acknowledged_at)"
@@ -208,8 +214,35 @@ def _deliveries_phase(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks
     return {"tasks_per_s_with_pump": e2e["tasks_per_s"], "delivery_per_s": round(per_s, 1),
             **{f"{name}_per_s": round(tasks / (us / 1e6), 1) for name, us in per_kind.items()},
             "pump_cpu_us_per_delivery": round(pump_cpu * 1e6 / (2 * tasks)),
-            "cpu_us_per_task_api": e2e.get("cpu_us_per_task_api"),
+            **{key: value for key, value in e2e.items() if key.startswith("cpu_us_per_task_")},
             "duplicates": duplicates, "missing": missing}
+
+
+def cpu_split(plain: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
+    """CPU per task of every process, without and with the deliveries, and what the bench's
+    own receiving side (the webhook receiver and the pull consumer, on the same cores) costs.
+
+    On a machine whose cores are all busy, throughput goes as 1 / (CPU per task, all
+    processes): ``ratio_if_receivers_elsewhere`` is the plain total over the total without the
+    receiving side -- an estimate of ``delivery_ratio`` with the receivers on other machines,
+    as a production receiver would be. An estimate, not a measurement."""
+    def total(figures: dict[str, Any]) -> int:
+        return sum(v for k, v in figures.items() if k.startswith("cpu_us_per_task_") and v)
+
+    receiving = sum(full.get(f"cpu_us_per_task_{role}") or 0 for role in ("receiver", "consumer"))
+    plain_total, full_total = total(plain), total(full)
+    return {
+        "cpu_us_per_task_plain": {k.removeprefix("cpu_us_per_task_"): v
+                                  for k, v in plain.items() if k.startswith("cpu_us_per_task_")},
+        "cpu_us_per_task_with_deliveries": {
+            k.removeprefix("cpu_us_per_task_"): v for k, v in full.items()
+            if k.startswith("cpu_us_per_task_")},
+        "cpu_us_per_task_total_plain": plain_total,
+        "cpu_us_per_task_total_with_deliveries": full_total,
+        "receiving_cpu_us_per_task": receiving,
+        "ratio_if_receivers_elsewhere": (round(plain_total / (full_total - receiving), 3)
+                                         if full_total > receiving else None),
+    }
 
 
 def _lag_and_catch_up(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks: int,
@@ -280,6 +313,7 @@ def run(url_text: str | None, tasks: int, workers: int, concurrency: int,
         "down_s": down_s, "catch_up_backlog": half["catch_up_backlog"],
         "catch_up_deliveries_per_s": half["catch_up_deliveries_per_s"],
         "pump_cpu_us_per_delivery": full["pump_cpu_us_per_delivery"],
+        **cpu_split(plain, full),
         "duplicates": full["duplicates"] + half["duplicates"],
         "missing": full["missing"] + half["missing"],
     }

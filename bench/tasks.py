@@ -25,7 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +216,7 @@ class _Phase:
         self.name = f"orbit_bench_{secrets.token_hex(4)}"
         self.procs: list[subprocess.Popen[Any]] = []
         self.labels: list[str] = []
+        self.extra_cpu: dict[str, int] = {}
         admin = connect_sync(server, autocommit=True)
         with admin.cursor() as cur:
             cur.execute(f"CREATE DATABASE {devdb.database_identifier(self.name)}")
@@ -253,9 +254,10 @@ class _Phase:
         self.labels.append(label)
 
     def cpu(self) -> dict[str, float]:
-        """CPU seconds used so far by role: api, dispatcher, workers (summed) and, for a
-        private server, database."""
-        used: dict[str, float] = {}
+        """CPU seconds used so far by role: api, dispatcher, workers (summed), the processes
+        in ``extra_cpu`` (label -> pid, e.g. a bench's own receiver) and, for a private server,
+        database."""
+        used: dict[str, float] = {label: cpu_seconds(pid) for label, pid in self.extra_cpu.items()}
         for label, proc in zip(self.labels, self.procs, strict=True):
             role = "workers" if label == "worker" else label
             used[role] = used.get(role, 0.0) + cpu_seconds(proc.pid)
@@ -302,9 +304,11 @@ def wait_succeeded(conn: Any, tasks: int, timeout: float = 900) -> None:
 
 
 def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, concurrency: int,
-                keys: int) -> dict[str, Any]:
+                keys: int, settle: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Workers up, N tasks submitted (split evenly over the applications, in parallel), wait
-    until all SUCCEEDED; figures from the database."""
+    until all SUCCEEDED; figures from the database. ``settle(conn)``, when given, waits for
+    work that follows the tasks (e.g. their deliveries) before the CPU and statement counts
+    are read: those figures then cover it too (the throughput still ends at the last task)."""
     phase.start_workers(workers, concurrency)
     url = phase.url
     _wait_sessions(url, max(workers, len(phase.tenants)))  # registered before the clock starts
@@ -332,6 +336,8 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
     try:
         # The end time is the last finish's database time.
         wait_succeeded(conn, tasks)
+        if settle is not None:
+            settle(conn)
         with conn.cursor() as cur:
             cur.execute(f"SELECT TIMESTAMPDIFF(MICROSECOND, %s, MAX(b.updated_at))"
                         f" FROM ({bench_queues}) b", (db_started,))

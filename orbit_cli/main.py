@@ -746,6 +746,30 @@ def bench_deliveries(count: int, workers: int, concurrency: int,
     click.echo(json.dumps(result))
 
 
+@bench.command("workflows")
+@click.option("--tasks", "count", default=6_000, show_default=True,
+              help="Plain tasks; the workflow phases run as many steps.")
+@click.option("--workers", default=2, show_default=True, help="SDK worker processes.")
+@click.option("--concurrency", default=64, show_default=True, help="Handlers per worker.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON line.")
+def bench_workflows(count: int, workers: int, concurrency: int, as_json: bool) -> None:
+    """Workflow steps (3-step linear, 10-branch parallel) vs plain tasks, and the advance
+    latency at half that rate."""
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "bench" / "workflows.py").exists():
+        raise click.ClickException("orbit bench runs from a source checkout")
+    sys.path.insert(0, str(root))
+    from bench.workflows import run
+
+    result = run(os.environ.get("ORBIT_DATABASE_URL"), count, workers, concurrency)
+    if not as_json:
+        click.echo("workflow steps vs plain tasks, result commit -> next task at half that rate"
+                   " (duplicate_steps must be 0, instances_finished = instances_started):")
+    click.echo(json.dumps(result))
+
+
 def _register_dev() -> None:
     from orbit_cli.dev import dev
 

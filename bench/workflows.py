@@ -1,0 +1,263 @@
+"""``orbit bench workflows``: workflow steps end to end against plain tasks (issue 14).
+
+Every phase runs on a fresh database with its own API, dispatcher and SDK no-op workers
+(bench/tasks.py's ``_Phase``); the workflow phases add one engine (``orbit weave``):
+
+1. **plain** -- N no-op tasks end to end: the reference throughput (``plain_tasks_per_s``).
+2. **linear** -- N/3 instances of a 3-step linear workflow (TASK → TASK → TASK → SUCCEED, the
+   tasks no-ops on the same queue), started as fast as the starters go;
+   ``linear_steps_per_s`` is the workflow tasks over the time from the first instance's start
+   to the last instance's end (database time).
+3. **parallel** -- N/10 instances of a 10-branch PARALLEL workflow (each branch one TASK, the
+   join ALL_SUCCEED, then SUCCEED): ``parallel_steps_per_s`` likewise.
+4. **latency** -- linear instances started at half of ``linear_steps_per_s`` (in steps):
+   ``advance_p50_ms`` / ``advance_p99_ms`` are, for each task after the first of an instance,
+   its ``created_at`` minus the commit of the previous task's result (the inbox row's
+   ``created_at``, written by the ending transaction): result commit → next task created.
+
+``steps_ratio`` is the smaller of the two workflow rates over ``plain_tasks_per_s``.
+``instances_finished`` counts SUCCEEDED instances over all workflow phases (it must equal
+``instances_started``); ``duplicate_steps`` counts steps with more than one activation and
+activations with more than one task, plus workflow tasks no activation references (must be 0).
+``engine_cpu_us_per_step`` is the engine process's CPU over the linear and parallel phases per
+workflow task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import bench_server, cpu_seconds, free_port, percentile, poll_until, wait_ready
+from bench.tasks import _end_to_end, _Phase, _wait_purged
+from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
+from orbit_common.platform import credentials
+from orbit_common.weave import definitions, instances
+
+BRANCHES = 10
+STARTERS = 4
+
+
+def linear_document() -> dict[str, Any]:
+    step = {"kind": "TASK", "queue": "bench", "handler": "noop"}
+    return {"format": "orbit.weave/1", "start": "a", "steps": {
+        "a": {**step, "next": "b"}, "b": {**step, "next": "c"}, "c": {**step, "next": "done"},
+        "done": {"kind": "SUCCEED"}}}
+
+
+def parallel_document(branches: int = BRANCHES) -> dict[str, Any]:
+    return {"format": "orbit.weave/1", "start": "fan", "steps": {
+        "fan": {"kind": "PARALLEL", "join": {"policy": "ALL_SUCCEED"}, "next": "done",
+                "branches": [{"name": f"b{n}", "start": f"t{n}", "steps": {
+                    f"t{n}": {"kind": "TASK", "queue": "bench", "handler": "noop",
+                              "next": f"e{n}"},
+                    f"e{n}": {"kind": "SUCCEED"}}} for n in range(branches)]},
+        "done": {"kind": "SUCCEED"}}}
+
+
+class _WorkflowPhase:
+    """A ``_Phase`` with both definitions published and one engine running."""
+
+    def __init__(self, server: DatabaseUrl, logs: Path, db_pid: int | None) -> None:
+        self.phase = _Phase(server, 1, logs, db_pid)
+        self.api_key, self.namespace = self.phase.tenants[0]
+        asyncio.run(self._define())
+        ops = free_port()
+        self.phase._spawn("engine", [sys.executable, "-m", "orbit_cli", "weave"], {
+            "ORBIT_SERVICE_METRICS_PORT": str(ops), "ORBIT_SERVICE_LOG_LEVEL": "WARNING"})
+        self.engine = self.phase.procs[-1]
+        wait_ready(f"http://127.0.0.1:{ops}/readyz")
+
+    async def _define(self) -> None:
+        db = await open_database(self.phase.url, minsize=1, maxsize=2)
+        try:
+            who = await db.read("bench.auth",
+                                lambda cur: credentials.authenticate(cur, self.api_key))
+            for name, document in (("linear", linear_document()),
+                                   ("parallel", parallel_document())):
+                await definitions.create_definition(db, who, namespace=self.namespace,
+                                                    name=name)
+                await definitions.publish_version(db, who, namespace=self.namespace, name=name,
+                                                  revision=1,
+                                                  document=json.dumps(document).encode())
+        finally:
+            await db.close()
+
+    def start(self, definition: str, count: int, rate: float | None = None) -> None:
+        """Start ``count`` instances of ``definition`` (``rate`` per second at most), as the
+        API's start command does, from STARTERS concurrent starters."""
+        asyncio.run(_start_all(self.phase.url, self.api_key, self.namespace, definition, count,
+                               rate))
+
+    def close(self) -> None:
+        self.phase.close()
+
+
+async def _start_all(url: DatabaseUrl, api_key: str, namespace: str, definition: str,
+                     count: int, rate: float | None) -> None:
+    db: Database = await open_database(url, minsize=1, maxsize=STARTERS)
+    try:
+        who = await db.read("bench.auth", lambda cur: credentials.authenticate(cur, api_key))
+        started = time.monotonic()
+        numbers = iter(range(count))
+
+        async def starter() -> None:
+            for n in numbers:
+                if rate is not None:
+                    wait = started + n / rate - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                await instances.start_instance(db, who, namespace=namespace,
+                                               definition=definition,
+                                               input_json=b'{"n": %d}' % n)
+
+        await asyncio.gather(*(starter() for _ in range(STARTERS)))
+    finally:
+        await db.close()
+
+
+def _one(conn: Any, sql: str, *params: Any) -> Any:
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchone()[0]
+
+
+def _wait_finished(conn: Any, count: int, timeout: float = 900) -> None:
+    def ended() -> tuple[int, int]:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*), COALESCE(SUM(state <> 'SUCCEEDED'), 0)"
+                        " FROM weave_instances WHERE state <> 'RUNNING'")
+            total, bad = cur.fetchone()
+        if bad:
+            raise RuntimeError(f"{bad} workflow instances ended other than SUCCEEDED")
+        return int(total), int(bad)
+
+    poll_until(ended, lambda found: found[0] >= count, f"{count} instances finished", timeout)
+
+
+def _steps_per_s(conn: Any) -> tuple[int, float]:
+    """Workflow tasks and their rate: first instance created → last instance completed."""
+    steps = _one(conn, "SELECT COUNT(*) FROM pulse_tasks WHERE owner_kind = 'WORKFLOW'")
+    elapsed_us = _one(conn, "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at),"
+                            " MAX(completed_at)) FROM weave_instances")
+    return int(steps), int(steps) / (int(elapsed_us) / 1e6)
+
+
+def audit(conn: Any) -> dict[str, int]:
+    """Instances by state and every way a step could have run twice."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT state, COUNT(*) FROM weave_instances GROUP BY state")
+        by_state = {state: int(n) for state, n in cur.fetchall()}
+    twice = _one(conn, "SELECT COUNT(*) FROM (SELECT 1 FROM weave_activations"
+                       " GROUP BY namespace_id, instance_id, step_id HAVING COUNT(*) > 1) x")
+    shared = _one(conn, "SELECT COUNT(*) FROM (SELECT 1 FROM weave_activations"
+                        " WHERE task_id IS NOT NULL GROUP BY namespace_id, task_id"
+                        " HAVING COUNT(*) > 1) x")
+    orphans = _one(conn, "SELECT COUNT(*) FROM pulse_tasks t WHERE t.owner_kind = 'WORKFLOW'"
+                         " AND NOT EXISTS (SELECT 1 FROM weave_activations a"
+                         " WHERE a.namespace_id = t.namespace_id AND a.task_id = t.id)")
+    return {"started": sum(by_state.values()), "finished": by_state.get("SUCCEEDED", 0),
+            "duplicates": int(twice) + int(shared) + int(orphans)}
+
+
+def advance_lags(conn: Any) -> list[float]:
+    """Per instance, tasks in creation order: each task's creation minus the commit of the
+    previous task's result (its inbox row, written in the ending transaction), in ms."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT t.owner_id, t.created_at, i.created_at FROM pulse_tasks t"
+            " LEFT JOIN weave_inbox i ON i.namespace_id = t.namespace_id AND i.task_id = t.id"
+            " AND i.task_state = 'SUCCEEDED' WHERE t.owner_kind = 'WORKFLOW'"
+            " ORDER BY t.owner_id, t.created_at")
+        rows = cur.fetchall()
+    lags: list[float] = []
+    previous: tuple[Any, Any] | None = None
+    for owner, created, result_at in rows:
+        if previous is not None and previous[0] == owner and previous[1] is not None:
+            lags.append((created - previous[1]).total_seconds() * 1000)
+        previous = (owner, result_at)
+    return lags
+
+
+def _throughput(server: DatabaseUrl, logs: Path, db_pid: int | None, definition: str,
+                instances_count: int, workers: int, concurrency: int) -> dict[str, Any]:
+    phase = _WorkflowPhase(server, logs, db_pid)
+    try:
+        phase.phase.start_workers(workers, concurrency)
+        cpu_before = cpu_seconds(phase.engine.pid)
+        phase.start(definition, instances_count)
+        conn = connect_sync(phase.phase.url, autocommit=True)
+        try:
+            _wait_finished(conn, instances_count)
+            engine_cpu = cpu_seconds(phase.engine.pid) - cpu_before
+            steps, per_s = _steps_per_s(conn)
+            found = audit(conn)
+        finally:
+            conn.close()
+    finally:
+        phase.close()
+    return {"steps": steps, "steps_per_s": round(per_s, 1), "engine_cpu_s": engine_cpu,
+            **found}
+
+
+def _latency(server: DatabaseUrl, logs: Path, db_pid: int | None, instances_count: int,
+             steps_rate: float, workers: int, concurrency: int) -> dict[str, Any]:
+    phase = _WorkflowPhase(server, logs, db_pid)
+    try:
+        phase.phase.start_workers(workers, concurrency)
+        phase.start("linear", instances_count, rate=steps_rate / 3)
+        conn = connect_sync(phase.phase.url, autocommit=True)
+        try:
+            _wait_finished(conn, instances_count)
+            lags = advance_lags(conn)
+            found = audit(conn)
+        finally:
+            conn.close()
+    finally:
+        phase.close()
+    return {"rate_steps_per_s": round(steps_rate, 1),
+            "advance_p50_ms": round(percentile(lags, 0.5), 1),
+            "advance_p99_ms": round(percentile(lags, 0.99), 1), **found}
+
+
+def run(url_text: str | None, tasks: int, workers: int, concurrency: int) -> dict[str, Any]:
+    with bench_server(url_text, "orbit-bench-workflows-") as where:
+        server, logs, db_pid = where.server, where.logs, where.db_pid
+        phase = _Phase(server, 1, logs, db_pid)
+        try:
+            plain = _end_to_end(phase, tasks, workers, None, concurrency, 0)
+        finally:
+            phase.close()
+        _wait_purged(server.with_database(""))
+        linear = _throughput(server, logs, db_pid, "linear", max(1, tasks // 3), workers,
+                             concurrency)
+        _wait_purged(server.with_database(""))
+        parallel = _throughput(server, logs, db_pid, "parallel", max(1, tasks // BRANCHES),
+                               workers, concurrency)
+        _wait_purged(server.with_database(""))
+        half = _latency(server, logs, db_pid, max(1, tasks // 3), linear["steps_per_s"] / 2,
+                        workers, concurrency)
+    plain_rate = plain["tasks_per_s"]
+    phases = (linear, parallel, half)
+    return {
+        "tasks": tasks, "workers": workers, "worker_concurrency": concurrency,
+        "plain_tasks_per_s": plain_rate,
+        "linear_steps_per_s": linear["steps_per_s"],
+        "parallel_steps_per_s": parallel["steps_per_s"],
+        "linear_ratio": round(linear["steps_per_s"] / plain_rate, 3),
+        "parallel_ratio": round(parallel["steps_per_s"] / plain_rate, 3),
+        "steps_ratio": round(min(linear["steps_per_s"], parallel["steps_per_s"]) / plain_rate,
+                             3),
+        "latency_rate_steps_per_s": half["rate_steps_per_s"],
+        "advance_p50_ms": half["advance_p50_ms"], "advance_p99_ms": half["advance_p99_ms"],
+        "engine_cpu_us_per_step": round(
+            (linear["engine_cpu_s"] + parallel["engine_cpu_s"]) * 1e6
+            / max(1, linear["steps"] + parallel["steps"])),
+        "instances_started": sum(p["started"] for p in phases),
+        "instances_finished": sum(p["finished"] for p in phases),
+        "duplicate_steps": sum(p["duplicates"] for p in phases),
+    }

@@ -17,6 +17,7 @@ from typing import Any
 import pymysql
 import pytest
 from aiohttp.test_utils import TestClient
+from orbit_sdk import Client, IdempotencyConflict, NotFound, RawJson, StaleRevision, ValidationError
 
 from orbit_common.db.pool import Database
 from orbit_common.model import ids
@@ -452,3 +453,66 @@ async def test_each_route_needs_its_action(api: TestClient[Any, Any], db: Databa
                                            headers={"Authorization": f"Bearer {no_submit}"}),
                          403, "forbidden")
     watch.assert_unchanged()
+
+
+# --- the SDK ------------------------------------------------------------------------------------
+
+
+async def test_the_sdk_end_to_end(api: TestClient[Any, Any], db: Database, tenant: Tenant,
+                                  queue: str) -> None:
+    async with Client(str(api.make_url("")), tenant.api_key, tenant.namespace) as orbit:
+        created = await orbit.create_workflow_definition("orders", description="Orders",
+                                                         idempotency_key="d1")
+        assert (created.name, created.description, created.revision, created.latest_version,
+                created.versions) == ("orders", "Orders", 1, None, ())
+        assert await orbit.create_workflow_definition(
+            "orders", description="Orders", idempotency_key="d1") == created
+        checked = await orbit.validate_workflow_definition(doc())
+        assert checked.queues == (QUEUE,)
+        with pytest.raises(ValidationError) as invalid:
+            await orbit.validate_workflow_definition(doc("missing"))
+        assert invalid.value.code == "definition_invalid"
+        assert invalid.value.errors[0]["path"] == "$.document.steps.a.queue"
+        out = await orbit.publish_workflow_version("orders", doc(), revision=1)
+        assert (out.published_version, out.revision, out.latest_version) == (1, 2, 1)
+        assert out.versions[0].digest == checked.digest
+        with pytest.raises(StaleRevision):
+            await orbit.publish_workflow_version("orders", doc(), revision=1)
+        got = await orbit.get_workflow_definition("orders")
+        assert [v.version for v in got.versions] == [1]
+        version = await orbit.get_workflow_version("orders", 1)
+        assert version.document is not None
+        assert version.document["start"] == "a"
+        assert [d.name async for d in orbit.list_workflow_definitions(page_size=1)] == [
+            "orders"]
+        with pytest.raises(NotFound):
+            await orbit.get_workflow_version("orders", 2)
+
+        first = await orbit.start_workflow("orders", RawJson('{"n": 1.0e0}'),
+                                           business_key="o-1", idempotency_key="w1")
+        again = await orbit.start_workflow("orders", RawJson('{"n": 1.0e0}'),
+                                           business_key="o-1", idempotency_key="w1")
+        assert again == first
+        assert (first.definition, first.version, first.state, first.business_key,
+                first.finished) == ("orders", 1, "RUNNING", "o-1", False)
+        with pytest.raises(IdempotencyConflict):
+            await orbit.start_workflow("orders", {"n": 2}, idempotency_key="w1")
+        second = await orbit.start_workflow("orders", {"n": 2}, version=1)
+        detail = await orbit.get_workflow(first.id)
+        (root,) = detail.steps
+        assert (root.name, root.kind, root.activations[0].result) == ("$root", "ROOT", "none")
+        listed = [w.id async for w in orbit.list_workflows(definition="orders", page_size=1)]
+        assert listed == [second.id, first.id]
+        assert [w.id async for w in orbit.list_workflows(business_key="o-1")] == [first.id]
+        assert [w.id async for w in orbit.list_workflows(
+            state="RUNNING", created_from=first.created_at or "",
+            created_to=second.created_at or "")] == [first.id]
+
+    # The task source of a workflow's task, through the SDK.
+    task_id, instance, activation_id = await workflow_task(db, tenant)
+    async with Client(str(api.make_url("")), tenant.api_key, tenant.namespace) as orbit:
+        source = await orbit.task_source(task_id.hex())
+        assert (source.kind, source.workflow_id, source.version, source.step, source.activation,
+                source.sequence) == ("workflow", instance["id"].hex(), 1, "a",
+                                     activation_id.hex() if activation_id else None, 1)
+        assert source.definition

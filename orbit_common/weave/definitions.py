@@ -338,26 +338,42 @@ async def get_definition(db: Database, principal: credentials.Principal, *, name
     """The definition with its versions (and their documents)."""
     async def body(cur: Any) -> dict[str, Any]:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        row = await _by_name(cur, ns.id, name)
-        return await _reload(cur, ns.id, row["id"], documents=documents)
+        return await definition_detail(cur, ns.id, name, documents=documents)
 
     return await db.read("workflows.definitions.get", body)
+
+
+async def definition_detail(cur: Any, namespace_id: bytes, name: str, *,
+                            documents: bool = False) -> dict[str, Any]:
+    """The definition named ``name`` with its versions (and their documents)."""
+    row = await _by_name(cur, namespace_id, name)
+    return await _reload(cur, namespace_id, row["id"], documents=documents)
 
 
 async def list_definitions(db: Database, principal: credentials.Principal, *, namespace: str,
                            after: str = "", limit: int = LIST_MAX) -> list[dict[str, Any]]:
     """Definitions in name order after ``after`` (a name), at most ``limit``."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX:
-        raise errors.ValidationFailed([{"path": "limit", "message": f"1-{LIST_MAX}"}])
+    check_limit(limit)
 
     async def body(cur: Any) -> list[dict[str, Any]]:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        await cur.execute(f"SELECT {DEFINITION_COLUMNS} FROM weave_definitions"
-                          " WHERE namespace_id = %s AND name > %s ORDER BY name LIMIT %s",
-                          (ns.id, after, limit))
-        return [definition_view(r) for r in await cur.fetchall()]
+        return await definitions_after(cur, ns.id, after, limit)
 
     return await db.read("workflows.definitions.list", body)
+
+
+def check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX:
+        raise errors.ValidationFailed([{"path": "limit", "message": f"1-{LIST_MAX}"}])
+
+
+async def definitions_after(cur: Any, namespace_id: bytes, after: str, limit: int
+                            ) -> list[dict[str, Any]]:
+    """At most ``limit`` definitions in name order after the name ``after``."""
+    await cur.execute(f"SELECT {DEFINITION_COLUMNS} FROM weave_definitions"
+                      " WHERE namespace_id = %s AND name > %s ORDER BY name LIMIT %s",
+                      (namespace_id, after, limit))
+    return [definition_view(r) for r in await cur.fetchall()]
 
 
 async def get_version(db: Database, principal: credentials.Principal, *, namespace: str,
@@ -365,16 +381,23 @@ async def get_version(db: Database, principal: credentials.Principal, *, namespa
     """One published version of ``name`` with its document (``workflows.read``)."""
     async def body(cur: Any) -> dict[str, Any]:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        row = await _by_name(cur, ns.id, name)
-        await cur.execute("SELECT version, digest, created_by_credential_id, created_at, document"
-                          " FROM weave_definition_versions WHERE namespace_id = %s"
-                          " AND definition_id = %s AND version = %s", (ns.id, row["id"], version))
-        found = await cur.fetchone()
-        if found is None:
-            raise VersionNotFound(f"workflow definition {name!r} has no version {version}")
-        return {"definition": row["name"], **version_view(dict(found))}
+        return await version_detail(cur, ns.id, name, version)
 
     return await db.read("workflows.definitions.version", body)
+
+
+async def version_detail(cur: Any, namespace_id: bytes, name: str, version: int
+                         ) -> dict[str, Any]:
+    """Version ``version`` of the definition ``name``, with its document."""
+    row = await _by_name(cur, namespace_id, name)
+    await cur.execute("SELECT version, digest, created_by_credential_id, created_at, document"
+                      " FROM weave_definition_versions WHERE namespace_id = %s"
+                      " AND definition_id = %s AND version = %s",
+                      (namespace_id, row["id"], version))
+    found = await cur.fetchone()
+    if found is None:
+        raise VersionNotFound(f"workflow definition {name!r} has no version {version}")
+    return {"definition": row["name"], **version_view(dict(found))}
 
 
 async def check_document(db: Database, principal: credentials.Principal, *, namespace: str,

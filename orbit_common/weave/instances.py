@@ -242,23 +242,30 @@ async def get_instance(db: Database, principal: credentials.Principal, *, namesp
 
     async def body(cur: Any) -> dict[str, Any]:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        view = instance_view(await _instance(cur, ns.id, raw_id))
-        await cur.execute("SELECT * FROM weave_steps WHERE namespace_id = %s"
-                          " AND instance_id = %s ORDER BY created_at, id", (ns.id, raw_id))
-        steps = [dict(r) for r in await cur.fetchall()]
-        await cur.execute("SELECT * FROM weave_activations WHERE namespace_id = %s"
-                          " AND instance_id = %s ORDER BY step_id, sequence", (ns.id, raw_id))
-        by_step: dict[bytes, list[dict[str, Any]]] = {}
-        task_ids: list[bytes] = []
-        for a in await cur.fetchall():
-            by_step.setdefault(a["step_id"], []).append(dict(a))
-            if a["task_id"] is not None:
-                task_ids.append(a["task_id"])
-        results = await task_results(cur, ns.id, task_ids)
-        view["steps"] = [step_view(s, by_step.get(s["id"], []), results) for s in steps]
-        return view
+        return await detail(cur, ns.id, raw_id)
 
     return await db.read("workflows.instances.get", body)
+
+
+async def detail(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[str, Any]:
+    """An instance's view with its steps, their activations and what each activation's task
+    result has become (:func:`task_results`); ``InstanceNotFound`` when there is none."""
+    view = instance_view(await _instance(cur, namespace_id, instance_id))
+    await cur.execute("SELECT * FROM weave_steps WHERE namespace_id = %s"
+                      " AND instance_id = %s ORDER BY created_at, id", (namespace_id, instance_id))
+    steps = [dict(r) for r in await cur.fetchall()]
+    await cur.execute("SELECT * FROM weave_activations WHERE namespace_id = %s"
+                      " AND instance_id = %s ORDER BY step_id, sequence",
+                      (namespace_id, instance_id))
+    by_step: dict[bytes, list[dict[str, Any]]] = {}
+    task_ids: list[bytes] = []
+    for a in await cur.fetchall():
+        by_step.setdefault(a["step_id"], []).append(dict(a))
+        if a["task_id"] is not None:
+            task_ids.append(a["task_id"])
+    results = await task_results(cur, namespace_id, task_ids)
+    view["steps"] = [step_view(s, by_step.get(s["id"], []), results) for s in steps]
+    return view
 
 
 async def task_results(cur: Any, namespace_id: bytes, task_ids: list[bytes]
@@ -322,45 +329,79 @@ async def list_instances(db: Database, principal: credentials.Principal, *, name
                          cursor: str | None = None) -> cursors.Page:
     """Instances newest first, filtered by definition, state, business key (exact bytes) and
     a created range ``[created_from, created_to)``; a cursor is bound to its filter."""
-    problems = []
-    if state is not None and state not in STATES:
-        problems.append({"path": "state", "message": f"one of {', '.join(STATES)}"})
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX:
-        problems.append({"path": "limit", "message": f"1-{LIST_MAX}"})
-    for name, value in (("created_from", created_from), ("created_to", created_to)):
-        if value is not None and value.tzinfo is None:
-            problems.append({"path": name, "message": "a time with a zone"})
-    if problems:
-        raise errors.ValidationFailed(problems)
-    key = _business_key(business_key) if business_key is not None else None
-    filters = {"definition": definition, "state": state, "business_key": business_key,
-               "created_from": created_from.isoformat() if created_from else None,
-               "created_to": created_to.isoformat() if created_to else None}
-    position = (cursors.time_position(cursors.decode(cursor, "workflow_instances", filters))
+    filters = ListFilters.check(definition=definition, state=state, business_key=business_key,
+                                created_from=created_from, created_to=created_to, limit=limit)
+    position = (cursors.time_position(cursors.decode(cursor, "workflow_instances",
+                                                     filters.bound()))
                 if cursor else None)
 
     async def body(cur: Any) -> cursors.Page:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        definition_id = None
-        if definition is not None:
-            await cur.execute("SELECT id, name FROM weave_definitions WHERE namespace_id = %s"
-                              " AND name = %s", (ns.id, definition))
-            found = await cur.fetchone()
-            if found is None or found["name"] != definition:
-                return cursors.Page(items=[], next_cursor=None)
-            definition_id = found["id"]
-        sql, params = list_query(ns.id, definition_id=definition_id, state=state, key=key,
-                                 created_from=created_from, created_to=created_to,
-                                 position=position, limit=limit + 1)
-        await cur.execute(sql, params)
-        rows = [dict(r) for r in await cur.fetchall()]
-        more = len(rows) > limit
-        rows = rows[:limit]
-        next_cursor = None
-        if more:
-            last = rows[-1]
-            next_cursor = cursors.encode("workflow_instances", filters, [
-                as_utc(last["created_at"]).isoformat(), last["id"].hex()])
-        return cursors.Page(items=[instance_view(r) for r in rows], next_cursor=next_cursor)
+        return await page(cur, ns.id, filters, position)
 
     return await db.read("workflows.instances.list", body)
+
+
+@attrs.frozen(kw_only=True)
+class ListFilters:
+    """The checked filters of an instance list (:meth:`check`)."""
+
+    definition: str | None
+    state: str | None
+    business_key: str | None
+    key: bytes | None
+    created_from: dt.datetime | None
+    created_to: dt.datetime | None
+    limit: int
+
+    @classmethod
+    def check(cls, *, definition: str | None, state: str | None, business_key: str | None,
+              created_from: dt.datetime | None, created_to: dt.datetime | None,
+              limit: int) -> ListFilters:
+        problems = []
+        if state is not None and state not in STATES:
+            problems.append({"path": "state", "message": f"one of {', '.join(STATES)}"})
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX:
+            problems.append({"path": "limit", "message": f"1-{LIST_MAX}"})
+        for name, value in (("created_from", created_from), ("created_to", created_to)):
+            if value is not None and value.tzinfo is None:
+                problems.append({"path": name, "message": "a time with a zone"})
+        if problems:
+            raise errors.ValidationFailed(problems)
+        key = _business_key(business_key) if business_key is not None else None
+        return cls(definition=definition, state=state, business_key=business_key, key=key,
+                   created_from=created_from, created_to=created_to, limit=limit)
+
+    def bound(self) -> dict[str, Any]:
+        """What a cursor is bound to."""
+        return {"definition": self.definition, "state": self.state,
+                "business_key": self.business_key,
+                "created_from": self.created_from.isoformat() if self.created_from else None,
+                "created_to": self.created_to.isoformat() if self.created_to else None}
+
+
+async def page(cur: Any, namespace_id: bytes, filters: ListFilters,
+               position: tuple[dt.datetime, bytes] | None) -> cursors.Page:
+    """One page of :func:`list_query` from ``position`` (None: the newest)."""
+    definition_id = None
+    if filters.definition is not None:
+        await cur.execute("SELECT id, name FROM weave_definitions WHERE namespace_id = %s"
+                          " AND name = %s", (namespace_id, filters.definition))
+        found = await cur.fetchone()
+        if found is None or found["name"] != filters.definition:
+            return cursors.Page(items=[], next_cursor=None)
+        definition_id = found["id"]
+    sql, params = list_query(namespace_id, definition_id=definition_id, state=filters.state,
+                             key=filters.key, created_from=filters.created_from,
+                             created_to=filters.created_to, position=position,
+                             limit=filters.limit + 1)
+    await cur.execute(sql, params)
+    rows = [dict(r) for r in await cur.fetchall()]
+    more = len(rows) > filters.limit
+    rows = rows[:filters.limit]
+    next_cursor = None
+    if more:
+        last = rows[-1]
+        next_cursor = cursors.encode("workflow_instances", filters.bound(), [
+            as_utc(last["created_at"]).isoformat(), last["id"].hex()])
+    return cursors.Page(items=[instance_view(r) for r in rows], next_cursor=next_cursor)

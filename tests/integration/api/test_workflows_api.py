@@ -151,6 +151,28 @@ async def test_publish_is_compare_and_set(api: TestClient[Any, Any], tenant: Ten
     assert out["published_version"] == 2
 
 
+async def test_a_publisher_without_the_queues_gets_no_replay(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant, queue: str,
+        watch: WriteWatch) -> None:
+    """The queue check of a publish comes before its idempotent replay: a credential that may
+    manage workflows but not submit to the document's queue, sending the owner's key and body,
+    gets the refusal, not the owner's receipt."""
+    await ok(api, "POST", ns(tenant, "/workflow-definitions"), tenant, {"name": "orders"})
+    body = {"revision": 1, "document": doc()}
+    await ok(api, "POST", ns(tenant, "/workflow-definitions/orders/versions"), tenant, body,
+             key="pub-1")
+    manager = await make_key(db, tenant, [{"namespaces": ["*"], "queues": ["*"],
+                                           "actions": ["workflows.manage", "workflows.read"]}])
+    watch.reset()
+    problem = await assert_problem(await api.post(
+        ns(tenant, "/workflow-definitions/orders/versions"), json=body,
+        headers={"Authorization": f"Bearer {manager}", "Idempotency-Key": "pub-1"}),
+        400, "definition_invalid")
+    assert [(e["path"], e["code"]) for e in problem["errors"]] == [
+        ("$.document.steps.a.queue", "queue_not_found")]
+    watch.assert_unchanged()
+
+
 @pytest.mark.parametrize(("body", "path"), [
     ({"document": doc()}, "$.revision"),
     ({"revision": 1}, "$.document"),

@@ -16,6 +16,7 @@ from orbit_api.routes import (
     subscription_stream,
     subscriptions,
     tasks,
+    workflows,
 )
 from orbit_common.db.pool import Database
 from orbit_common.platform import principals
@@ -38,10 +39,12 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     schedules.add_routes(app)
     subscriptions.add_routes(app)
     subscription_stream.add_routes(app)
+    workflows.add_routes(app)
     return app
 
 
-for _module in (queues, tasks, interventions, applications, schedules, subscriptions):
+for _module in (queues, tasks, interventions, applications, schedules, subscriptions,
+                workflows):
     openapi.merge(_module.OPENAPI_PATHS, _module.OPENAPI_SCHEMAS)
 openapi.merge(subscription_stream.OPENAPI_PATHS, {})
 

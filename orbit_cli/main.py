@@ -27,6 +27,8 @@ from orbit_common.pulse import control, quotas
 from orbit_common.relay import operator as relay_operator
 from orbit_common.relay.model import BUDGET_ADD_MAX, SubscriptionState
 from orbit_common.service.config import ConfigError, OrbitConfig, load_config
+from orbit_common.weave import instances as weave_instances
+from orbit_common.weave import operator as weave_operator
 
 T = TypeVar("T")
 
@@ -162,8 +164,8 @@ def migrate_manifest(write: bool) -> None:
               help="Operator identity recorded in the audit log.")
 @click.pass_context
 def admin(ctx: click.Context, actor: str) -> None:
-    """Applications, namespaces, credentials, the dispatch freeze, worker sessions and result
-    subscriptions."""
+    """Applications, namespaces, credentials, the dispatch freeze, worker sessions, result
+    subscriptions and workflows (read only)."""
     ctx.ensure_object(dict)["actor"] = Actor.operator(actor)
 
 
@@ -550,6 +552,96 @@ def subscriptions_add_budget(  # noqa: PLR0917 - one parameter per click option
     _echo_json(_with_db(ctx, lambda db: relay_operator.add_budget(
         db, namespace=namespace, name=name, delivery_id=raw_id, attempts=attempts,
         actor=_actor(ctx), reason=reason)))
+
+
+def _echo_document(value: Any) -> None:
+    """A view holding stored JSON (definition documents, inputs, results) as JSON."""
+    click.echo(json.dumps(json.loads(jsondoc.dumps(value)), ensure_ascii=False, indent=2))
+
+
+def _echo_line(value: Any) -> None:
+    click.echo(jsondoc.dumps(value))
+
+
+@admin.group("workflows")
+def admin_workflows() -> None:
+    """Workflow definitions, versions and instances (read only; docs/api/workflows.md)."""
+
+
+@admin_workflows.group("definitions")
+def workflows_definitions() -> None:
+    """Workflow definitions and their published versions."""
+
+
+@workflows_definitions.command("list")
+@click.option("--namespace", required=True)
+@click.option("--after", default="", help="Start after this name.")
+@click.option("--limit", type=click.IntRange(1, 100), default=100, show_default=True)
+@click.pass_context
+def workflows_definitions_list(ctx: click.Context, namespace: str, after: str,
+                               limit: int) -> None:
+    """One JSON line per definition: name, revision, latest version."""
+    for view in _with_db(ctx, lambda db: weave_operator.list_definitions(
+            db, namespace=namespace, after=after, limit=limit)):
+        _echo_line({k: view[k] for k in ("name", "revision", "latest_version", "updated_at")})
+
+
+@workflows_definitions.command("get")
+@click.argument("name")
+@click.option("--namespace", required=True)
+@click.pass_context
+def workflows_definitions_get(ctx: click.Context, name: str, namespace: str) -> None:
+    """A definition with its versions (number, digest, publisher, time)."""
+    _echo_document(_with_db(ctx, lambda db: weave_operator.get_definition(
+        db, namespace=namespace, name=name)))
+
+
+@workflows_definitions.command("version")
+@click.argument("name")
+@click.argument("version", type=click.IntRange(1, 2**31 - 1))
+@click.option("--namespace", required=True)
+@click.pass_context
+def workflows_definitions_version(ctx: click.Context, name: str, version: int,
+                                  namespace: str) -> None:
+    """One published version with its document."""
+    _echo_document(_with_db(ctx, lambda db: weave_operator.get_version(
+        db, namespace=namespace, name=name, version=version)))
+
+
+@admin_workflows.group("instances")
+def workflows_instances() -> None:
+    """Workflow instances with their steps and activations."""
+
+
+@workflows_instances.command("list")
+@click.option("--namespace", required=True)
+@click.option("--definition", help="Only this definition's instances.")
+@click.option("--state", type=click.Choice(weave_instances.STATES))
+@click.option("--business-key", help="Only instances with this business key (exact).")
+@click.option("--limit", type=click.IntRange(1, weave_instances.LIST_MAX), default=100,
+              show_default=True)
+@click.pass_context
+def workflows_instances_list(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, namespace: str, definition: str | None, state: str | None,
+    business_key: str | None, limit: int,
+) -> None:
+    """One JSON line per instance, newest first: id, definition, version, state, key."""
+    page = _with_db(ctx, lambda db: weave_operator.list_instances(
+        db, namespace=namespace, definition=definition, state=state, business_key=business_key,
+        limit=limit))
+    for view in page.items:
+        _echo_line({k: view[k] for k in ("id", "definition", "version", "state",
+                                         "business_key", "created_at", "completed_at")})
+
+
+@workflows_instances.command("get")
+@click.argument("instance_id")
+@click.option("--namespace", required=True)
+@click.pass_context
+def workflows_instances_get(ctx: click.Context, instance_id: str, namespace: str) -> None:
+    """An instance with its steps, activations and what each task's result has become."""
+    _echo_document(_with_db(ctx, lambda db: weave_operator.get_instance(
+        db, namespace=namespace, instance_id=instance_id)))
 
 
 # --- daemons ---------------------------------------------------------------------------------

@@ -362,6 +362,21 @@ LEFT JOIN pulse_schedule_versions v
 WHERE s.namespace_id = %s AND s.id = %s
 """
 SELECT_SOURCE_PARENT = "SELECT id FROM pulse_tasks WHERE namespace_id = %s AND id = %s"
+# A workflow's task: the activation that references it (uq_weave_activations_task) with its
+# step, then the owner instance with its definition's name.
+SELECT_SOURCE_ACTIVATION = """
+SELECT a.instance_id, a.id, a.sequence, s.name AS step
+FROM weave_activations a
+LEFT JOIN weave_steps s
+  ON s.namespace_id = a.namespace_id AND s.instance_id = a.instance_id AND s.id = a.step_id
+WHERE a.namespace_id = %s AND a.task_id = %s
+"""
+SELECT_SOURCE_INSTANCE = """
+SELECT i.version, d.name AS definition
+FROM weave_instances i
+LEFT JOIN weave_definitions d ON d.namespace_id = i.namespace_id AND d.id = i.definition_id
+WHERE i.namespace_id = %s AND i.id = %s
+"""
 
 
 def _missing(task: Task, what: str) -> errors.SourceLinkMissing:
@@ -377,8 +392,10 @@ async def source_of(cur: Any, namespace_id: bytes, task: Task) -> dict[str, Any]
     - ``owner_kind = 'SCHEDULE'``: ``{"kind": "schedule", "schedule_id", "schedule_name",
       "version", "occurrence_id", "fire_at"}``: the ledger row that references the task names
       the owner schedule, which exists, holds that version and fires into the task's queue;
-    - ``owner_kind = 'WORKFLOW'``: ``{"kind": "workflow", "workflow_id"}`` (the workflow tables
-      do not exist yet: the link is reported as stored);
+    - ``owner_kind = 'WORKFLOW'``: ``{"kind": "workflow", "workflow_id", "definition",
+      "version", "step", "activation", "sequence"}``: the owner instance exists in the namespace
+      with its definition, and an activation of that instance (with its step) references the
+      task;
     - neither: ``{"kind": "submitted"}``, after checking that no ledger row references the task
       (a schedule's task that lost its owner is not passed off as a submission).
 
@@ -391,7 +408,7 @@ async def source_of(cur: Any, namespace_id: bytes, task: Task) -> dict[str, Any]
         return {"kind": "retry", "retry_of": task.retry_of.hex()}
     if task.owner_kind == "WORKFLOW":
         assert task.owner_id is not None  # noqa: S101 - ck_tasks_owner
-        return {"kind": "workflow", "workflow_id": task.owner_id.hex()}
+        return await _workflow_source(cur, namespace_id, task, task.owner_id)
     await cur.execute(SELECT_SOURCE_OCCURRENCE, (namespace_id, task.id))
     occurrence = await cur.fetchone()
     if task.owner_kind is None:
@@ -415,6 +432,30 @@ async def source_of(cur: Any, namespace_id: bytes, task: Task) -> dict[str, Any]
         "kind": "schedule", "schedule_id": occurrence["schedule_id"].hex(),
         "schedule_name": schedule["name"], "version": occurrence["version"],
         "occurrence_id": occurrence["id"].hex(), "fire_at": iso(as_utc(occurrence["fire_at"])),
+    }
+
+
+async def _workflow_source(cur: Any, namespace_id: bytes, task: Task, instance_id: bytes
+                           ) -> dict[str, Any]:
+    await cur.execute(SELECT_SOURCE_INSTANCE, (namespace_id, instance_id))
+    instance = await cur.fetchone()
+    if instance is None:
+        raise _missing(task, f"its workflow instance {instance_id.hex()} is gone")
+    if instance["definition"] is None:
+        raise _missing(task, "its workflow instance's definition is gone")
+    await cur.execute(SELECT_SOURCE_ACTIVATION, (namespace_id, task.id))
+    activation = await cur.fetchone()
+    if activation is None:
+        raise _missing(task, "no workflow activation references it")
+    if activation["instance_id"] != instance_id:
+        raise _missing(task, "its workflow activation belongs to another instance")
+    if activation["step"] is None:
+        raise _missing(task, "its workflow activation's step is gone")
+    return {
+        "kind": "workflow", "workflow_id": instance_id.hex(),
+        "definition": instance["definition"], "version": instance["version"],
+        "step": activation["step"], "activation": activation["id"].hex(),
+        "sequence": activation["sequence"],
     }
 
 

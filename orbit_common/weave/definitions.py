@@ -118,9 +118,16 @@ async def _by_name(cur: Any, namespace_id: bytes, name: str, *, lock: bool = Fal
     return dict(row)
 
 
-def _locate(name: str) -> namespaced.Locate:
+def _locate(name: str, principal: credentials.Principal | None = None, namespace: str = "",
+            queues: dict[str, str] | None = None) -> namespaced.Locate:
+    """The definition exists, and ``principal`` may submit to each of ``queues`` (checked
+    before an idempotent replay, so a credential that may not publish this document gets
+    neither another caller's receipt nor a conflict)."""
     async def locate(cur: Any, namespace_id: bytes) -> None:
         await _by_name(cur, namespace_id, name)
+        if principal is not None and queues:
+            await queue_ids_for(cur, principal, namespace=namespace, namespace_id=namespace_id,
+                                queues=queues)
 
     return locate
 
@@ -293,7 +300,7 @@ async def publish_version(db: Database, principal: credentials.Principal, *, nam
     return await namespaced.run(
         db, "workflows.definitions.publish", principal=principal,
         action=authz.Action.WORKFLOWS_MANAGE, namespace=namespace, idem=idem, act=act,
-        locate=_locate(name))
+        locate=_locate(name, principal, namespace, queue_paths(parsed)))
 
 
 # --- reads --------------------------------------------------------------------------------------
@@ -331,23 +338,80 @@ async def get_definition(db: Database, principal: credentials.Principal, *, name
     """The definition with its versions (and their documents)."""
     async def body(cur: Any) -> dict[str, Any]:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        row = await _by_name(cur, ns.id, name)
-        return await _reload(cur, ns.id, row["id"], documents=documents)
+        return await definition_detail(cur, ns.id, name, documents=documents)
 
     return await db.read("workflows.definitions.get", body)
+
+
+async def definition_detail(cur: Any, namespace_id: bytes, name: str, *,
+                            documents: bool = False) -> dict[str, Any]:
+    """The definition named ``name`` with its versions (and their documents)."""
+    row = await _by_name(cur, namespace_id, name)
+    return await _reload(cur, namespace_id, row["id"], documents=documents)
 
 
 async def list_definitions(db: Database, principal: credentials.Principal, *, namespace: str,
                            after: str = "", limit: int = LIST_MAX) -> list[dict[str, Any]]:
     """Definitions in name order after ``after`` (a name), at most ``limit``."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX:
-        raise errors.ValidationFailed([{"path": "limit", "message": f"1-{LIST_MAX}"}])
+    check_limit(limit)
 
     async def body(cur: Any) -> list[dict[str, Any]]:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        await cur.execute(f"SELECT {DEFINITION_COLUMNS} FROM weave_definitions"
-                          " WHERE namespace_id = %s AND name > %s ORDER BY name LIMIT %s",
-                          (ns.id, after, limit))
-        return [definition_view(r) for r in await cur.fetchall()]
+        return await definitions_after(cur, ns.id, after, limit)
 
     return await db.read("workflows.definitions.list", body)
+
+
+def check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX:
+        raise errors.ValidationFailed([{"path": "limit", "message": f"1-{LIST_MAX}"}])
+
+
+async def definitions_after(cur: Any, namespace_id: bytes, after: str, limit: int
+                            ) -> list[dict[str, Any]]:
+    """At most ``limit`` definitions in name order after the name ``after``."""
+    await cur.execute(f"SELECT {DEFINITION_COLUMNS} FROM weave_definitions"
+                      " WHERE namespace_id = %s AND name > %s ORDER BY name LIMIT %s",
+                      (namespace_id, after, limit))
+    return [definition_view(r) for r in await cur.fetchall()]
+
+
+async def get_version(db: Database, principal: credentials.Principal, *, namespace: str,
+                      name: str, version: int) -> dict[str, Any]:
+    """One published version of ``name`` with its document (``workflows.read``)."""
+    async def body(cur: Any) -> dict[str, Any]:
+        ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
+        return await version_detail(cur, ns.id, name, version)
+
+    return await db.read("workflows.definitions.version", body)
+
+
+async def version_detail(cur: Any, namespace_id: bytes, name: str, version: int
+                         ) -> dict[str, Any]:
+    """Version ``version`` of the definition ``name``, with its document."""
+    row = await _by_name(cur, namespace_id, name)
+    await cur.execute("SELECT version, digest, created_by_credential_id, created_at, document"
+                      " FROM weave_definition_versions WHERE namespace_id = %s"
+                      " AND definition_id = %s AND version = %s",
+                      (namespace_id, row["id"], version))
+    found = await cur.fetchone()
+    if found is None:
+        raise VersionNotFound(f"workflow definition {name!r} has no version {version}")
+    return {"definition": row["name"], **version_view(dict(found))}
+
+
+async def check_document(db: Database, principal: credentials.Principal, *, namespace: str,
+                         document: bytes) -> dict[str, Any]:
+    """Validate without publishing, as a publish in ``namespace`` would (``workflows.manage``):
+    the document, then its queues (each existing and allowed for ``tasks.submit``); the digest
+    and the queues, or ``definition_invalid``. Writes nothing."""
+    parsed = language.parse_definition(document)
+
+    async def body(cur: Any) -> None:
+        ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_MANAGE,
+                                         namespace)
+        await queue_ids_for(cur, principal, namespace=namespace, namespace_id=ns.id,
+                            queues=queue_paths(parsed))
+
+    await db.read("workflows.definitions.validate", body)
+    return {"valid": True, "digest": parsed.digest.hex(), "queues": list(parsed.queues)}

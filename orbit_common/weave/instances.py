@@ -17,6 +17,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import attrs
+
 from orbit_common import errors
 from orbit_common.db.clock import as_utc, db_now, to_db
 from orbit_common.db.pool import Database
@@ -72,7 +74,35 @@ def instance_view(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def step_view(row: dict[str, Any], activations: list[dict[str, Any]]) -> dict[str, Any]:
+# What the result of an activation's task has become (000 §6.3: "the task has a result" is not
+# "orchestration has advanced"), from its newest weave_inbox row: none (no row: the task has not
+# ended, or is not linked), recorded (PENDING or LEASED: the engine has not consumed it yet),
+# advanced (CONSUMED), quarantined (its links were incomplete; never guessed).
+RESULT_STATES = {"PENDING": "recorded", "LEASED": "recorded", "CONSUMED": "advanced",
+                 "QUARANTINED": "quarantined"}
+RESULTS = ("none", "recorded", "advanced", "quarantined")
+
+
+@attrs.frozen(kw_only=True)
+class TaskResult:
+    """The state of an activation's task and what its result has become."""
+
+    task_state: str | None
+    result: str
+
+
+def step_view(row: dict[str, Any], activations: list[dict[str, Any]],
+              results: dict[bytes, TaskResult] | None = None) -> dict[str, Any]:
+    """A step with its activations; with ``results``, each activation with a task also says
+    the task's state and what its result has become (``task_state``, ``result``)."""
+    def task_fields(task_id: bytes | None) -> dict[str, Any]:
+        if results is None:
+            return {}
+        found = results.get(task_id) if task_id else None
+        if found is None:
+            return {"task_state": None, "result": "none"}
+        return {"task_state": found.task_state, "result": found.result}
+
     return {
         "id": row["id"].hex(), "name": row["name"], "kind": row["kind"], "state": row["state"],
         "revision": row["revision"],
@@ -83,6 +113,7 @@ def step_view(row: dict[str, Any], activations: list[dict[str, Any]]) -> dict[st
             "id": a["id"].hex(), "sequence": a["sequence"], "state": a["state"],
             "task_id": a["task_id"].hex() if a["task_id"] else None,
             "created_at": _iso(a["created_at"]), "ended_at": _iso(a["ended_at"]),
+            **task_fields(a["task_id"]),
         } for a in activations],
     }
 
@@ -121,7 +152,13 @@ async def start_instance(db: Database, principal: credentials.Principal, *, name
         {"definition": definition, "version": version, "input": input_text,
          "business_key": business_key}, principal)
 
-    async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
+    located: list[tuple[dict[str, Any], definitions.PinnedVersion]] = []
+
+    async def locate(cur: Any, namespace_id: bytes) -> None:
+        """The pinned version, and ``tasks.submit`` on each of its queues: before an idempotent
+        replay, so a credential that may not start it gets neither another caller's receipt
+        nor a conflict (the version as resolved now: the latest one unless ``version``)."""
+        located.clear()
         row = await definitions._by_name(cur, namespace_id, definition)
         pinned_number = version if version is not None else row["latest_version"]
         if pinned_number == 0:
@@ -133,6 +170,10 @@ async def start_instance(db: Database, principal: credentials.Principal, *, name
                 raise errors.Forbidden(
                     f"the credential may not tasks.submit in queue {queue!r}, which this"
                     " workflow version's steps use")
+        located.append((row, pinned))
+
+    async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
+        ((row, pinned),) = located  # this transaction's locate
         found = pinned.definition.input_problems(value)
         if found:
             raise errors.ValidationFailed(found)
@@ -178,7 +219,8 @@ async def start_instance(db: Database, principal: credentials.Principal, *, name
 
     return await namespaced.run(
         db, "workflows.instances.start", principal=principal,
-        action=authz.Action.WORKFLOWS_START, namespace=namespace, idem=idem, act=act)
+        action=authz.Action.WORKFLOWS_START, namespace=namespace, idem=idem, act=act,
+        locate=locate)
 
 
 async def _instance(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[str, Any]:
@@ -200,19 +242,55 @@ async def get_instance(db: Database, principal: credentials.Principal, *, namesp
 
     async def body(cur: Any) -> dict[str, Any]:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        view = instance_view(await _instance(cur, ns.id, raw_id))
-        await cur.execute("SELECT * FROM weave_steps WHERE namespace_id = %s"
-                          " AND instance_id = %s ORDER BY created_at, id", (ns.id, raw_id))
-        steps = [dict(r) for r in await cur.fetchall()]
-        await cur.execute("SELECT * FROM weave_activations WHERE namespace_id = %s"
-                          " AND instance_id = %s ORDER BY step_id, sequence", (ns.id, raw_id))
-        by_step: dict[bytes, list[dict[str, Any]]] = {}
-        for a in await cur.fetchall():
-            by_step.setdefault(a["step_id"], []).append(dict(a))
-        view["steps"] = [step_view(s, by_step.get(s["id"], [])) for s in steps]
-        return view
+        return await detail(cur, ns.id, raw_id)
 
     return await db.read("workflows.instances.get", body)
+
+
+async def detail(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[str, Any]:
+    """An instance's view with its steps, their activations and what each activation's task
+    result has become (:func:`task_results`); ``InstanceNotFound`` when there is none."""
+    view = instance_view(await _instance(cur, namespace_id, instance_id))
+    await cur.execute("SELECT * FROM weave_steps WHERE namespace_id = %s"
+                      " AND instance_id = %s ORDER BY created_at, id", (namespace_id, instance_id))
+    steps = [dict(r) for r in await cur.fetchall()]
+    await cur.execute("SELECT * FROM weave_activations WHERE namespace_id = %s"
+                      " AND instance_id = %s ORDER BY step_id, sequence",
+                      (namespace_id, instance_id))
+    by_step: dict[bytes, list[dict[str, Any]]] = {}
+    task_ids: list[bytes] = []
+    for a in await cur.fetchall():
+        by_step.setdefault(a["step_id"], []).append(dict(a))
+        if a["task_id"] is not None:
+            task_ids.append(a["task_id"])
+    results = await task_results(cur, namespace_id, task_ids)
+    view["steps"] = [step_view(s, by_step.get(s["id"], []), results) for s in steps]
+    return view
+
+
+async def task_results(cur: Any, namespace_id: bytes, task_ids: list[bytes]
+                       ) -> dict[bytes, TaskResult]:
+    """For each task of ``task_ids`` that exists: its state and what its result has become
+    (:data:`RESULT_STATES`, from its newest inbox row by ``ix_weave_inbox_task``)."""
+    found: dict[bytes, TaskResult] = {}
+    for start in range(0, len(task_ids), RESULTS_CHUNK):
+        chunk = task_ids[start:start + RESULTS_CHUNK]
+        marks = ", ".join(["%s"] * len(chunk))  # placeholders only; values are parameters
+        await cur.execute(f"SELECT id, state FROM pulse_tasks WHERE namespace_id = %s"
+                          f" AND id IN ({marks})", (namespace_id, *chunk))
+        states = {r["id"]: r["state"] for r in await cur.fetchall()}
+        await cur.execute(f"SELECT task_id, state FROM weave_inbox WHERE namespace_id = %s"
+                          f" AND task_id IN ({marks}) ORDER BY created_at, id",
+                          (namespace_id, *chunk))
+        inbox = {r["task_id"]: RESULT_STATES[r["state"]] for r in await cur.fetchall()}
+        for task_id in chunk:
+            if task_id in states or task_id in inbox:
+                found[task_id] = TaskResult(task_state=states.get(task_id),
+                                            result=inbox.get(task_id, "none"))
+    return found
+
+
+RESULTS_CHUNK = 500
 
 
 def list_query(namespace_id: bytes, *, definition_id: bytes | None, state: str | None,
@@ -251,45 +329,79 @@ async def list_instances(db: Database, principal: credentials.Principal, *, name
                          cursor: str | None = None) -> cursors.Page:
     """Instances newest first, filtered by definition, state, business key (exact bytes) and
     a created range ``[created_from, created_to)``; a cursor is bound to its filter."""
-    problems = []
-    if state is not None and state not in STATES:
-        problems.append({"path": "state", "message": f"one of {', '.join(STATES)}"})
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX:
-        problems.append({"path": "limit", "message": f"1-{LIST_MAX}"})
-    for name, value in (("created_from", created_from), ("created_to", created_to)):
-        if value is not None and value.tzinfo is None:
-            problems.append({"path": name, "message": "a time with a zone"})
-    if problems:
-        raise errors.ValidationFailed(problems)
-    key = _business_key(business_key) if business_key is not None else None
-    filters = {"definition": definition, "state": state, "business_key": business_key,
-               "created_from": created_from.isoformat() if created_from else None,
-               "created_to": created_to.isoformat() if created_to else None}
-    position = (cursors.time_position(cursors.decode(cursor, "workflow_instances", filters))
+    filters = ListFilters.check(definition=definition, state=state, business_key=business_key,
+                                created_from=created_from, created_to=created_to, limit=limit)
+    position = (cursors.time_position(cursors.decode(cursor, "workflow_instances",
+                                                     filters.bound()))
                 if cursor else None)
 
     async def body(cur: Any) -> cursors.Page:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        definition_id = None
-        if definition is not None:
-            await cur.execute("SELECT id, name FROM weave_definitions WHERE namespace_id = %s"
-                              " AND name = %s", (ns.id, definition))
-            found = await cur.fetchone()
-            if found is None or found["name"] != definition:
-                return cursors.Page(items=[], next_cursor=None)
-            definition_id = found["id"]
-        sql, params = list_query(ns.id, definition_id=definition_id, state=state, key=key,
-                                 created_from=created_from, created_to=created_to,
-                                 position=position, limit=limit + 1)
-        await cur.execute(sql, params)
-        rows = [dict(r) for r in await cur.fetchall()]
-        more = len(rows) > limit
-        rows = rows[:limit]
-        next_cursor = None
-        if more:
-            last = rows[-1]
-            next_cursor = cursors.encode("workflow_instances", filters, [
-                as_utc(last["created_at"]).isoformat(), last["id"].hex()])
-        return cursors.Page(items=[instance_view(r) for r in rows], next_cursor=next_cursor)
+        return await page(cur, ns.id, filters, position)
 
     return await db.read("workflows.instances.list", body)
+
+
+@attrs.frozen(kw_only=True)
+class ListFilters:
+    """The checked filters of an instance list (:meth:`check`)."""
+
+    definition: str | None
+    state: str | None
+    business_key: str | None
+    key: bytes | None
+    created_from: dt.datetime | None
+    created_to: dt.datetime | None
+    limit: int
+
+    @classmethod
+    def check(cls, *, definition: str | None, state: str | None, business_key: str | None,
+              created_from: dt.datetime | None, created_to: dt.datetime | None,
+              limit: int) -> ListFilters:
+        problems = []
+        if state is not None and state not in STATES:
+            problems.append({"path": "state", "message": f"one of {', '.join(STATES)}"})
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX:
+            problems.append({"path": "limit", "message": f"1-{LIST_MAX}"})
+        for name, value in (("created_from", created_from), ("created_to", created_to)):
+            if value is not None and value.tzinfo is None:
+                problems.append({"path": name, "message": "a time with a zone"})
+        if problems:
+            raise errors.ValidationFailed(problems)
+        key = _business_key(business_key) if business_key is not None else None
+        return cls(definition=definition, state=state, business_key=business_key, key=key,
+                   created_from=created_from, created_to=created_to, limit=limit)
+
+    def bound(self) -> dict[str, Any]:
+        """What a cursor is bound to."""
+        return {"definition": self.definition, "state": self.state,
+                "business_key": self.business_key,
+                "created_from": self.created_from.isoformat() if self.created_from else None,
+                "created_to": self.created_to.isoformat() if self.created_to else None}
+
+
+async def page(cur: Any, namespace_id: bytes, filters: ListFilters,
+               position: tuple[dt.datetime, bytes] | None) -> cursors.Page:
+    """One page of :func:`list_query` from ``position`` (None: the newest)."""
+    definition_id = None
+    if filters.definition is not None:
+        await cur.execute("SELECT id, name FROM weave_definitions WHERE namespace_id = %s"
+                          " AND name = %s", (namespace_id, filters.definition))
+        found = await cur.fetchone()
+        if found is None or found["name"] != filters.definition:
+            return cursors.Page(items=[], next_cursor=None)
+        definition_id = found["id"]
+    sql, params = list_query(namespace_id, definition_id=definition_id, state=filters.state,
+                             key=filters.key, created_from=filters.created_from,
+                             created_to=filters.created_to, position=position,
+                             limit=filters.limit + 1)
+    await cur.execute(sql, params)
+    rows = [dict(r) for r in await cur.fetchall()]
+    more = len(rows) > filters.limit
+    rows = rows[:filters.limit]
+    next_cursor = None
+    if more:
+        last = rows[-1]
+        next_cursor = cursors.encode("workflow_instances", filters.bound(), [
+            as_utc(last["created_at"]).isoformat(), last["id"].hex()])
+    return cursors.Page(items=[instance_view(r) for r in rows], next_cursor=next_cursor)

@@ -64,6 +64,14 @@ from orbit_sdk.schedules import (
 from orbit_sdk.subscriber import DeliveryHandler, Subscriber
 from orbit_sdk.webhooks import WebhookVerificationError
 from orbit_sdk.worker import Handler, Worker
+from orbit_sdk.workflows import (
+    WorkflowActivation,
+    WorkflowDefinition,
+    WorkflowInstance,
+    WorkflowStep,
+    WorkflowValidation,
+    WorkflowVersion,
+)
 
 __version__ = "0.1.0"
 
@@ -122,5 +130,11 @@ __all__ = [
     "WebhookVerificationError",
     "Whoami",
     "Worker",
+    "WorkflowActivation",
+    "WorkflowDefinition",
+    "WorkflowInstance",
+    "WorkflowStep",
+    "WorkflowValidation",
+    "WorkflowVersion",
     "new_idempotency_key",
 ]

@@ -1,5 +1,5 @@
 """``orbit_sdk.Client``: the async HTTP client of the Orbit API (queues, tasks, interventions,
-schedules).
+schedules, result subscriptions, workflows).
 
 Every call that changes something and may be repeated safely carries an ``Idempotency-Key``:
 the caller's, or one the client makes up for the call. The client re-sends the same key on its
@@ -23,6 +23,7 @@ import attrs
 from orbit_sdk import jsonvalue
 from orbit_sdk._http import Transport
 from orbit_sdk.errors import OrbitError
+from orbit_sdk.jsonvalue import RawJson
 from orbit_sdk.models import (
     ApplicationResources,
     Attempt,
@@ -46,6 +47,12 @@ from orbit_sdk.schedules import (
     ScheduleOccurrence,
     ScheduleRun,
     version_body,
+)
+from orbit_sdk.workflows import (
+    WorkflowDefinition,
+    WorkflowInstance,
+    WorkflowValidation,
+    WorkflowVersion,
 )
 
 __all__ = ["UNSET", "Client", "DeliveryReport", "TaskRequest", "new_idempotency_key"]
@@ -644,6 +651,107 @@ class Client:
         async for item in self._pages(self._ns(f"/schedules/{_seg(name)}/occurrences"),
                                       params):
             yield ScheduleOccurrence.from_json(item)
+
+    # --- workflows ---------------------------------------------------------------------------
+
+    def _wf(self, name: str, suffix: str = "") -> str:
+        return self._ns(f"/workflow-definitions/{_seg(name)}{suffix}")
+
+    async def create_workflow_definition(self, name: str, *, description: str | None = None,
+                                         idempotency_key: str | None = None
+                                         ) -> WorkflowDefinition:
+        """A new workflow definition without versions (:meth:`publish_workflow_version` adds
+        them). Retried safely under an idempotency key."""
+        body: dict[str, Any] = {"name": name}
+        if description is not None:
+            body["description"] = description
+        raw = await self._post(self._ns("/workflow-definitions"), body,
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return WorkflowDefinition.from_json(raw)
+
+    async def publish_workflow_version(self, name: str, document: Mapping[str, Any] | RawJson,
+                                       *, revision: int, idempotency_key: str | None = None
+                                       ) -> WorkflowDefinition:
+        """Publish ``document`` (docs/weave/language.md) as the next immutable version if the
+        definition is still at ``revision`` (else :class:`~orbit_sdk.StaleRevision`); a
+        refused document is :class:`~orbit_sdk.ValidationError` (``definition_invalid``, each
+        problem's path in ``errors``). The answer's ``published_version`` is the new number."""
+        raw = await self._post(self._wf(name, "/versions"),
+                               {"revision": revision, "document": document},
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return WorkflowDefinition.from_json(raw)
+
+    async def validate_workflow_definition(self, document: Mapping[str, Any] | RawJson
+                                           ) -> WorkflowValidation:
+        """Validate ``document`` as a publish in this namespace would (queues included),
+        without publishing: its digest and queues, or :class:`~orbit_sdk.ValidationError`
+        (``definition_invalid``). Writes nothing, so it is retried."""
+        raw = await self._post(self._ns("/workflow-validations"), {"document": document},
+                               retry=True)
+        return WorkflowValidation.from_json(raw)
+
+    async def get_workflow_definition(self, name: str) -> WorkflowDefinition:
+        """A definition with its versions (without their documents)."""
+        return WorkflowDefinition.from_json(await self._get(self._wf(name)))
+
+    async def list_workflow_definitions(self, *, page_size: int | None = None
+                                        ) -> AsyncIterator[WorkflowDefinition]:
+        """Every definition by name (all pages)."""
+        params = {} if page_size is None else {"limit": str(page_size)}
+        async for item in self._pages(self._ns("/workflow-definitions"), params):
+            yield WorkflowDefinition.from_json(item)
+
+    async def get_workflow_version(self, name: str, version: int) -> WorkflowVersion:
+        """One published version with its document."""
+        return WorkflowVersion.from_json(await self._get(self._wf(name, f"/versions/{version}")))
+
+    async def start_workflow(self, definition: str, input: Any = None, *,
+                             version: int | None = None, business_key: str | None = None,
+                             idempotency_key: str | None = None) -> WorkflowInstance:
+        """Start an instance of ``definition`` on its latest version (or ``version``) with
+        ``input`` (a JSON object, ``{}`` by default; ``RawJson`` is sent byte-exact). Retried
+        safely under an idempotency key: a replay answers the original receipt."""
+        body: dict[str, Any] = {"definition": definition,
+                                "input": {} if input is None else input}
+        if version is not None:
+            body["version"] = version
+        if business_key is not None:
+            body["business_key"] = business_key
+        raw = await self._post(self._ns("/workflows"), body,
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return WorkflowInstance.from_json(raw)
+
+    async def get_workflow(self, workflow_id: str) -> WorkflowInstance:
+        """An instance with its steps and their activations (and, for each activation with a
+        task, the task's state and whether the engine has consumed its result)."""
+        return WorkflowInstance.from_json(await self._get(self._ns(
+            f"/workflows/{_seg(workflow_id)}")))
+
+    async def list_workflows(
+        self,
+        *,
+        definition: str | None = None,
+        state: str | None = None,
+        business_key: str | None = None,
+        created_from: dt.datetime | str | None = None,
+        created_to: dt.datetime | str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[WorkflowInstance]:
+        """Instances newest first, following ``next_cursor`` through every page.
+        ``created_from`` is inclusive, ``created_to`` exclusive."""
+        params: dict[str, str] = {}
+        for key, value in (("definition", definition), ("state", state),
+                           ("business_key", business_key)):
+            if value is not None:
+                params[key] = value
+        if created_from is not None:
+            params["created_from"] = _time(created_from)
+        if created_to is not None:
+            params["created_to"] = _time(created_to)
+        if page_size is not None:
+            params["limit"] = str(page_size)
+        async for item in self._pages(self._ns("/workflows"), params):
+            yield WorkflowInstance.from_json(item)
 
     # --- result subscriptions ----------------------------------------------------------------
 

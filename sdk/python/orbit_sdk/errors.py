@@ -83,7 +83,8 @@ class BadRequest(OrbitError):
 
 
 class ValidationError(BadRequest):
-    """400 ``validation_failed``: ``errors`` points at each offending field."""
+    """400 ``validation_failed`` (or ``definition_invalid``, a refused workflow definition):
+    ``errors`` points at each offending field."""
 
     default_code = "validation_failed"
 
@@ -205,6 +206,7 @@ class OutcomeUnknown(Exception):
 
 _BY_CODE: dict[str, type[OrbitError]] = {
     "validation_failed": ValidationError,
+    "definition_invalid": ValidationError,
     "idempotency_conflict": IdempotencyConflict,
     "stale_revision": StaleRevision,
     "session_lost": SessionLost,

@@ -382,7 +382,9 @@ class TaskSource:
     - ``"retry"``: a manual retry; ``retry_of`` is the task it retries;
     - ``"schedule"``: a schedule's occurrence (rule, backfill or trigger): ``schedule_id``,
       ``schedule_name``, ``version``, ``occurrence_id`` and its planned ``fire_at``;
-    - ``"workflow"``: a workflow instance's step; ``workflow_id``.
+    - ``"workflow"``: an activation of a workflow instance's step: ``workflow_id``,
+      ``definition``, ``version`` (the instance's), ``step``, ``activation`` and its
+      ``sequence``.
 
     Fields of the other kinds are ``None``.
     """
@@ -395,6 +397,10 @@ class TaskSource:
     occurrence_id: str | None = None
     fire_at: dt.datetime | None = None
     workflow_id: str | None = None
+    definition: str | None = None
+    step: str | None = None
+    activation: str | None = None
+    sequence: int | None = None
     raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
 
     @classmethod
@@ -404,7 +410,8 @@ class TaskSource:
             schedule_id=_str(raw, "schedule_id"), schedule_name=_str(raw, "schedule_name"),
             version=_int(raw, "version"), occurrence_id=_str(raw, "occurrence_id"),
             fire_at=parse_time(raw.get("fire_at")), workflow_id=_str(raw, "workflow_id"),
-            raw=dict(raw),
+            definition=_str(raw, "definition"), step=_str(raw, "step"),
+            activation=_str(raw, "activation"), sequence=_int(raw, "sequence"), raw=dict(raw),
         )
 
 

@@ -77,6 +77,9 @@ class Objects:
     leased: str  # a LEASED delivery of the pull subscription, with its token
     token: str = attrs.field(repr=False)
     exhausted: str  # an EXHAUSTED delivery of the pull subscription
+    definition: str  # a workflow definition with version 1 (a TASK step on the victim's queue)
+    definition_revision: int
+    workflow: str  # an instance of it, hex
 
 
 @attrs.frozen(kw_only=True)
@@ -135,6 +138,18 @@ SCHED = SCHEDULES + "/{schedule}"
 SUBSCRIPTIONS = "/v1/namespaces/{namespace}/subscriptions"
 SUB = SUBSCRIPTIONS + "/{subscription}"
 DELIVERY = SUB + "/deliveries/{delivery_id}"
+WF_DEFS = "/v1/namespaces/{namespace}/workflow-definitions"
+WF_DEF = WF_DEFS + "/{definition}"
+WORKFLOWS = "/v1/namespaces/{namespace}/workflows"
+# A document without TASK steps: publishing and validating it need workflows.manage only (a
+# queue a credential may not submit to is a definition_invalid problem, not a refusal).
+NO_TASKS = {"format": "orbit.weave/1", "start": "done", "steps": {"done": {"kind": "SUCCEED"}}}
+
+
+def _flow_document(queue: str) -> dict[str, Any]:
+    return {"format": "orbit.weave/1", "start": "a",
+            "steps": {"a": {"kind": "TASK", "queue": queue, "handler": "noop", "next": "done"},
+                      "done": {"kind": "SUCCEED"}}}
 
 
 def _submit(o: Objects) -> dict[str, Any]:
@@ -274,6 +289,27 @@ ROUTES: dict[Route, Case] = {
         needs=(one(A.SUBSCRIPTIONS_CONSUME),),
         body=lambda o: {"items": [{"delivery_id": o.leased, "token": o.token,
                                    "outcome": "acknowledged"}]}),
+    ("GET", WF_DEFS): Case(needs=(one(A.WORKFLOWS_READ),)),
+    ("POST", WF_DEFS): Case(
+        needs=(one(A.WORKFLOWS_MANAGE),), body=lambda o: {"name": o.definition + "-new"},
+        body2=lambda o: {"name": o.definition + "-new", "description": "other"}),
+    ("GET", WF_DEF): Case(needs=(one(A.WORKFLOWS_READ),)),
+    ("POST", WF_DEF + "/versions"): Case(
+        needs=(one(A.WORKFLOWS_MANAGE),),
+        body=lambda o: {"revision": o.definition_revision, "document": NO_TASKS},
+        body2=lambda o: {"revision": o.definition_revision,
+                         "document": {**NO_TASKS, "description": "other"}}),
+    ("GET", WF_DEF + "/versions/{version}"): Case(needs=(one(A.WORKFLOWS_READ),)),
+    ("POST", "/v1/namespaces/{namespace}/workflow-validations"): Case(
+        needs=(one(A.WORKFLOWS_MANAGE),), body=lambda o: {"document": NO_TASKS}),
+    ("GET", WORKFLOWS): Case(needs=(one(A.WORKFLOWS_READ),)),
+    ("POST", WORKFLOWS): Case(
+        needs=(one(A.WORKFLOWS_START), one(A.TASKS_SUBMIT)),
+        # Version 1 (its TASK step on the victim's queue): the replays publish a version 2
+        # without TASK steps first, which a queue-scoped key with workflows.start may start.
+        body=lambda o: {"definition": o.definition, "version": 1, "input": {"n": 1}},
+        body2=lambda o: {"definition": o.definition, "version": 1, "input": {"n": 2}}),
+    ("GET", WORKFLOWS + "/{workflow_id}"): Case(needs=(one(A.WORKFLOWS_READ),)),
 }
 
 # Routes the router serves that the matrix does not send attacker keys to, with the reason.
@@ -329,7 +365,8 @@ def path_of(route: Route, o: Objects) -> str:
     return route[1].format(
         namespace=o.namespace, application=o.application, queue=QUEUE, schedule=o.schedule,
         task_id=getattr(o, case.task), attempt_id=o.attempt,
-        subscription=getattr(o, case.subscription), delivery_id=getattr(o, case.delivery))
+        subscription=getattr(o, case.subscription), delivery_id=getattr(o, case.delivery),
+        definition=o.definition, version=1, workflow_id=o.workflow)
 
 
 async def send(client: TestClient[Any, Any], route: Route, o: Objects, key: str, *,
@@ -407,6 +444,12 @@ async def _objects(db: Database, client: TestClient[Any, Any], tenant: Tenant,
         await _ok(client, "POST",
                   f"{ns}/subscriptions/{pull}/deliveries/{gone['delivery']['id']}/fail", tenant,
                   {"token": gone["lease_token"]})
+        flow = schedule + "-flow"
+        await _ok(client, "POST", ns + "/workflow-definitions", tenant, {"name": flow})
+        published = await _ok(client, "POST", f"{ns}/workflow-definitions/{flow}/versions",
+                              tenant, {"revision": 1, "document": _flow_document(QUEUE)})
+        instance = await _ok(client, "POST", ns + "/workflows", tenant,
+                             {"definition": flow, "input": {}})
         found.append(Objects(
             application=tenant.application, namespace=tenant.namespace, schedule=schedule,
             waiting=waiting, review=review, failed=failed,
@@ -414,7 +457,8 @@ async def _objects(db: Database, client: TestClient[Any, Any], tenant: Tenant,
             schedule_revision=made["revision"], resources_revision=resources["revision"],
             queue_revision=queue["revision"], pull=pull, hook=hook,
             subscription_revision=sub["revision"], leased=kept["delivery"]["id"],
-            token=kept["lease_token"], exhausted=gone["delivery"]["id"]))
+            token=kept["lease_token"], exhausted=gone["delivery"]["id"], definition=flow,
+            definition_revision=published["revision"], workflow=instance["id"]))
     return found
 
 
@@ -605,7 +649,8 @@ async def test_every_route_is_in_the_matrix(world: World) -> None:
 async def test_the_snapshot_holds_the_victims_rows_and_sees_a_change(world: World) -> None:
     rows = snapshot(world)
     for table in ("pulse_tasks", "pulse_attempts", "pulse_queues", "pulse_schedules",
-                  "pulse_schedule_versions", "orbit_events", "orbit_audit_events",
+                  "pulse_schedule_versions", "weave_definitions", "weave_instances",
+                  "orbit_events", "orbit_audit_events",
                   "orbit_idempotency_keys", "orbit_namespaces", "orbit_application_resources"):
         assert rows.get(table), f"the victim has no {table} rows"
     assert len(rows["orbit_credentials"]) >= 4  # the victim's application has its keys
@@ -640,7 +685,7 @@ async def test_the_victims_own_key_succeeds(world: World, route: Route) -> None:
 def _names_of(o: Objects) -> list[str]:
     """Strings that only the victim's objects put in a response."""
     return [f'"{QUEUE}"', o.schedule, o.waiting, o.review, o.failed, o.attempt, o.pull,
-            o.hook, o.leased, o.exhausted]
+            o.hook, o.leased, o.exhausted, o.definition, o.workflow]
 
 
 def _check_refusal(route: Route, who: str, status: int, text: str, o: Objects,
@@ -669,7 +714,8 @@ def _check_refusal(route: Route, who: str, status: int, text: str, o: Objects,
     assert json.loads(text)["code"] in {
         "forbidden", "namespace_not_found", "application_not_found", "queue_not_found",
         "task_not_found", "schedule_not_found", "attempt_not_found", "subscription_not_found",
-        "delivery_not_found"}, text
+        "delivery_not_found", "definition_not_found", "definition_version_not_found",
+        "workflow_instance_not_found"}, text
 
 
 def _check_global(route: Route, who: str, status: int, text: str, namespace: str) -> None:

@@ -1,8 +1,8 @@
 """GET /v1/namespaces/{namespace}/tasks/{task_id}/source: a task's direct source.
 
 Each kind from the real path that makes it: a client's submission, a manual retry, a schedule's
-rule fire and trigger, a workflow-owned task (the real task insert with a WORKFLOW owner: the
-workflow engine does not exist yet). Authorization is the task detail's: another tenant's task,
+rule fire and trigger, a workflow-owned task (owner, gate and activation as the engine writes
+them). Authorization is the task detail's: another tenant's task,
 or one of a queue the credential may not read, is 404 with nothing about it. A link that should
 exist but does not is 409 ``source_link_missing``, never a plain submission.
 """
@@ -18,13 +18,12 @@ import pytest
 from aiohttp.test_utils import TestClient
 from orbit_sdk import Client, Conflict, NotFound
 
-from orbit_common.db.clock import db_now
 from orbit_common.db.pool import Database
 from orbit_common.model import ids
-from orbit_common.pulse import tasks
 from tests.conftest import Tenant, make_key, make_tenant
 from tests.integration.api.conftest import assert_problem
 from tests.integration.test_schedule_firing import fire_until_idle, make_schedule
+from tests.integration.weave.test_inbox import workflow_task
 from tests.support import pulse
 
 QUEUE = "work"
@@ -149,27 +148,51 @@ async def test_a_trigger_names_its_schedule_and_occurrence(
         "version": 1, "occurrence_id": occurrence["id"], "fire_at": run["fire_at"]}
 
 
-async def test_a_workflow_owned_task(api: TestClient[Any, Any], db: Database, tenant: Tenant,
-                                     queue_id: bytes) -> None:
-    """The workflow engine does not exist yet: the task is made by the real insert with a
-    WORKFLOW owner, as that engine will, and the source reports the link as stored."""
-    workflow_id = ids.new_id()
+async def test_a_workflow_owned_task(api: TestClient[Any, Any], db: Database,
+                                     tenant: Tenant) -> None:
+    """A task as the engine makes it (owner, workflow gate and a LIVE activation of step
+    ``a`` naming it): the instance, its definition and version, the step and the activation."""
+    task_id, instance, activation_id = await workflow_task(db, tenant)
+    assert activation_id is not None
+    found = await source(api, tenant, task_id.hex())
+    assert found.pop("definition").startswith("wf-")  # tests/integration/weave/support.py
+    assert found == {"kind": "workflow", "workflow_id": instance["id"].hex(), "version": 1,
+                     "step": "a", "activation": activation_id.hex(), "sequence": 1}
 
-    async def body(cur: Any) -> bytes:
-        queue = (await tasks.queues_by_name(cur, tenant.namespace_id, [QUEUE]))[QUEUE]
-        spec = tasks.TaskSpec(
-            queue=QUEUE, handler="step.run", input={}, delay_ms=None, not_before=None,
-            priority=0, business_key=None, deadline_ms=None, start_deadline_ms=None,
-            attempt_timeout_ms=None, retry=tasks.RetryOverrides(), rerun_safe=False,
-            offer_lease_ms=None, execution_lease_ms=None)
-        item = tasks.Item(spec=spec, path="$", owner_kind="WORKFLOW", owner_id=workflow_id)
-        (made,) = await tasks.insert_generated(cur, tenant.namespace_id, [(item, queue)],
-                                               await db_now(cur))
-        return made
 
-    task_id = await db.transaction("test.workflow_task", body)
-    assert await source(api, tenant, task_id.hex()) == {"kind": "workflow",
-                                                       "workflow_id": workflow_id.hex()}
+@pytest.mark.parametrize("break_link", [
+    "DELETE FROM weave_activations WHERE namespace_id = %s AND task_id = %s",
+    "DELETE FROM weave_instances WHERE namespace_id = %s AND id = (SELECT owner_id FROM"
+    " pulse_tasks WHERE namespace_id = %s AND id = %s)",
+    "DELETE FROM weave_steps WHERE namespace_id = %s AND id = (SELECT step_id FROM"
+    " weave_activations WHERE namespace_id = %s AND task_id = %s)",
+    "UPDATE pulse_tasks SET owner_id = UNHEX(REPEAT('ab', 16)) WHERE namespace_id = %s"
+    " AND id = %s",
+])
+async def test_a_workflow_task_whose_link_is_gone(
+    api: TestClient[Any, Any], db: Database, tenant: Tenant,
+    sync_conn: pymysql.connections.Connection[Any], break_link: str,
+) -> None:
+    task_id, _, _ = await workflow_task(db, tenant)
+    args = ((tenant.namespace_id, task_id) if break_link.count("%s") == 2
+            else (tenant.namespace_id, tenant.namespace_id, task_id))
+    execute(sync_conn, break_link, *args)
+    await assert_problem(await api.get(url(tenant, task_id.hex()), headers=tenant.auth), 409,
+                         "source_link_missing")
+
+
+async def test_a_workflow_task_of_another_instances_activation(
+    api: TestClient[Any, Any], db: Database, tenant: Tenant,
+    sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    task_id, _, _ = await workflow_task(db, tenant)
+    _, other, _ = await workflow_task(db, tenant)
+    # The task names another existing instance than the one whose activation references it.
+    execute(sync_conn, "UPDATE pulse_tasks SET owner_id = %s WHERE namespace_id = %s"
+                       " AND id = %s", other["id"], tenant.namespace_id, task_id)
+    body = await assert_problem(await api.get(url(tenant, task_id.hex()), headers=tenant.auth),
+                                409, "source_link_missing")
+    assert "another instance" in body["detail"]
 
 
 # --- authorization: the task detail's ---------------------------------------------------------

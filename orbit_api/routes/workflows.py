@@ -1,0 +1,574 @@
+"""Workflows over HTTP (docs/api/workflows.md): definitions, their immutable versions,
+validation without publishing, and instances.
+
+``/v1/namespaces/{namespace}/workflow-definitions…`` and ``…/workflow-validations`` (a path of
+its own: a definition may be named ``validate``), ``…/workflows…`` for instances. The routes
+check the shape of every input (unknown fields, types, query parameters) and hand the rest to
+``orbit_common.weave.definitions`` and ``instances``: a refused request writes nothing. The
+problems of a definition document (``definition_invalid``) point into the request body
+(``$.document…``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from aiohttp import web
+
+from orbit_api.openapi import ID, IDEMPOTENCY_KEY, NAME, TIME, _json, _problem
+from orbit_api.routes.platform import idempotency_key
+from orbit_api.routes.tasks import json_response
+from orbit_common import errors
+from orbit_common.model import cursors, jsondoc, names
+from orbit_common.platform.principals import principal_of
+from orbit_common.pulse import tasks
+from orbit_common.pulse.model import TaskState
+from orbit_common.service.http.body import int_param, query_params, read_document, read_json
+from orbit_common.service.http.context import DB, request_id_of
+from orbit_common.weave import definitions, instances
+
+DEFINITIONS = "/v1/namespaces/{namespace}/workflow-definitions"
+DEFINITION = DEFINITIONS + "/{definition}"
+VERSIONS = DEFINITION + "/versions"
+VERSION = VERSIONS + "/{version}"
+VALIDATIONS = "/v1/namespaces/{namespace}/workflow-validations"
+INSTANCES = "/v1/namespaces/{namespace}/workflows"
+INSTANCE = INSTANCES + "/{workflow_id}"
+PAGE_MAX = definitions.LIST_MAX
+PUBLISH_FIELDS = frozenset({"revision", "document"})
+VALIDATE_FIELDS = frozenset({"document"})
+START_FIELDS = frozenset({"definition", "version", "input", "business_key"})
+VERSION_MAX = 2**31 - 1  # weave_definition_versions.version is an INT
+
+Problems = list[dict[str, str]]
+
+
+@attrs.frozen(kw_only=True)
+class CreateDefinitionRequest:
+    name: str
+    description: str = ""
+
+
+def _namespace(request: web.Request) -> str:
+    return request.match_info["namespace"]
+
+
+def _definition(request: web.Request) -> str:
+    """The ``{definition}`` path segment (a name no definition has is simply not found, after
+    the authorization check like any other)."""
+    return request.match_info["definition"]
+
+
+async def _object(request: web.Request, fields: frozenset[str], **parse: Any
+                  ) -> tuple[dict[str, Any], Problems]:
+    """The body as a JSON object and a problem for each unknown field."""
+    doc = await read_document(request, **parse)
+    if not isinstance(doc, dict):
+        raise errors.ValidationFailed([{"path": "$", "message": "expected a JSON object"}])
+    return doc, [{"path": f"$.{key}", "message": "unknown field"}
+                 for key in sorted(set(doc) - fields)]
+
+
+def _document(doc: dict[str, Any], problems: Problems) -> bytes:
+    """The ``document`` member as JSON bytes (its numbers' digits kept)."""
+    if "document" not in doc:
+        problems.append({"path": "$.document", "message": "required"})
+        return b""
+    return jsondoc.dumps(doc["document"]).encode()
+
+
+def _in_body(exc: errors.DefinitionInvalid) -> errors.DefinitionInvalid:
+    """The validator's problems, whose paths start at the document, pointed into the body."""
+    return errors.DefinitionInvalid(
+        [{**p, "path": "$.document" + p["path"].removeprefix("$")} for p in exc.errors])
+
+
+def _positive(value: Any, path: str, high: int, problems: Problems) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        problems.append({"path": path, "message": f"an integer from 1 to {high}"})
+        return 0
+    return value
+
+
+# --- definitions --------------------------------------------------------------------------------
+
+
+async def create_definition(request: web.Request) -> web.Response:
+    query_params(request, ())
+    key = idempotency_key(request)
+    dto, _ = await read_json(request, CreateDefinitionRequest)
+    outcome = await definitions.create_definition(
+        request.app[DB], principal_of(request), namespace=_namespace(request), name=dto.name,
+        description=dto.description, idempotency_key=key, request_id=request_id_of(request))
+    return json_response(outcome.body, status=outcome.status)
+
+
+async def list_definitions(request: web.Request) -> web.Response:
+    namespace = _namespace(request)
+    params = query_params(request, {"limit", "cursor"})
+    limit = int_param(params, "limit", default=PAGE_MAX, low=1, high=PAGE_MAX)
+    filters = {"namespace": namespace}
+    after = ""
+    if "cursor" in params:
+        position = cursors.decode(params["cursor"], "workflow_definitions", filters)
+        if len(position) != 1 or not isinstance(position[0], str):
+            raise errors.InvalidCursor()
+        after = position[0]
+    items = await definitions.list_definitions(
+        request.app[DB], principal_of(request), namespace=namespace, after=after, limit=limit)
+    # A full page may be the last one: the next is then empty, with no cursor.
+    next_cursor = (cursors.encode("workflow_definitions", filters, [items[-1]["name"]])
+                   if len(items) == limit else None)
+    return json_response({"items": items, "next_cursor": next_cursor})
+
+
+async def get_definition(request: web.Request) -> web.Response:
+    query_params(request, ())
+    view = await definitions.get_definition(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        name=_definition(request), documents=False)
+    return json_response(view)
+
+
+async def publish_version(request: web.Request) -> web.Response:
+    query_params(request, ())
+    name = _definition(request)
+    key = idempotency_key(request)
+    doc, problems = await _object(request, PUBLISH_FIELDS)
+    if "revision" not in doc:
+        problems.insert(0, {"path": "$.revision", "message": "required"})
+    revision = _positive(doc.get("revision", 1), "$.revision", 2**63 - 1, problems)
+    document = _document(doc, problems)
+    if problems:
+        raise errors.ValidationFailed(problems)
+    try:
+        outcome = await definitions.publish_version(
+            request.app[DB], principal_of(request), namespace=_namespace(request), name=name,
+            revision=revision, document=document, idempotency_key=key,
+            request_id=request_id_of(request))
+    except errors.DefinitionInvalid as exc:
+        raise _in_body(exc) from exc
+    return json_response(outcome.body, status=outcome.status)
+
+
+async def get_version(request: web.Request) -> web.Response:
+    query_params(request, ())
+    text = request.match_info["version"]
+    problems: Problems = []
+    version = 0
+    if text.isascii() and text.isdigit() and len(text) <= 10:
+        version = _positive(int(text), "{version}", VERSION_MAX, problems)
+    else:
+        problems.append({"path": "{version}", "message": f"an integer from 1 to {VERSION_MAX}"})
+    if problems:
+        raise errors.ValidationFailed(problems)
+    view = await definitions.get_version(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        name=_definition(request), version=version)
+    return json_response(view)
+
+
+async def validate_definition(request: web.Request) -> web.Response:
+    query_params(request, ())
+    doc, problems = await _object(request, VALIDATE_FIELDS)
+    document = _document(doc, problems)
+    if problems:
+        raise errors.ValidationFailed(problems)
+    try:
+        view = await definitions.check_document(
+            request.app[DB], principal_of(request), namespace=_namespace(request),
+            document=document)
+    except errors.DefinitionInvalid as exc:
+        raise _in_body(exc) from exc
+    return json_response(view)
+
+
+# --- instances ----------------------------------------------------------------------------------
+
+
+async def start_workflow(request: web.Request) -> web.Response:
+    query_params(request, ())
+    key = idempotency_key(request)
+    # One parse keeping every number's text: the input is stored as written.
+    exact, problems = await _object(request, START_FIELDS, keep_number_text=True,
+                                    check_numbers=True)
+    # Every field but the input as the normal parse makes it (a number is no string).
+    plain = {k: jsondoc.plain_numbers(v) for k, v in exact.items() if k != "input"}
+    definition = plain.get("definition")
+    if "definition" not in plain:
+        problems.insert(0, {"path": "$.definition", "message": "required"})
+    elif not isinstance(definition, str) or not names.is_valid_name(definition):
+        problems.insert(0, {"path": "$.definition", "message": names.NAME_RULE})
+    version = None
+    if plain.get("version") is not None:
+        version = _positive(plain["version"], "$.version", VERSION_MAX, problems)
+    business_key = plain.get("business_key")
+    if business_key is not None and not (
+            isinstance(business_key, str)
+            and 1 <= len(business_key.encode()) <= instances.BUSINESS_KEY_MAX_BYTES):
+        problems.append({"path": "$.business_key",
+                         "message": f"a string of 1-{instances.BUSINESS_KEY_MAX_BYTES} bytes"
+                                    " of UTF-8"})
+    input_json = jsondoc.dumps(exact.get("input", {})).encode()
+    if problems or not isinstance(definition, str):
+        raise errors.ValidationFailed(problems)
+    outcome = await instances.start_instance(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        definition=definition, input_json=input_json, version=version,
+        business_key=business_key, idempotency_key=key, request_id=request_id_of(request))
+    return json_response(outcome.body, status=outcome.status)
+
+
+async def get_workflow(request: web.Request) -> web.Response:
+    query_params(request, ())
+    view = await instances.get_instance(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"])
+    return json_response(view)
+
+
+async def list_workflows(request: web.Request) -> web.Response:
+    params = query_params(request, {"definition", "state", "business_key", "created_from",
+                                    "created_to", "limit", "cursor"})
+    limit = int_param(params, "limit", default=instances.LIST_MAX, low=1,
+                      high=instances.LIST_MAX)
+    problems: Problems = []
+    definition = params.get("definition")
+    if definition is not None and not names.is_valid_name(definition):
+        problems.append({"path": "?definition", "message": names.NAME_RULE})
+    state = params.get("state")
+    if state is not None and state not in instances.STATES:
+        problems.append({"path": "?state", "message": f"one of {', '.join(instances.STATES)}"})
+    business_key = params.get("business_key")
+    if business_key is not None:
+        raw = business_key.encode("utf-8", errors="surrogateescape")
+        if not 1 <= len(raw) <= instances.BUSINESS_KEY_MAX_BYTES or raw.decode(
+                "utf-8", errors="replace") != business_key:
+            problems.append({"path": "?business_key",
+                             "message": f"1-{instances.BUSINESS_KEY_MAX_BYTES} bytes of UTF-8"})
+    bounds = {}
+    for name in ("created_from", "created_to"):
+        if name in params:
+            try:
+                bounds[name] = tasks.parse_rfc3339(params[name])
+            except ValueError as exc:
+                problems.append({"path": f"?{name}",
+                                 "message": f"{exc} (write '+' as %2B in a URL)"})
+    if problems:
+        raise errors.ValidationFailed(problems)
+    page = await instances.list_instances(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        definition=definition, state=state, business_key=business_key,
+        created_from=bounds.get("created_from"), created_to=bounds.get("created_to"),
+        limit=limit, cursor=params.get("cursor"))
+    return json_response({"items": page.items, "next_cursor": page.next_cursor})
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the workflow routes."""
+    app.router.add_post(DEFINITIONS, create_definition)
+    app.router.add_get(DEFINITIONS, list_definitions)
+    app.router.add_get(DEFINITION, get_definition)
+    app.router.add_post(VERSIONS, publish_version)
+    app.router.add_get(VERSION, get_version)
+    app.router.add_post(VALIDATIONS, validate_definition)
+    app.router.add_post(INSTANCES, start_workflow)
+    app.router.add_get(INSTANCES, list_workflows)
+    app.router.add_get(INSTANCE, get_workflow)
+
+
+# --- OpenAPI ------------------------------------------------------------------------------------
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _body(name: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _path_param(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": schema}
+
+
+_NAMESPACE_PARAM = _path_param("namespace", NAME)
+_DEFINITION_PARAM = _path_param("definition", NAME)
+_VERSION = {"type": "integer", "minimum": 1, "maximum": VERSION_MAX}
+_VERSION_PARAM = _path_param("version", _VERSION)
+_WORKFLOW_PARAM = _path_param("workflow_id", ID)
+_IDEMPOTENCY_PARAM = {"name": "Idempotency-Key", "in": "header", "required": False,
+                      "schema": IDEMPOTENCY_KEY}
+_LIMIT_PARAM = {"name": "limit", "in": "query",
+                "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX,
+                           "default": PAGE_MAX}}
+_CURSOR_PARAM = {"name": "cursor", "in": "query", "schema": {"type": "string"},
+                 "description": "next_cursor of the previous page (same other parameters)"}
+_ERRORS = {
+    "400": _problem("Malformed, invalid or unknown input (codes: validation_failed, "
+                    "malformed_json, duplicate_json_key, json_too_deep, json_too_complex, "
+                    "invalid_cursor)"),
+    "401": _problem("Missing or invalid credential (unauthenticated, invalid_credential)"),
+    "403": _problem("forbidden: the credential may not do this with workflows here"),
+    "503": _problem("Database unavailable or commit outcome unknown; retry"),
+}
+_BODY_ERRORS = {"413": _problem("payload_too_large"),
+                "415": _problem("unsupported_media_type, unsupported_content_encoding")}
+_INVALID = _problem("definition_invalid (each item of errors has a path into the body, "
+                    "$.document…, and its own code), validation_failed, malformed_json, "
+                    "duplicate_json_key, json_too_deep, json_too_complex")
+_PAGE = {"type": "object", "required": ["items", "next_cursor"]}
+
+OPENAPI_PATHS: dict[str, Any] = {
+    DEFINITIONS: {
+        "parameters": [_NAMESPACE_PARAM],
+        "post": {
+            "summary": "Create a workflow definition (without versions: publish adds them)",
+            "operationId": "createWorkflowDefinition",
+            "parameters": [_IDEMPOTENCY_PARAM],
+            "requestBody": _body("CreateWorkflowDefinitionRequest"),
+            "responses": {
+                "201": _json("WorkflowDefinition",
+                             "Created (or the replay of the original answer)"),
+                **_ERRORS, "404": _problem("namespace_not_found"),
+                "409": _problem("already_exists, or idempotency_conflict"), **_BODY_ERRORS,
+            },
+        },
+        "get": {
+            "summary": "List workflow definitions by name",
+            "operationId": "listWorkflowDefinitions",
+            "parameters": [_LIMIT_PARAM, _CURSOR_PARAM],
+            "responses": {"200": _json("WorkflowDefinitionPage", "A page of definitions"),
+                          **_ERRORS, "404": _problem("namespace_not_found")},
+        },
+    },
+    DEFINITION: {
+        "parameters": [_NAMESPACE_PARAM, _DEFINITION_PARAM],
+        "get": {
+            "summary": "A workflow definition with its versions (without their documents)",
+            "operationId": "getWorkflowDefinition",
+            "responses": {"200": _json("WorkflowDefinition", "The definition"), **_ERRORS,
+                          "404": _problem("namespace_not_found, or definition_not_found")},
+        },
+    },
+    VERSIONS: {
+        "parameters": [_NAMESPACE_PARAM, _DEFINITION_PARAM],
+        "post": {
+            "summary": "Publish the next immutable version: compare-and-set on revision; the "
+                       "credential must be allowed tasks.submit on every queue it uses",
+            "operationId": "publishWorkflowVersion",
+            "parameters": [_IDEMPOTENCY_PARAM],
+            "requestBody": _body("PublishWorkflowVersionRequest"),
+            "responses": {
+                "201": _json("WorkflowDefinition", "Published (or the replay of the original "
+                                                   "answer), with the new version's number"),
+                **_ERRORS, "400": _INVALID,
+                "404": _problem("namespace_not_found, or definition_not_found"),
+                "409": _problem("stale_revision, or idempotency_conflict"), **_BODY_ERRORS,
+            },
+        },
+    },
+    VERSION: {
+        "parameters": [_NAMESPACE_PARAM, _DEFINITION_PARAM, _VERSION_PARAM],
+        "get": {
+            "summary": "One published version with its document",
+            "operationId": "getWorkflowVersion",
+            "responses": {"200": _json("WorkflowVersion", "The version"), **_ERRORS,
+                          "404": _problem("namespace_not_found, definition_not_found, or "
+                                          "definition_version_not_found")},
+        },
+    },
+    VALIDATIONS: {
+        "parameters": [_NAMESPACE_PARAM],
+        "post": {
+            "summary": "Validate a definition document as a publish here would, without "
+                       "publishing (writes nothing)",
+            "operationId": "validateWorkflowDefinition",
+            "requestBody": _body("ValidateWorkflowDefinitionRequest"),
+            "responses": {"200": _json("WorkflowValidation", "Valid: its digest and queues"),
+                          **_ERRORS, "400": _INVALID, "404": _problem("namespace_not_found"),
+                          **_BODY_ERRORS},
+        },
+    },
+    INSTANCES: {
+        "parameters": [_NAMESPACE_PARAM],
+        "post": {
+            "summary": "Start a workflow instance on a published version (the latest unless "
+                       "version is given)",
+            "operationId": "startWorkflow",
+            "parameters": [_IDEMPOTENCY_PARAM],
+            "requestBody": _body("StartWorkflowRequest"),
+            "responses": {
+                "201": _json("Workflow", "The receipt (or the replay of the original one)"),
+                **_ERRORS,
+                "404": _problem("namespace_not_found, definition_not_found, or "
+                                "definition_version_not_found"),
+                "409": _problem("definition_not_published, or idempotency_conflict"),
+                "500": _problem("version_scope_mismatch: the version's stored scope or "
+                                "document does not match its digest"),
+                **_BODY_ERRORS,
+            },
+        },
+        "get": {
+            "summary": "List workflow instances newest first",
+            "operationId": "listWorkflows",
+            "parameters": [
+                {"name": "definition", "in": "query", "schema": NAME},
+                {"name": "state", "in": "query", "schema": {"enum": list(instances.STATES)}},
+                {"name": "business_key", "in": "query",
+                 "schema": {"type": "string", "minLength": 1,
+                            "maxLength": instances.BUSINESS_KEY_MAX_BYTES},
+                 "description": "Exact bytes; 1-512 bytes of UTF-8"},
+                {"name": "created_from", "in": "query", "schema": TIME,
+                 "description": "Inclusive; RFC 3339 with an offset"},
+                {"name": "created_to", "in": "query", "schema": TIME,
+                 "description": "Exclusive; RFC 3339 with an offset"},
+                {**_LIMIT_PARAM, "schema": {"type": "integer", "minimum": 1,
+                                            "maximum": instances.LIST_MAX,
+                                            "default": instances.LIST_MAX}},
+                _CURSOR_PARAM,
+            ],
+            "responses": {"200": _json("WorkflowPage", "A page of instances"), **_ERRORS,
+                          "404": _problem("namespace_not_found")},
+        },
+    },
+    INSTANCE: {
+        "parameters": [_NAMESPACE_PARAM, _WORKFLOW_PARAM],
+        "get": {
+            "summary": "A workflow instance with its steps and their activations",
+            "operationId": "getWorkflow",
+            "responses": {"200": _json("Workflow", "The instance"), **_ERRORS,
+                          "404": _problem("namespace_not_found, or "
+                                          "workflow_instance_not_found")},
+        },
+    },
+}
+
+_JSON_ANY: dict[str, Any] = {}
+_DOCUMENT = {"type": "object",
+             "description": "A definition document (docs/weave/language.md), format "
+                            "orbit.weave/1; the validator's rules are not in this schema"}
+
+OPENAPI_SCHEMAS: dict[str, Any] = {
+    "CreateWorkflowDefinitionRequest": {
+        "type": "object", "additionalProperties": False, "required": ["name"],
+        "properties": {"name": NAME,
+                       "description": {"type": "string",
+                                       "maxLength": definitions.DESCRIPTION_MAX}},
+    },
+    "PublishWorkflowVersionRequest": {
+        "type": "object", "additionalProperties": False, "required": ["revision", "document"],
+        "properties": {"revision": {"type": "integer", "minimum": 1,
+                                    "maximum": 2**63 - 1,
+                                    "description": "The definition's revision you read"},
+                       "document": _DOCUMENT},
+    },
+    "ValidateWorkflowDefinitionRequest": {
+        "type": "object", "additionalProperties": False, "required": ["document"],
+        "properties": {"document": _DOCUMENT},
+    },
+    "WorkflowValidation": {
+        "type": "object", "required": ["valid", "digest", "queues"],
+        "properties": {"valid": {"const": True},
+                       "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                       "queues": {"type": "array", "items": NAME}},
+    },
+    "WorkflowVersion": {
+        "type": "object", "required": ["version", "digest", "created_by", "created_at"],
+        "properties": {
+            "definition": NAME, "version": _VERSION,
+            "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            "document": {**_nullable(_DOCUMENT),
+                         "description": "In GET of one version; null in a definition's list"},
+            "created_by": ID, "created_at": TIME,
+        },
+    },
+    "WorkflowDefinition": {
+        "type": "object",
+        "required": ["id", "name", "description", "revision", "latest_version", "created_at",
+                     "updated_at"],
+        "properties": {
+            "id": ID, "name": NAME, "description": {"type": "string"},
+            "revision": {"type": "integer", "minimum": 1},
+            "latest_version": _nullable(_VERSION), "created_at": TIME, "updated_at": TIME,
+            "versions": {"type": "array", "items": _ref("WorkflowVersion"),
+                         "description": "In GET of one definition, create and publish"},
+            "published_version": {**_VERSION, "description": "In the answer of a publish"},
+        },
+    },
+    "WorkflowDefinitionPage": {
+        **_PAGE,
+        "properties": {"items": {"type": "array", "items": _ref("WorkflowDefinition")},
+                       "next_cursor": {"type": ["string", "null"]}},
+    },
+    "StartWorkflowRequest": {
+        "type": "object", "additionalProperties": False, "required": ["definition"],
+        "properties": {
+            "definition": NAME,
+            "version": {**_nullable(_VERSION), "description": "Default: the latest version"},
+            "input": {"type": "object", "default": {},
+                      "description": "Checked against the version's input_schema; kept "
+                                     "byte-exact"},
+            "business_key": {**_nullable({"type": "string", "minLength": 1,
+                                          "maxLength": instances.BUSINESS_KEY_MAX_BYTES}),
+                             "description": "1-512 bytes of UTF-8, compared as exact bytes"},
+        },
+    },
+    "WorkflowActivation": {
+        "type": "object",
+        "required": ["id", "sequence", "state", "task_id", "created_at", "ended_at",
+                     "task_state", "result"],
+        "properties": {
+            "id": ID, "sequence": {"type": "integer", "minimum": 1},
+            "state": {"enum": ["LIVE", "SUCCEEDED", "FAILED", "CANCELLED", "SUPERSEDED"]},
+            "task_id": _nullable(ID), "created_at": TIME, "ended_at": _nullable(TIME),
+            "task_state": {**_nullable({"enum": [s.value for s in TaskState]}),
+                           "description": "The state of the activation's task now"},
+            "result": {"enum": list(instances.RESULTS),
+                       "description": "What the task's result has become: none, recorded "
+                                      "(the engine has not consumed it yet), advanced, "
+                                      "quarantined"},
+        },
+    },
+    "WorkflowStep": {
+        "type": "object",
+        "required": ["id", "name", "kind", "state", "revision", "activations"],
+        "properties": {
+            "id": ID, "name": {"type": "string"},
+            "kind": {"enum": ["ROOT", "TASK", "CHOICE", "PARALLEL", "SUCCEED", "FAIL", "TIMER",
+                              "SIGNAL", "POLL"]},
+            "state": {"enum": ["PENDING", "RUNNING", "WAITING", "SUCCEEDED", "FAILED",
+                               "CANCELLED", "SKIPPED"]},
+            "revision": {"type": "integer", "minimum": 1}, "output": _JSON_ANY,
+            "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
+            "activations": {"type": "array", "items": _ref("WorkflowActivation")},
+        },
+    },
+    "Workflow": {
+        "type": "object",
+        "required": ["id", "definition", "version", "version_digest", "state", "revision",
+                     "business_key", "input", "output", "error", "created_at", "updated_at",
+                     "completed_at"],
+        "properties": {
+            "id": ID, "definition": NAME, "version": _VERSION,
+            "version_digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            "state": {"enum": list(instances.STATES)},
+            "revision": {"type": "integer", "minimum": 1},
+            "business_key": {"type": ["string", "null"]}, "input": _JSON_ANY,
+            "output": _JSON_ANY, "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
+            "completed_at": _nullable(TIME),
+            "steps": {"type": "array", "items": _ref("WorkflowStep"),
+                      "description": "In GET of one instance"},
+        },
+    },
+    "WorkflowPage": {
+        **_PAGE,
+        "properties": {"items": {"type": "array", "items": _ref("Workflow")},
+                       "next_cursor": {"type": ["string", "null"]}},
+    },
+}

@@ -1,0 +1,211 @@
+"""Workflow DTOs (``docs/api/workflows.md``): tolerant frozen attrs classes, like ``models``.
+
+A field the server leaves out is ``None`` (or its default); everything the server sent is kept
+in ``raw``. Times are aware ``datetime`` objects in UTC. A definition ``document`` stays a plain
+JSON object (docs/weave/language.md): the server validates it and answers
+``definition_invalid`` with each problem's path (:class:`~orbit_sdk.ValidationError`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from orbit_sdk.models import parse_time
+
+__all__ = [
+    "WorkflowActivation",
+    "WorkflowDefinition",
+    "WorkflowInstance",
+    "WorkflowStep",
+    "WorkflowValidation",
+    "WorkflowVersion",
+]
+
+
+def _str(raw: Mapping[str, Any], key: str) -> str | None:
+    value = raw.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _int(raw: Mapping[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _objects(raw: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = raw.get(key)
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowVersion:
+    """One immutable published version; ``document`` is set when one version is read
+    (:meth:`~orbit_sdk.Client.get_workflow_version`), ``None`` in a definition's list."""
+
+    version: int
+    digest: str = ""
+    definition: str | None = None
+    document: dict[str, Any] | None = None
+    created_by: str | None = None
+    created_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowVersion:
+        document = raw.get("document")
+        return cls(
+            version=_int(raw, "version") or 0, digest=_str(raw, "digest") or "",
+            definition=_str(raw, "definition"),
+            document=dict(document) if isinstance(document, Mapping) else None,
+            created_by=_str(raw, "created_by"), created_at=parse_time(raw.get("created_at")),
+            raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowDefinition:
+    """A definition; ``versions`` is filled by get, create and publish (list items leave it
+    empty); ``published_version`` is the new version's number in a publish's answer."""
+
+    id: str
+    name: str
+    description: str = ""
+    revision: int = 0
+    latest_version: int | None = None
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    versions: tuple[WorkflowVersion, ...] = ()
+    published_version: int | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowDefinition:
+        return cls(
+            id=_str(raw, "id") or "", name=_str(raw, "name") or "",
+            description=_str(raw, "description") or "", revision=_int(raw, "revision") or 0,
+            latest_version=_int(raw, "latest_version"),
+            created_at=parse_time(raw.get("created_at")),
+            updated_at=parse_time(raw.get("updated_at")),
+            versions=tuple(WorkflowVersion.from_json(v) for v in _objects(raw, "versions")),
+            published_version=_int(raw, "published_version"), raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowValidation:
+    """A document that passed validation: its canonical digest and the queues it uses."""
+
+    digest: str
+    queues: tuple[str, ...] = ()
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowValidation:
+        queues = raw.get("queues")
+        return cls(digest=_str(raw, "digest") or "",
+                   queues=tuple(q for q in queues if isinstance(q, str))
+                   if isinstance(queues, list) else (), raw=dict(raw))
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowActivation:
+    """One run of a step. For an activation with a task: ``task_state`` (the task's state now)
+    and ``result``: ``"none"`` (no result yet), ``"recorded"`` (the task has a result the
+    engine has not consumed yet: orchestration has not advanced), ``"advanced"`` or
+    ``"quarantined"`` (its links were incomplete)."""
+
+    id: str
+    sequence: int = 0
+    state: str = ""
+    task_id: str | None = None
+    task_state: str | None = None
+    result: str = "none"
+    created_at: dt.datetime | None = None
+    ended_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowActivation:
+        return cls(
+            id=_str(raw, "id") or "", sequence=_int(raw, "sequence") or 0,
+            state=_str(raw, "state") or "", task_id=_str(raw, "task_id"),
+            task_state=_str(raw, "task_state"), result=_str(raw, "result") or "none",
+            created_at=parse_time(raw.get("created_at")),
+            ended_at=parse_time(raw.get("ended_at")), raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowStep:
+    """A step of an instance (``$root`` is the internal first one) and its activations."""
+
+    id: str
+    name: str
+    kind: str = ""
+    state: str = ""
+    revision: int = 0
+    output: Any = None
+    error: Any = None
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    activations: tuple[WorkflowActivation, ...] = ()
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowStep:
+        return cls(
+            id=_str(raw, "id") or "", name=_str(raw, "name") or "",
+            kind=_str(raw, "kind") or "", state=_str(raw, "state") or "",
+            revision=_int(raw, "revision") or 0, output=raw.get("output"),
+            error=raw.get("error"), created_at=parse_time(raw.get("created_at")),
+            updated_at=parse_time(raw.get("updated_at")),
+            activations=tuple(WorkflowActivation.from_json(a)
+                              for a in _objects(raw, "activations")),
+            raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowInstance:
+    """A workflow instance: the start receipt, a list item or the detail (``steps`` only in
+    the detail). It always runs the ``version`` it started on."""
+
+    id: str
+    definition: str = ""
+    version: int = 0
+    version_digest: str = ""
+    state: str = ""
+    revision: int = 0
+    business_key: str | None = None
+    input: Any = None
+    output: Any = None
+    error: Any = None
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    completed_at: dt.datetime | None = None
+    steps: tuple[WorkflowStep, ...] = ()
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowInstance:
+        return cls(
+            id=_str(raw, "id") or "", definition=_str(raw, "definition") or "",
+            version=_int(raw, "version") or 0,
+            version_digest=_str(raw, "version_digest") or "", state=_str(raw, "state") or "",
+            revision=_int(raw, "revision") or 0, business_key=_str(raw, "business_key"),
+            input=raw.get("input"), output=raw.get("output"), error=raw.get("error"),
+            created_at=parse_time(raw.get("created_at")),
+            updated_at=parse_time(raw.get("updated_at")),
+            completed_at=parse_time(raw.get("completed_at")),
+            steps=tuple(WorkflowStep.from_json(s) for s in _objects(raw, "steps")),
+            raw=dict(raw),
+        )
+
+    @property
+    def finished(self) -> bool:
+        """True in a final state (SUCCEEDED, FAILED, CANCELLED)."""
+        return self.state in {"SUCCEEDED", "FAILED", "CANCELLED"}

@@ -1,0 +1,75 @@
+"""``orbit admin workflows``: the real CLI as a subprocess reads definitions, versions and
+instances of a namespace by name (the API's views; the operator needs no API credential)."""
+
+from __future__ import annotations
+
+import json
+
+from orbit_common.db.pool import Database, DatabaseUrl
+from orbit_common.weave import definitions, instances
+from tests.conftest import Tenant
+from tests.integration.test_admin_cli import ok, orbit_admin
+from tests.integration.weave.support import document, principal, published
+from tests.integration.weave.test_inbox import workflow_task
+from tests.support.lease_fixtures import make_queue
+
+
+async def test_definitions_list_get_and_version(db: Database, db_url: DatabaseUrl,
+                                                tenant: Tenant) -> None:
+    queue = await make_queue(db, tenant)
+    first = await published(db, tenant, queue.name, name="a-flow")
+    await published(db, tenant, queue.name, name="b-flow")
+    listed = await ok(db_url, "workflows", "definitions", "list", "--namespace",
+                      tenant.namespace)
+    lines = [json.loads(line) for line in listed.out.splitlines()]
+    assert [(d["name"], d["revision"], d["latest_version"]) for d in lines] == [
+        ("a-flow", 2, 1), ("b-flow", 2, 1)]
+    after = await ok(db_url, "workflows", "definitions", "list", "--namespace",
+                     tenant.namespace, "--after", "a-flow", "--limit", "1")
+    assert [json.loads(line)["name"] for line in after.out.splitlines()] == ["b-flow"]
+    got = (await ok(db_url, "workflows", "definitions", "get", first, "--namespace",
+                    tenant.namespace)).json()
+    (version,) = got["versions"]
+    assert (got["name"], version["version"], version["document"]) == (first, 1, None)
+    shown = (await ok(db_url, "workflows", "definitions", "version", first, "1",
+                      "--namespace", tenant.namespace)).json()
+    assert shown["document"] == json.loads(document(queue.name))
+    assert shown["digest"] == version["digest"]
+    missing = await orbit_admin(db_url, "workflows", "definitions", "version", first, "2",
+                                "--namespace", tenant.namespace)
+    assert missing.code != 0
+    assert "definition_version_not_found" in missing.err
+    gone = await orbit_admin(db_url, "workflows", "definitions", "get", "nope",
+                             "--namespace", tenant.namespace)
+    assert "definition_not_found" in gone.err
+    no_ns = await orbit_admin(db_url, "workflows", "definitions", "list", "--namespace",
+                              "no-such-namespace")
+    assert "namespace_not_found" in no_ns.err
+
+
+async def test_instances_list_and_get(db: Database, db_url: DatabaseUrl,
+                                      tenant: Tenant) -> None:
+    task_id, instance, activation_id = await workflow_task(db, tenant)
+    assert activation_id is not None
+    who = await principal(db, tenant.api_key)
+    (name,) = [d["name"] for d in await definitions.list_definitions(
+        db, who, namespace=tenant.namespace)]
+    other = await instances.start_instance(db, who, namespace=tenant.namespace,
+                                           definition=name, input_json=b'{"n": 2}',
+                                           business_key="k-2")
+    listed = await ok(db_url, "workflows", "instances", "list", "--namespace", tenant.namespace)
+    lines = [json.loads(line) for line in listed.out.splitlines()]
+    assert [i["id"] for i in lines] == [other.body["id"], instance["id"].hex()]
+    keyed = await ok(db_url, "workflows", "instances", "list", "--namespace", tenant.namespace,
+                     "--business-key", "k-2", "--state", "RUNNING", "--definition", name)
+    assert [json.loads(line)["id"] for line in keyed.out.splitlines()] == [other.body["id"]]
+    got = (await ok(db_url, "workflows", "instances", "get", instance["id"].hex(),
+                    "--namespace", tenant.namespace)).json()
+    assert got["input"] == {"n": 1}
+    (step,) = [s for s in got["steps"] if s["name"] == "a"]
+    (activation,) = step["activations"]
+    assert (activation["id"], activation["task_id"], activation["task_state"],
+            activation["result"]) == (activation_id.hex(), task_id.hex(), "WAITING", "none")
+    bad = await orbit_admin(db_url, "workflows", "instances", "get", "nothex",
+                            "--namespace", tenant.namespace)
+    assert "workflow_instance_not_found" in bad.err

@@ -70,6 +70,7 @@ class Flow:
     document: dict[str, Any]
     input: Any
     grants: dict[bytes, Grant] = attrs.field(factory=dict)
+    more_queues: list[QueueRef] = attrs.field(factory=list)
 
     async def tasks(self) -> list[dict[str, Any]]:
         """The instance's tasks in creation order (the sequence the engine recorded)."""
@@ -91,9 +92,12 @@ class Flow:
 
     async def end(self, task_id: bytes, outcome: str, result: Any = None) -> None:
         """Claim (everything waiting), start and finish ``task_id`` as a worker would."""
-        if task_id not in self.grants:
-            grants = await claim(self.db, self.session, self.queue)
-            await start(self.db, self.tenant, grants)
+        for queue in (self.queue, *self.more_queues):
+            if task_id in self.grants:
+                break
+            grants = await claim(self.db, self.session, queue)
+            if grants:
+                await start(self.db, self.tenant, grants)
             self.grants.update({g.task_id: g for g in grants})
         grant = self.grants.pop(task_id)
         if outcome == "ok":
@@ -175,10 +179,7 @@ async def play(flow: Flow, engine: Engine, script: Script) -> None:
 
 async def predicted(flow: Flow, script: Script) -> interpreter.Run:
     """What the reference interpreter predicts, with the engine's frozen task errors."""
-    errors_by_step: dict[str, Any] = {}
-    for row in await flow.inbox():
-        snapshot = json.loads(row["snapshot"])
-        errors_by_step[snapshot["task_id"]] = snapshot.get("error")
+    errors_by_step = await frozen_errors(flow)
     by_sequence = {t["sequence"]: t for t in await flow.tasks()}
     parsed = language.validate_document(_queue_names(flow.document, flow.queue.name))
 
@@ -198,6 +199,21 @@ async def assert_matches(flow: Flow, script: Script) -> interpreter.Run:
     """The engine made the interpreter's tasks (in order, with the same inputs) and reached its
     final state, output, error and step results."""
     run = await predicted(flow, script)
+    await assert_same(flow, run)
+    return run
+
+
+async def frozen_errors(flow: Flow) -> dict[str, Any]:
+    """Each ended task's frozen error (by task id, hex), as its inbox row's snapshot holds it."""
+    found: dict[str, Any] = {}
+    for row in await flow.inbox():
+        snapshot = json.loads(row["snapshot"])
+        found[snapshot["task_id"]] = snapshot.get("error")
+    return found
+
+
+async def assert_same(flow: Flow, run: interpreter.Run) -> None:
+    """The engine's tasks, final state, output, error and step results are ``run``'s."""
     made = await flow.tasks()
     assert [(t["sequence"], t["step"], t["handler"], json.loads(t["input"])) for t in made] == [
         (c.seq, c.step, c.handler, c.input) for c in run.tasks]
@@ -209,4 +225,3 @@ async def assert_matches(flow: Flow, script: Script) -> interpreter.Run:
     results = {name: json.loads(s["output"]) for name, s in steps.items()
                if s["state"] == "SUCCEEDED" and s["kind"] in ("TASK", "PARALLEL")}
     assert results == run.results
-    return run

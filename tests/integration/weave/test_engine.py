@@ -7,28 +7,35 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+import random
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from orbit_common.db.pool import Database, DatabaseUrl, open_database
-from orbit_common.weave import instances, leasing
+from orbit_common.weave import definitions, instances, interpreter, language, leasing
 from orbit_common.weave.engine import Engine, gauges
-from tests.conftest import make_tenant
+from tests.conftest import make_tenant, unique
 from tests.integration.test_interventions import review
 from tests.integration.weave.engine_support import (
+    Flow,
     assert_matches,
+    assert_same,
     begin,
     doc,
     drain,
+    frozen_errors,
     play,
     publish,
     task,
 )
 from tests.integration.weave.support import principal
 from tests.support import database, invariants
-from tests.support.lease_fixtures import db_time, wait_db_time_past
+from tests.support.lease_fixtures import db_time, make_queue, open_session, wait_db_time_past
+from tests.unit.weave.strategies import definitions as random_definitions
 
 
 @pytest.fixture(scope="module")
@@ -391,3 +398,77 @@ async def test_gauges_count_the_backlog_and_instances(db: Database, engine: Engi
     assert waiting.inbox_oldest_age_s > 0
     await drain(engine)
     assert (await gauges(db)).inbox_backlog == idle.inbox_backlog
+
+
+# --- random definitions, random outcomes, random delivery order ---------------------------------
+
+
+async def _random_run(url: DatabaseUrl, document: dict[str, Any], failing: set[str], n: int,
+                      rng: random.Random) -> None:
+    db = await open_database(url, minsize=1, maxsize=4)
+    try:
+        tenant = await make_tenant(db)
+        qa = await make_queue(db, tenant, name="qa", max_attempts=1)
+        qb = await make_queue(db, tenant, name="qb", max_attempts=1)
+        who = await principal(db, tenant.api_key)
+        name = unique("wf")
+        await definitions.create_definition(db, who, namespace=tenant.namespace, name=name)
+        await definitions.publish_version(db, who, namespace=tenant.namespace, name=name,
+                                          revision=1, document=json.dumps(document).encode())
+        started = await instances.start_instance(db, who, namespace=tenant.namespace,
+                                                 definition=name,
+                                                 input_json=json.dumps({"n": n}).encode())
+        session = await open_session(db, tenant, [qa, qb], handlers=("h.run",),
+                                     max_in_flight=256)
+        flow = Flow(db=db, tenant=tenant, queue=qa, session=session, name=name,
+                    instance_id=bytes.fromhex(started.body["id"]), document=document,
+                    input={"n": n}, more_queues=[qb])
+        engine = Engine(db, owner="engine-random", batch=4)
+        await drain(engine)
+        delivered: list[int] = []
+        while (await flow.instance())["state"] == "RUNNING":
+            pending = [t for t in await flow.tasks() if t["sequence"] not in delivered]
+            if not pending:
+                break
+            chosen = pending[rng.randrange(len(pending))]
+            delivered.append(chosen["sequence"])
+            if chosen["step"] in failing:
+                await flow.end(chosen["id"], "fail", "drawn")
+            else:
+                await flow.end(chosen["id"], "ok", {"v": json.loads(chosen["input"])["v"] + 1})
+            await drain(engine)
+        frozen = await frozen_errors(flow)
+        by_sequence = {t["sequence"]: t["id"].hex() for t in await flow.tasks()}
+        order = iter(delivered)
+
+        def choose(calls: Sequence[interpreter.TaskCall]) -> int:
+            return [c.seq for c in calls].index(next(order))
+
+        def outcome(call: interpreter.TaskCall) -> interpreter.Outcome:
+            if call.step in failing:
+                return interpreter.Failed(error=frozen[by_sequence[call.seq]])
+            return interpreter.Succeeded(result={"v": call.input["v"] + 1})
+
+        run = interpreter.run(language.validate_document(document), {"n": n}, outcome,
+                              choose=choose)
+        assert next(order, None) is None  # the interpreter consumed every delivered result
+        await assert_same(flow, run)
+        assert await invariants.check_db(db, [tenant.namespace_id]) == []
+    finally:
+        await db.close()
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(document=random_definitions(), data=st.data())
+def test_random_definitions_advance_as_the_interpreter_predicts(
+        own_url: DatabaseUrl, document: dict[str, Any], data: st.DataObject) -> None:
+    """Random valid definitions (chains, choices, failure transitions, nested PARALLEL blocks
+    of both policies), random failing steps and a random delivery order: the engine makes the
+    interpreter's tasks and ends where it ends."""
+    parsed = language.validate_document(document)
+    tasks = sorted(n for n, s in parsed.all_steps.items() if isinstance(s, language.TaskStep))
+    failing = data.draw(st.sets(st.sampled_from(tasks)) if tasks else st.just(set()))
+    n = data.draw(st.integers(-1000, 1000))
+    rng = data.draw(st.randoms(use_true_random=False))
+    asyncio.run(_random_run(own_url, document, failing, n, rng))

@@ -2,7 +2,8 @@
 
 * ``orbit_weave_advances_total{outcome}`` -- inbox rows and pending advances handled, by outcome
   (``advanced``, ``held``, ``duplicate``, ``stale``, ``closed_block``, ``instance_ended``,
-  ``rejected``; ``fenced``: a row whose lease another replica took before this one locked it);
+  ``rejected``; ``fenced``: a row whose lease another replica took before this one locked it;
+  ``error``: an advance that failed and rolled back, its rows' leases will lapse);
 * ``orbit_weave_advance_duration_seconds`` -- one instance's advance transaction;
 * ``orbit_weave_result_to_advance_seconds`` -- database time from a task's ending commit (its
   inbox row's creation) to the advance that consumed it: result commit → next task created;
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import prometheus_client
 
-from orbit_common.weave.engine import OUTCOMES, Gauges, Round
+from orbit_common.weave.engine import FAILED_ADVANCE, FENCED, OUTCOMES, Gauges, Round
 from orbit_common.weave.instances import STATES
 
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -55,7 +56,7 @@ class EngineMetrics:
         self.instances = prometheus_client.Gauge(
             "orbit_weave_instances", "Workflow instances by state.", ["state"],
             registry=registry)
-        for outcome in (*OUTCOMES, "fenced"):
+        for outcome in (*OUTCOMES, FENCED, FAILED_ADVANCE):
             self.advances.labels(outcome)
 
     def record(self, done: Round) -> None:

@@ -47,7 +47,8 @@ class WeaveService:
         self.db = db
         self.gate = gate
         self.engine = engine.Engine(db, owner=owner_id(self.config.owner),
-                                    lease_ms=self.config.lease_ms, batch=self.config.batch)
+                                    lease_ms=self.config.lease_ms, batch=self.config.batch,
+                                    concurrency=self.config.concurrency)
         self.metrics = metrics or default()
         self.stopping = asyncio.Event()
         self.loops: list[asyncio.Task[None]] = []

@@ -41,6 +41,8 @@ cancel request inside another transaction) and their results are consumed as ``c
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -74,8 +76,10 @@ CLOSED_BLOCK = "closed_block"
 INSTANCE_ENDED = "instance_ended"
 REJECTED = "rejected"
 OUTCOMES = (ADVANCED, HELD, DUPLICATE, STALE, CLOSED_BLOCK, INSTANCE_ENDED, REJECTED)
-# Not an outcome of a row: this round's lease on it was lost before the advance locked it.
+# Not outcomes of a row: this round's lease on it was lost before the advance locked it; the
+# advance failed with an error that is not a refusal (it rolled back, the lease will lapse).
 FENCED = "fenced"
+FAILED_ADVANCE = "error"
 
 EXPRESSION_FAILED = "expression_failed"
 RESULT_SHAPE = "result_shape_mismatch"
@@ -86,6 +90,8 @@ VERSION_UNUSABLE = "version_unusable"
 # Refusals that running the advance again would repeat.
 DETERMINISTIC = (errors.BadRequest, errors.TooManyRequests, errors.NotFound,
                  definitions.VersionScopeMismatch)
+
+log = logging.getLogger(__name__)
 
 Frame = tuple[str, str] | None  # (PARALLEL step, branch) a step runs in; None: the top level
 
@@ -680,13 +686,16 @@ class Engine:
     """One engine replica's work (the daemon ``orbit weave`` runs :meth:`run_once` in a loop)."""
 
     def __init__(self, db: Database, *, owner: str, lease_ms: int = 30_000,
-                 batch: int = 32) -> None:
+                 batch: int = 32, concurrency: int = 4) -> None:
+        """``concurrency``: instances advanced at once within a round (each its own
+        transaction and connection)."""
         if not owner or len(owner) > 128:
             raise ValueError("owner: 1-128 characters")
         self.db = db
         self.owner = owner
         self.lease_ms = lease_ms
         self.batch = batch
+        self.concurrency = concurrency
         self._models: dict[tuple[bytes, bytes, int, bytes], _Model] = {}
 
     async def run_once(self) -> Round:
@@ -706,8 +715,23 @@ class Engine:
         outcomes: dict[str, int] = {}
         seconds: list[float] = []
         latencies: list[float] = []
-        for (ns, instance_id), (rows, advances) in work.items():
-            result = await self.advance(ns, instance_id, rows, advances)
+        slots = asyncio.Semaphore(self.concurrency)
+
+        async def one(ns: bytes, instance_id: bytes, rows: list[dict[str, Any]],
+                      advances: list[dict[str, Any]]) -> _Result:
+            async with slots:
+                try:
+                    return await self.advance(ns, instance_id, rows, advances)
+                except Exception:
+                    # One instance's failure does not hold up the others: its rows' leases
+                    # lapse and a later round leases them again.
+                    log.exception("advance failed", extra={"instance": instance_id.hex()})
+                    return _Result(outcomes={FAILED_ADVANCE: len(rows) + len(advances)},
+                                   seconds=0.0, latencies=())
+
+        for result in await asyncio.gather(*(one(ns, instance_id, rows, advances)
+                                             for (ns, instance_id), (rows, advances)
+                                             in work.items())):
             for outcome, n in result.outcomes.items():
                 outcomes[outcome] = outcomes.get(outcome, 0) + n
             seconds.append(result.seconds)

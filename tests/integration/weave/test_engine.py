@@ -35,6 +35,7 @@ from tests.integration.weave.engine_support import (
 from tests.integration.weave.support import principal
 from tests.support import database, invariants
 from tests.support.lease_fixtures import db_time, make_queue, open_session, wait_db_time_past
+from tests.support.waiting import until
 from tests.unit.weave.strategies import definitions as random_definitions
 
 
@@ -472,3 +473,39 @@ def test_random_definitions_advance_as_the_interpreter_predicts(
     n = data.draw(st.integers(-1000, 1000))
     rng = data.draw(st.randoms(use_true_random=False))
     asyncio.run(_random_run(own_url, document, failing, n, rng))
+
+
+async def test_a_failing_advance_holds_up_no_other_instance_and_is_retried(
+        db: Database) -> None:
+    """An advance that fails with an error that is no refusal (a trigger refuses one step's
+    row here) rolls back alone: the other instance of the round advances; once the cause is
+    gone the failed one's lapsed lease is leased again and it advances."""
+    tenant = await make_tenant(db)
+    engine = Engine(db, owner="engine-errors", lease_ms=300, batch=8)
+    await drain(engine)
+    poisoned = await begin(db, tenant, doc({"poison": task("w.a", "done"),
+                                            "done": {"kind": "SUCCEED"}}, "poison"))
+    healthy = await begin(db, tenant, LINEAR)
+
+    async def ddl(sql: str) -> None:
+        await db.transaction("test.ddl", lambda cur: cur.execute(sql))
+
+    await ddl("CREATE TRIGGER trg_test_poison BEFORE INSERT ON weave_steps FOR EACH ROW"
+              " BEGIN IF NEW.name = 'poison' THEN SIGNAL SQLSTATE '45000'"
+              " SET MESSAGE_TEXT = 'poisoned step'; END IF; END")
+    try:
+        done = await engine.run_once()
+        assert done.outcomes == {"advanced": 1, "error": 1}
+        assert len(await healthy.tasks()) == 1
+        assert await poisoned.tasks() == []
+    finally:
+        await ddl("DROP TRIGGER trg_test_poison")
+    await until(lambda: _tasks_made(poisoned), timeout=10, interval=0.05)
+    assert len(await poisoned.tasks()) == 1
+    assert len(await healthy.tasks()) == 1
+    await clean(db, tenant.namespace_id)
+
+
+async def _tasks_made(flow: Flow) -> bool:
+    await Engine(flow.db, owner="engine-errors", lease_ms=300, batch=8).run_once()
+    return bool(await flow.tasks())

@@ -6,11 +6,14 @@ process plays the worker with the kernel's lease protocol (claim, start, finish)
   committed): the row's lease lapses, another engine advances it once -- exactly one task per
   step, the instance finishes, the invariant checker is green;
 * a PARALLEL block of 50 branches joins exactly once while two engine processes race over its
-  results (both advance it), and SIGTERM drains them to a clean exit.
+  results (both advance it), and SIGTERM drains them to a clean exit;
+* the whole stack (API, dispatcher, SDK workers, engines): a worker and an engine killed with
+  SIGKILL mid-run still leave exactly one task per step and every instance finished.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import urllib.request
@@ -25,7 +28,7 @@ from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_datab
 from tests.conftest import make_tenant
 from tests.integration.weave.engine_support import Flow, begin, doc, task
 from tests.support import database
-from tests.support.invariants import check_db
+from tests.support.invariants import check, check_db
 from tests.support.processes import Daemon, http, wait_until
 from tests.support.waiting import statements_waiting, until
 
@@ -225,3 +228,79 @@ async def test_a_50_branch_block_joins_once_under_two_racing_engines(
     assert sum(advanced) == BRANCHES + 2  # the start, 50 results, the last task's result
     assert all(n > 0 for n in advanced), advanced  # both engines advanced the instance
     assert await check_db(db, [tenant.namespace_id]) == []
+
+
+STEPS = 3
+INSTANCES = 8
+
+
+def test_kill_9_of_workers_and_engines_mid_run_leaves_one_task_per_step(tmp_path: Path) -> None:
+    """The whole stack as processes (API, dispatcher, SDK workers, two engines): instances of a
+    three-step workflow run while a worker is killed mid-step (its rerun-safe tasks run again
+    after their leases lapse) and an engine is killed mid-run; every instance succeeds with
+    exactly one task per step, and the invariant checker is green."""
+    from tests.faults.test_task_faults import kill9, wait_running, worker
+    from tests.support.stack import Stack
+
+    stack = Stack(tmp_path)
+    engines: list[WeaveDaemon] = []
+    try:
+        stack.create_queue("flow", execution_lease_ms=1500, offer_lease_ms=1500,
+                           retry={"max_attempts": 5, "initial_ms": 0, "max_ms": 0,
+                                  "multiplier": "1", "jitter": "0"})
+        steps = {f"s{i}": {"kind": "TASK", "queue": "flow", "handler": "sleep",
+                           "input": "{'ms': 700}", "rerun_safe": True,
+                           "next": f"s{i + 1}" if i + 1 < STEPS else "done"}
+                 for i in range(STEPS)}
+        steps["done"] = {"kind": "SUCCEED", "output": "steps.s2.result"}
+        started = asyncio.run(_start(stack, doc(steps, "s0"), INSTANCES))
+        engines = [WeaveDaemon(stack.daemon_url, tmp_path / f"stack-engine-{i}.log",
+                               f"stack-engine-{i}") for i in range(2)]
+        victim = worker(stack, tmp_path, "victim", queues="flow", concurrency=INSTANCES)
+        wait_running(stack, INSTANCES)  # every instance's first step is running
+        kill9(victim)
+        engines[0].kill()
+        worker(stack, tmp_path, "healthy", queues="flow", concurrency=INSTANCES)
+
+        def finished() -> bool:
+            with stack.sql() as conn, conn.cursor() as cur:
+                cur.execute("SELECT COUNT(*) FROM weave_instances WHERE state = 'SUCCEEDED'")
+                return int(cur.fetchone()[0]) == INSTANCES
+
+        wait_until(finished, timeout=90, interval=0.2, message="every instance to succeed")
+        with stack.sql() as conn, conn.cursor() as cur:
+            cur.execute("SELECT owner_id, COUNT(*), COUNT(DISTINCT JSON_EXTRACT(e.payload,"
+                        " '$.workflow.step')) FROM pulse_tasks t JOIN orbit_events e"
+                        " ON e.namespace_id = t.namespace_id AND e.aggregate_type = 'task'"
+                        " AND e.aggregate_id = t.id AND e.aggregate_revision = 1"
+                        " WHERE t.owner_kind = 'WORKFLOW' GROUP BY owner_id")
+            per_instance = {row[0]: row[1:] for row in cur.fetchall()}
+            cur.execute("SELECT MAX(attempts_used) FROM pulse_tasks")
+            most_attempts = cur.fetchone()[0]
+        assert sorted(per_instance) == sorted(started)
+        assert set(per_instance.values()) == {(STEPS, STEPS)}  # one task per step
+        assert most_attempts >= 2  # the killed worker's steps ran again
+        with stack.sql() as conn:
+            assert check(conn, quiescent=True) == []
+    finally:
+        for e in engines:
+            e.stop()
+        stack.close()
+
+
+async def _start(stack: Any, document: dict[str, Any], count: int) -> list[bytes]:
+    from orbit_common.platform import credentials
+    from orbit_common.weave import definitions, instances
+
+    db = await open_database(stack.url, minsize=1, maxsize=2)
+    try:
+        who = await db.read("test.auth",
+                            lambda cur: credentials.authenticate(cur, stack.api_key))
+        await definitions.create_definition(db, who, namespace=stack.namespace, name="flow")
+        await definitions.publish_version(db, who, namespace=stack.namespace, name="flow",
+                                          revision=1, document=json.dumps(document).encode())
+        return [bytes.fromhex((await instances.start_instance(
+            db, who, namespace=stack.namespace, definition="flow",
+            input_json=json.dumps({"n": i}).encode())).body["id"]) for i in range(count)]
+    finally:
+        await db.close()

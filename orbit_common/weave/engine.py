@@ -156,9 +156,8 @@ def _model(definition: Definition) -> _Model:
 
 
 class _Rejected(errors.OrbitError):
-    """A deterministic refusal inside an advance (a domain error: the runner re-raises it)."""
-
-    code = "workflow_advance_rejected"
+    """A deterministic refusal inside an advance. Internal: an OrbitError only so that the
+    transaction runner re-raises it as it is; it never reaches an API (no code of its own)."""
 
     def __init__(self, reason: str, cause: str) -> None:
         super().__init__(cause)

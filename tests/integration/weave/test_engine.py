@@ -34,7 +34,13 @@ from tests.integration.weave.engine_support import (
 )
 from tests.integration.weave.support import principal
 from tests.support import database, invariants
-from tests.support.lease_fixtures import db_time, make_queue, open_session, wait_db_time_past
+from tests.support.lease_fixtures import (
+    db_time,
+    make_queue,
+    open_session,
+    set_queue_limits,
+    wait_db_time_past,
+)
 from tests.support.waiting import until
 from tests.unit.weave.strategies import definitions as random_definitions
 
@@ -509,3 +515,21 @@ async def test_a_failing_advance_holds_up_no_other_instance_and_is_retried(
 async def _tasks_made(flow: Flow) -> bool:
     await Engine(flow.db, owner="engine-errors", lease_ms=300, batch=8).run_once()
     return bool(await flow.tasks())
+
+
+async def test_a_limit_refusal_fails_the_instance_with_task_rejected(
+        db: Database, engine: Engine) -> None:
+    """A parallel block whose tasks exceed the queue's unfinished-task limit: the task insert is
+    refused in the advance; the instance fails instead of the advance being retried forever."""
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, parallel("ALL_SUCCEED", branches=3))
+    await set_queue_limits(db, tenant, flow.queue.id, max_unfinished_tasks=2)
+    rounds = await drain(engine)
+    assert rounds[0].outcomes == {"rejected": 1}
+    instance = await flow.instance()
+    assert instance["state"] == "FAILED"
+    error = json.loads(instance["error"])
+    assert error["error"] == "task_rejected"
+    assert error["cause"].startswith("queue_full")
+    assert await flow.tasks() == []
+    await clean(db, tenant.namespace_id)

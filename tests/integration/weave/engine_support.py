@@ -92,13 +92,16 @@ class Flow:
 
     async def end(self, task_id: bytes, outcome: str, result: Any = None) -> None:
         """Claim (everything waiting), start and finish ``task_id`` as a worker would."""
-        for queue in (self.queue, *self.more_queues):
-            if task_id in self.grants:
-                break
-            grants = await claim(self.db, self.session, queue)
-            if grants:
-                await start(self.db, self.tenant, grants)
-            self.grants.update({g.task_id: g for g in grants})
+        while task_id not in self.grants:  # a claim grants at most 32 tasks
+            claimed = 0
+            for queue in (self.queue, *self.more_queues):
+                grants = await claim(self.db, self.session, queue)
+                if grants:
+                    await start(self.db, self.tenant, grants)
+                self.grants.update({g.task_id: g for g in grants})
+                claimed += len(grants)
+            if not claimed:
+                raise AssertionError(f"task {task_id.hex()} cannot be claimed")
         grant = self.grants.pop(task_id)
         if outcome == "ok":
             await finish(self.db, self.tenant, [report(grant, "succeeded",

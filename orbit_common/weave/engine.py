@@ -277,14 +277,14 @@ class _Advance:
         self.changed = True
         return row
 
-    def _end(self, row: _Step, state: str, *, output: Any = None, error: Any = None,
-             activation_state: str | None = None) -> None:
+    def _end(self, row: _Step, state: str, *, output: Any = None, error: Any = None) -> None:
+        """``row`` ends in ``state``; so does its activation if it is LIVE."""
         row.state = state
         row.output = output if state == "SUCCEEDED" else row.output
         row.error = error
         row.dirty = True
         if row.activation is not None and row.activation.state == "LIVE":
-            row.activation.state = activation_state or state
+            row.activation.state = state
             row.activation.dirty = True
         self.changed = True
 

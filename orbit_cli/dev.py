@@ -34,7 +34,7 @@ from orbit_common.db import migrator
 from orbit_common.db.pool import DatabaseUrl
 
 # Every daemon that exists today; later capabilities add theirs.
-DAEMONS = ("api", "dispatcher", "scheduler", "delivery")
+DAEMONS = ("api", "dispatcher", "scheduler", "delivery", "weave")
 
 
 @click.group()

@@ -695,6 +695,18 @@ def delivery_command(ctx: click.Context) -> None:
     runner.run(DeliveryService, config, "delivery")
 
 
+@cli.command("weave")
+@click.pass_context
+def weave_command(ctx: click.Context) -> None:
+    """Run the workflow engine (advances workflow instances; run any number of replicas)."""
+    from orbit_common.service import runner
+    from orbit_weave.service import WeaveService
+
+    config = _config(ctx)
+    _url(ctx)
+    runner.run(WeaveService, config, "weave")
+
+
 @cli.group()
 def bench() -> None:
     """Benchmarks (run from a checkout; figures go to bench/RESULTS.md)."""

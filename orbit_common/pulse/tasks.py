@@ -448,7 +448,8 @@ class Item:
 
     ``owner_kind`` / ``owner_id`` name what made the task when Orbit made it (a schedule fire:
     ``SCHEDULE`` and the schedule id; a workflow step: ``WORKFLOW`` and the instance id); a
-    client's submission has neither (ck_tasks_owner: both or none)."""
+    client's submission has neither (ck_tasks_owner: both or none). ``workflow_gate_id`` is the
+    owning instance's execution gate (a workflow step's task: claims and starts check it too)."""
 
     spec: TaskSpec
     path: str
@@ -458,6 +459,7 @@ class Item:
     idem: IdempotencyRequest | None = None
     owner_kind: str | None = None
     owner_id: bytes | None = None
+    workflow_gate_id: bytes | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -505,9 +507,9 @@ INSERT INTO pulse_tasks (namespace_id, id, queue_id, handler, input, state, revi
   available_at, business_key, deadline_at, start_deadline_at, attempt_timeout_ms, max_attempts,
   retry_initial_ms, retry_max_ms, retry_multiplier, retry_jitter, offer_lease_ms,
   execution_lease_ms, rerun_safe, attempts_used, effect_uncertain, created_at, updated_at,
-  concurrency_key, concurrency_key_digest, owner_kind, owner_id)
+  concurrency_key, concurrency_key_digest, owner_kind, owner_id, workflow_gate_id)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
-  %s, %s, %s, %s, %s, %s, %s)
+  %s, %s, %s, %s, %s, %s, %s, %s)
 """
 INSERT_EVENTS = """
 INSERT INTO orbit_events (namespace_id, id, aggregate_type, aggregate_id, aggregate_revision,
@@ -575,7 +577,7 @@ def _plan(item: Item, queue: Queue, now: dt.datetime, problems: list[dict[str, s
         _or(spec.execution_lease_ms, queue.execution_lease_ms), int(spec.rerun_safe), 0, 0,
         to_db(now), to_db(now), spec.concurrency_key,
         None if spec.concurrency_key is None else resources.key_digest(spec.concurrency_key),
-        item.owner_kind, item.owner_id,
+        item.owner_kind, item.owner_id, item.workflow_gate_id,
     )
     return _Row(item=item, queue=queue, receipt=receipt, task=task)
 

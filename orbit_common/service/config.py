@@ -214,6 +214,28 @@ class ServiceConfig:
 
 
 @attrs.frozen(kw_only=True)
+class WeaveConfig:
+    """The workflow engine ``orbit weave`` (docs/configuration.md, ``[weave]``)."""
+
+    # The engine replica's lease owner (weave_inbox.lease_owner, at most 128 characters);
+    # empty: ``hostname:pid``. Two live replicas must not share one.
+    owner: str = ""
+    # How long a lease on an inbox row or pending advance holds before another replica may
+    # take it (a killed engine's rows come back after this).
+    lease_ms: int = attrs.field(default=30_000, validator=attrs.validators.ge(100))
+    # Rows leased per round, of each kind (inbox rows, pending advances).
+    batch: int = attrs.field(default=32, validator=[attrs.validators.ge(1),
+                                                    attrs.validators.le(500)])
+    # Instances advanced at once within a round (each its own transaction and connection: keep
+    # it below [database] pool_max).
+    concurrency: int = attrs.field(default=4, validator=attrs.validators.ge(1))
+    # Idle polling backs off from poll_min_ms to poll_max_ms; a full round loops at once.
+    poll_min_ms: int = attrs.field(default=10, validator=attrs.validators.ge(1))
+    poll_max_ms: int = attrs.field(default=200, validator=attrs.validators.ge(1))
+    gauge_interval_s: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
+
+
+@attrs.frozen(kw_only=True)
 class OrbitConfig:
     database: DatabaseConfig = attrs.field(factory=DatabaseConfig)
     api: ApiConfig = attrs.field(factory=ApiConfig)
@@ -221,6 +243,7 @@ class OrbitConfig:
     dispatcher: DispatcherConfig = attrs.field(factory=DispatcherConfig)
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     delivery: DeliveryConfig = attrs.field(factory=DeliveryConfig)
+    weave: WeaveConfig = attrs.field(factory=WeaveConfig)
     service: ServiceConfig = attrs.field(factory=ServiceConfig)
 
 
@@ -283,6 +306,7 @@ SECTIONS: dict[str, type[Any]] = {
     "dispatcher": DispatcherConfig,
     "scheduler": SchedulerConfig,
     "delivery": DeliveryConfig,
+    "weave": WeaveConfig,
     "service": ServiceConfig,
 }
 def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:

@@ -1072,10 +1072,37 @@ async def test_workflow_corruptions(
                       " completed_at = UTC_TIMESTAMP(6) WHERE namespace_id = %s AND id = %s",
         damaged.namespace_id, instance["id"])
     found = [f for f in check(scratch_conn, ns) if f.startswith("[instance_state]")]
-    assert len(found) == 2, found  # the LIVE $root activation and the ROOT advance
+    # the LIVE $root activation, the ROOT advance, the RUNNING $root and a steps
+    assert len(found) == 3, found
     assert check(scratch_conn, [bystander.namespace_id]) == []
     assert {"live_activation", "workflow_inbox", "instance_state"} <= codes(
         await check_db(scratch_db, ns))
+
+
+async def test_inbox_outcome_corruptions(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any]
+) -> None:
+    """An inbox row consumed as ``advanced`` whose activation does not carry its event, and an
+    outcome on a row not consumed, are ``inbox_outcome``."""
+    from tests.integration.weave.test_inbox import workflow_task
+
+    damaged = await make_tenant(scratch_db)
+    task_id, _, _ = await workflow_task(scratch_db, damaged)
+    await interventions.cancel_task(scratch_db, await principal(scratch_db, damaged),
+                                    namespace=damaged.namespace, task_id=task_id, reason="x")
+    ns = [damaged.namespace_id]
+    assert check(scratch_conn, ns) == []
+    sql(scratch_conn, "UPDATE weave_inbox SET outcome = 'stale' WHERE namespace_id = %s",
+        damaged.namespace_id)
+    found = check(scratch_conn, ns)
+    assert codes(found) == {"inbox_outcome"}, found
+    assert "does not match" in found[0]
+    sql(scratch_conn, "UPDATE weave_inbox SET state = 'CONSUMED', outcome = 'advanced',"
+                      " consumed_at = UTC_TIMESTAMP(6) WHERE namespace_id = %s",
+        damaged.namespace_id)
+    found = check(scratch_conn, ns)
+    assert codes(found) == {"inbox_outcome"}, found
+    assert "no activation with this result event" in found[0]
 
 
 # --- subscriptions and deliveries (orbit_common/relay) ---------------------------------------
@@ -1236,5 +1263,6 @@ def test_every_code_has_a_corruption_test() -> None:
     covered = ({code for code, _ in CORRUPTIONS} | {code for code, _ in FLOW_CORRUPTIONS}
                | {code for code, _ in RELAY_CORRUPTIONS}
                | {"stuck", "missing_task", "one_run_per_instant", "task_owner",
-                  "delivery_stuck", "live_activation", "workflow_inbox", "instance_state"})
+                  "delivery_stuck", "live_activation", "workflow_inbox", "instance_state",
+                  "inbox_outcome"})
     assert covered == set(CODES)

@@ -115,7 +115,11 @@ Invariants (code: what must hold)
                           has that result event
     instance_state        an instance has exactly one $root step and its own WORKFLOW gate;
                           a finished instance (SUCCEEDED, FAILED, CANCELLED) has no LIVE
-                          activation and no unfinished pending advance
+                          activation, no RUNNING or WAITING step and no unfinished pending
+                          advance
+    inbox_outcome         (Weave engine) a CONSUMED inbox row has an outcome and no other row
+                          has one; a row consumed as ``advanced`` or ``duplicate`` names an
+                          activation whose result_event_id is the row's source event
 """
 
 from __future__ import annotations
@@ -154,7 +158,7 @@ CODES = (
     "permit_revision", "start_budget", "session_binding", "one_run_per_instant", "task_owner",
     "subscription_backlog", "delivery_unique", "delivery_source", "delivery_lease",
     "delivery_attempts", "scan_position", "delivery_stuck", "live_activation",
-    "workflow_inbox", "instance_state",
+    "workflow_inbox", "instance_state", "inbox_outcome",
 )
 
 
@@ -979,7 +983,30 @@ SELECT i.namespace_id, i.id, i.state, 'unfinished pending advances', COUNT(*)
 FROM weave_instances i
 JOIN weave_pending_advances p ON p.namespace_id = i.namespace_id AND p.instance_id = i.id
 WHERE i.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND p.state <> 'DONE'{s.ns('i')}
+GROUP BY i.namespace_id, i.id, i.state
+UNION ALL
+SELECT i.namespace_id, i.id, i.state, 'RUNNING or WAITING steps', COUNT(*)
+FROM weave_instances i
+JOIN weave_steps st ON st.namespace_id = i.namespace_id AND st.instance_id = i.id
+WHERE i.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+  AND st.state IN ('RUNNING', 'WAITING'){s.ns('i')}
 GROUP BY i.namespace_id, i.id, i.state"""
+
+
+def _inbox_outcome_sql(s: Scope) -> str:
+    return f"""
+SELECT i.namespace_id, i.task_id, i.source_event_id AS event_id, i.state, i.outcome,
+  'an outcome that does not match the row' AS problem
+FROM weave_inbox i
+WHERE (i.state = 'CONSUMED') <> (i.outcome IS NOT NULL){s.ns('i')}
+UNION ALL
+SELECT i.namespace_id, i.task_id, i.source_event_id, i.state, i.outcome,
+  'no activation with this result event'
+FROM weave_inbox i
+LEFT JOIN weave_activations a ON a.namespace_id = i.namespace_id AND a.id = i.activation_id
+  AND a.result_event_id = i.source_event_id
+WHERE i.state = 'CONSUMED' AND i.outcome IN ('advanced', 'duplicate')
+  AND a.id IS NULL{s.ns('i')}"""
 
 
 def _stuck_sql(s: Scope) -> str:
@@ -1132,6 +1159,9 @@ PROBES: tuple[Probe, ...] = (
     Probe("instance_state", _instance_state_sql,
           lambda r, s: f"instance {_h(r['namespace_id'])}/{_h(r['instance_id'])} ({r['state']})"
                        f" has {r['n']} {r['what']}"),
+    Probe("inbox_outcome", _inbox_outcome_sql,
+          lambda r, s: f"{_task(r)}: inbox row ({r['state']}, {_h(r['outcome'])}) has"
+                       f" {r['problem']} (event {_h(r['event_id'])})"),
     Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),
     Probe("delivery_stuck", _delivery_stuck_sql,
           lambda r, s: f"{_delivery(r)} is still LEASED though its lease lapsed at"

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-DAEMONS = ("api", "dispatcher", "scheduler", "delivery")
+DAEMONS = ("api", "dispatcher", "scheduler", "delivery", "weave")
 
 
 def test_each_systemd_unit_sets_its_own_operator_port() -> None:

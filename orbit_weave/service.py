@@ -4,8 +4,9 @@ Two loops share one database pool:
 
 * **advances** -- :meth:`orbit_common.weave.engine.Engine.run_once` rounds: lease up to
   ``[weave] batch`` inbox rows and pending advances (``SKIP LOCKED``, lapsed leases included),
-  then one transaction per instance. A round whose lease came back full runs again at once; one
-  that found work waits ``poll_min_ms``; an idle one backs off, doubling up to ``poll_max_ms``.
+  then the leased instances' advances, up to ``per_transaction`` instances per transaction. A
+  round whose lease came back full runs again at once; one that found work waits
+  ``poll_min_ms``; an idle one backs off, doubling up to ``poll_max_ms``.
 * **gauges** -- every ``gauge_interval_s``, the backlog and instances by state.
 
 Drain (SIGTERM): stop starting rounds; the round in flight finishes (every row it leased is
@@ -48,7 +49,8 @@ class WeaveService:
         self.gate = gate
         self.engine = engine.Engine(db, owner=owner_id(self.config.owner),
                                     lease_ms=self.config.lease_ms, batch=self.config.batch,
-                                    concurrency=self.config.concurrency)
+                                    concurrency=self.config.concurrency,
+                                    per_transaction=self.config.per_transaction)
         self.metrics = metrics or default()
         self.stopping = asyncio.Event()
         self.loops: list[asyncio.Task[None]] = []

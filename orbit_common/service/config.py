@@ -226,8 +226,12 @@ class WeaveConfig:
     # Rows leased per round, of each kind (inbox rows, pending advances).
     batch: int = attrs.field(default=32, validator=[attrs.validators.ge(1),
                                                     attrs.validators.le(500)])
-    # Instances advanced at once within a round (each its own transaction and connection: keep
-    # it below [database] pool_max).
+    # Instances advanced together in one transaction at most (each instance's advance is whole
+    # in it; a batch that fails is retried instance by instance).
+    per_transaction: int = attrs.field(default=32, validator=[attrs.validators.ge(1),
+                                                              attrs.validators.le(500)])
+    # Advance transactions at once within a round (each its own connection: keep it below
+    # [database] pool_max).
     concurrency: int = attrs.field(default=4, validator=attrs.validators.ge(1))
     # Idle polling backs off from poll_min_ms to poll_max_ms; a full round loops at once.
     poll_min_ms: int = attrs.field(default=10, validator=attrs.validators.ge(1))

@@ -3,11 +3,15 @@
 
 A round (:meth:`Engine.run_once`) leases up to ``batch`` inbox rows and up to ``batch`` due
 pending advances in one short transaction (``leasing.py``: ``SKIP LOCKED``, oldest first, then
-lapsed leases), then advances each instance that has leased rows in **one transaction per
-instance**, in this lock order:
+lapsed leases), then advances the instances that have leased rows: each instance's advance is
+whole in **one transaction**, and up to ``per_transaction`` instances of a namespace share it
+(each statement then serves all of them: one task insert, one CASE update per table, one event
+insert -- a transaction's statement count does not grow with its instances). If that
+transaction fails, each of its instances is advanced alone. The lock order:
 
-1. the instance row ``FOR UPDATE`` -- it serialises every advance of one instance, whichever
-   replica runs it (a PARALLEL join is decided once, on fresh rows);
+1. the instance rows ``FOR UPDATE``, in id order -- an instance's row serialises every advance
+   of that instance, whichever replica runs it (a PARALLEL join is decided once, on fresh
+   rows);
 2. its leased inbox rows, then its leased pending advances, ``FOR UPDATE``; only the rows still
    LEASED by this owner with the ``attempts`` this round leased them at are kept (the fence: a
    lease that lapsed and was leased again belongs to its new holder);
@@ -54,7 +58,7 @@ from orbit_common.db.batch import multi_insert, placeholders
 from orbit_common.db.clock import as_utc, db_now, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
-from orbit_common.platform.events import append_event
+from orbit_common.platform.events import EventRecord, append_events
 from orbit_common.pulse import tasks
 from orbit_common.weave import definitions, expressions, leasing, types
 from orbit_common.weave.language import (
@@ -532,12 +536,15 @@ class _Advance:
 LOCK_INSTANCE = ("SELECT id, namespace_id, definition_id, version, version_digest, state,"
                  " revision, input, gate_id FROM weave_instances"
                  " WHERE namespace_id = %s AND id = %s FOR UPDATE")
+LOCK_INSTANCES = ("SELECT id, namespace_id, definition_id, version, version_digest, state,"
+                  " revision, input, gate_id FROM weave_instances"
+                  " WHERE namespace_id = %s AND id IN ({ids}) ORDER BY id FOR UPDATE")
 FENCE = ("SELECT * FROM {table} WHERE namespace_id = %s AND id IN ({ids})"
          " ORDER BY created_at, id FOR UPDATE")
-STEPS = ("SELECT id, name, kind, state, output, error, join_state FROM weave_steps"
-         " WHERE namespace_id = %s AND instance_id = %s")
-ACTIVATIONS = ("SELECT id, step_id, state, task_id, result_event_id FROM weave_activations"
-               " WHERE namespace_id = %s AND instance_id = %s")
+STEPS = ("SELECT instance_id, id, name, kind, state, output, error, join_state"
+         " FROM weave_steps WHERE namespace_id = %s AND instance_id IN ({ids})")
+ACTIVATIONS = ("SELECT instance_id, id, step_id, state, task_id, result_event_id"
+               " FROM weave_activations WHERE namespace_id = %s AND instance_id IN ({ids})")
 INSERT_STEPS = ("INSERT INTO weave_steps (namespace_id, instance_id, id, name, kind, state,"
                 " revision, activation_count, live_activation_id, output, error, join_state,"
                 " created_at, updated_at)")
@@ -546,15 +553,22 @@ INSERT_ACTIVATIONS = ("INSERT INTO weave_activations (namespace_id, instance_id,
                       " sequence, state, live_step_id, task_id, result_event_id, created_at,"
                       " ended_at)")
 ACTIVATION_ROW = "(%s, %s, %s, %s, 1, %s, %s, %s, %s, %s, %s)"
-UPDATE_STEP = ("UPDATE weave_steps SET state = %s, revision = revision + 1,"
-               " live_activation_id = %s, output = %s, error = %s, join_state = %s,"
-               " updated_at = %s WHERE namespace_id = %s AND instance_id = %s AND id = %s")
-UPDATE_ACTIVATION = ("UPDATE weave_activations SET state = %s, live_step_id = %s,"
-                     " result_event_id = %s, ended_at = %s"
-                     " WHERE namespace_id = %s AND id = %s")
-UPDATE_INSTANCE = ("UPDATE weave_instances SET state = %s, revision = revision + 1,"
-                   " output = %s, error = %s, updated_at = %s, completed_at = %s"
-                   " WHERE namespace_id = %s AND id = %s")
+# Every changed row of a batch in one statement per table: each column a CASE over the row ids
+# (values only from driver parameters). A step's key is (namespace, instance, id): the instance
+# ids bound the range, the ids pick the rows.
+UPDATE_STEPS = ("UPDATE weave_steps SET state = CASE id {state} END, revision = revision + 1,"
+                " live_activation_id = CASE id {live} END, output = CASE id {output} END,"
+                " error = CASE id {error} END, join_state = CASE id {join} END,"
+                " updated_at = %s WHERE namespace_id = %s AND instance_id IN ({instances})"
+                " AND id IN ({ids})")
+UPDATE_ACTIVATIONS = ("UPDATE weave_activations SET state = CASE id {state} END,"
+                      " live_step_id = CASE id {live} END,"
+                      " result_event_id = CASE id {event} END, ended_at = CASE id {ended} END"
+                      " WHERE namespace_id = %s AND id IN ({ids})")
+UPDATE_INSTANCES = ("UPDATE weave_instances SET state = CASE id {state} END,"
+                    " revision = revision + 1, output = CASE id {output} END,"
+                    " error = CASE id {error} END, completed_at = CASE id {completed} END,"
+                    " updated_at = %s WHERE namespace_id = %s AND id IN ({ids})")
 CONSUME = ("UPDATE weave_inbox SET state = 'CONSUMED', outcome = %s, consumed_at = %s,"
            " lease_owner = NULL, lease_expires_at = NULL"
            " WHERE namespace_id = %s AND id IN ({ids})")
@@ -575,91 +589,155 @@ async def _fence(cur: Any, table: str, namespace_id: bytes, leased: Sequence[dic
             and r["attempts"] == attempts[r["id"]]]
 
 
-async def _load_steps(cur: Any, instance: dict[str, Any]) -> tuple[list[_Step], int]:
-    key = (instance["namespace_id"], instance["id"])
-    await cur.execute(ACTIVATIONS, key)
+async def _load_steps(cur: Any, ns: bytes, instance_ids: Sequence[bytes]
+                      ) -> dict[bytes, tuple[list[_Step], int]]:
+    """Each instance's steps (with the activation that counts: the LIVE one, else the last)
+    and how many tasks its activations made."""
+    if not instance_ids:
+        return {}
+    marks = placeholders(len(instance_ids))
+    await cur.execute(ACTIVATIONS.format(ids=marks), (ns, *instance_ids))
     activations: dict[bytes, _Activation] = {}
-    tasks_made = 0
+    made: dict[bytes, int] = dict.fromkeys(instance_ids, 0)
     for a in await cur.fetchall():
         if a["task_id"] is not None:
-            tasks_made += 1
+            made[a["instance_id"]] += 1
         # One activation per step in this issue (no loops); the LIVE one, else the last.
         current = activations.get(a["step_id"])
         if current is None or a["state"] == "LIVE":
             activations[a["step_id"]] = _Activation(
                 id=a["id"], step_id=a["step_id"], state=a["state"], task_id=a["task_id"],
                 result_event_id=a["result_event_id"])
-    await cur.execute(STEPS, key)
-    steps = [_Step(id=s["id"], name=s["name"], kind=s["kind"], state=s["state"],
-                   output=_text(s["output"]), error=_text(s["error"]),
-                   join=_text(s["join_state"]), activation=activations.get(s["id"]))
-             for s in await cur.fetchall()]
-    return steps, tasks_made
+    await cur.execute(STEPS.format(ids=marks), (ns, *instance_ids))
+    steps: dict[bytes, list[_Step]] = {instance_id: [] for instance_id in instance_ids}
+    for r in await cur.fetchall():
+        steps[r["instance_id"]].append(_Step(
+            id=r["id"], name=r["name"], kind=r["kind"], state=r["state"],
+            output=_text(r["output"]), error=_text(r["error"]), join=_text(r["join_state"]),
+            activation=activations.get(r["id"])))
+    return {instance_id: (steps[instance_id], made[instance_id]) for instance_id in instance_ids}
 
 
-async def _write(cur: Any, advance: _Advance, now: Any) -> None:
-    instance = advance.instance
-    ns, instance_id = instance["namespace_id"], instance["id"]
-    when = to_db(now)
-    if advance.new_tasks:
-        names = sorted({t.item.spec.queue for t in advance.new_tasks})
+def _cases(rows: Sequence[tuple[bytes, Any]]) -> tuple[str, list[Any]]:
+    """``WHEN id THEN value …`` for a CASE over the row ids, and its parameters."""
+    return " ".join("WHEN %s THEN %s" for _ in rows), [v for row in rows for v in row]
+
+
+async def _update(cur: Any, sql: str, columns: Mapping[str, Sequence[tuple[bytes, Any]]],
+                  head: Sequence[Any], **lists: Sequence[bytes]) -> None:
+    """One UPDATE with a CASE per column. ``sql``'s CASEs are named by ``columns``' keys and
+    appear in their order; then the scalars ``head``, then each id list of ``lists`` (named,
+    in order)."""
+    texts: dict[str, str] = {}
+    params: list[Any] = []
+    for key, rows in columns.items():
+        texts[key], found = _cases(rows)
+        params += found
+    marks = {name: placeholders(len(values)) for name, values in lists.items()}
+    await cur.execute(sql.format(**texts, **marks),
+                      (*params, *head, *[v for values in lists.values() for v in values]))
+
+
+async def _write(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any) -> None:
+    """Write every changed instance of a batch: its new tasks (one insert for the batch), its
+    steps, activations and instance (one statement per table), one event each."""
+    await _insert_tasks(cur, ns, advances, now)
+    await _write_rows(cur, ns, advances, to_db(now))
+    await append_events(cur, [EventRecord(
+        namespace_id=ns, id=ids.new_id(), aggregate_type="workflow_instance",
+        aggregate_id=adv.instance["id"], aggregate_revision=adv.instance["revision"] + 1,
+        event_type={"SUCCEEDED": "workflow.succeeded", "FAILED": "workflow.failed"}.get(
+            adv.state, "workflow.advanced"),
+        from_state="RUNNING", to_state=adv.state,
+        payload={"completed": adv.completed,
+                 "tasks": [{"step": t.step, "task_id": t.item.task_id.hex(),
+                            "sequence": t.sequence} for t in adv.new_tasks],
+                 "waiting": sorted(r.name for r in adv.rows() if r.state == "WAITING"),
+                 "output": adv.output, "error": adv.error}) for adv in advances])
+
+
+async def _insert_tasks(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any) -> None:
+    """The batch's new tasks in one generated insert (counters and limits as a submission);
+    a missing queue or a refused task is a deterministic refusal."""
+    new_tasks = [(advance, t) for advance in advances for t in advance.new_tasks]
+    if new_tasks:
+        names = sorted({t.item.spec.queue for _, t in new_tasks})
         queues = await tasks.queues_by_name(cur, ns, names)
         for name in names:
             if name not in queues:
                 raise _Rejected(TASK_REJECTED, f"queue {name!r} does not exist")
         try:
             await tasks.insert_generated(
-                cur, ns, [(t.item, queues[t.item.spec.queue]) for t in advance.new_tasks],
-                now, [{"workflow": {"instance_id": instance_id.hex(), "step": t.step,
-                                    "activation_id": t.activation_id.hex(),
-                                    "sequence": t.sequence}} for t in advance.new_tasks])
+                cur, ns, [(t.item, queues[t.item.spec.queue]) for _, t in new_tasks],
+                now, [{"workflow": {"instance_id": advance.instance["id"].hex(),
+                                    "step": t.step, "activation_id": t.activation_id.hex(),
+                                    "sequence": t.sequence}} for advance, t in new_tasks])
         except DETERMINISTIC as exc:
             raise _Rejected(TASK_REJECTED, f"{getattr(exc, 'code', 'refused')}: {exc}"
                             ) from exc
+
+
+async def _write_rows(cur: Any, ns: bytes, advances: Sequence[_Advance], when: Any) -> None:
+    """The batch's steps and activations (new: one insert each; changed: one CASE update
+    each) and its instances (one CASE update)."""
     new_steps, new_activations = [], []
-    for row in advance.rows():
-        activation = row.activation
-        live = activation is not None and activation.state == "LIVE"
-        join = _json(row.join)
-        if row.new:
-            new_steps.append((ns, instance_id, row.id, row.name, row.kind, row.state,
-                              activation.id if live and activation else None,
-                              _json(row.output), _json(row.error), join, when, when))
-        elif row.dirty:
-            await cur.execute(UPDATE_STEP, (
-                row.state, activation.id if live and activation else None, _json(row.output),
-                _json(row.error), join, when, ns, instance_id, row.id))
-        if activation is None:
-            continue
-        if activation.new:
-            new_activations.append((ns, instance_id, row.id, activation.id, activation.state,
-                                    row.id if live else None, activation.task_id,
-                                    activation.result_event_id, when, None if live else when))
-        elif activation.dirty:
-            await cur.execute(UPDATE_ACTIVATION, (
-                activation.state, row.id if live else None, activation.result_event_id,
-                None if live else when, ns, activation.id))
+    dirty_steps: list[tuple[bytes, _Step]] = []
+    dirty_activations: list[tuple[_Step, _Activation]] = []
+    for advance in advances:
+        instance_id = advance.instance["id"]
+        for row in advance.rows():
+            activation = row.activation
+            live = activation is not None and activation.state == "LIVE"
+            if row.new:
+                new_steps.append((ns, instance_id, row.id, row.name, row.kind, row.state,
+                                  activation.id if live and activation else None,
+                                  _json(row.output), _json(row.error), _json(row.join), when,
+                                  when))
+            elif row.dirty:
+                dirty_steps.append((instance_id, row))
+            if activation is None:
+                continue
+            if activation.new:
+                new_activations.append((ns, instance_id, row.id, activation.id,
+                                        activation.state, row.id if live else None,
+                                        activation.task_id, activation.result_event_id, when,
+                                        None if live else when))
+            elif activation.dirty:
+                dirty_activations.append((row, activation))
     if new_steps:
         sql, params = multi_insert(INSERT_STEPS, STEP_ROW, new_steps)
         await cur.execute(sql, params)
     if new_activations:
         sql, params = multi_insert(INSERT_ACTIVATIONS, ACTIVATION_ROW, new_activations)
         await cur.execute(sql, params)
-    ended = advance.state != "RUNNING"
-    await cur.execute(UPDATE_INSTANCE, (
-        advance.state, _json(advance.output), _json(advance.error), when,
-        when if ended else None, ns, instance_id))
-    event_type = {"SUCCEEDED": "workflow.succeeded", "FAILED": "workflow.failed"}.get(
-        advance.state, "workflow.advanced")
-    await append_event(
-        cur, namespace_id=ns, aggregate_type="workflow_instance", aggregate_id=instance_id,
-        aggregate_revision=instance["revision"] + 1, event_type=event_type,
-        from_state="RUNNING", to_state=advance.state,
-        payload={"completed": advance.completed,
-                 "tasks": [{"step": t.step, "task_id": t.item.task_id.hex(),
-                            "sequence": t.sequence} for t in advance.new_tasks],
-                 "waiting": sorted(r.name for r in advance.rows() if r.state == "WAITING"),
-                 "output": advance.output, "error": advance.error})
+    if dirty_steps:
+        def live_of(row: _Step) -> bytes | None:
+            a = row.activation
+            return a.id if a is not None and a.state == "LIVE" else None
+
+        await _update(cur, UPDATE_STEPS, {
+            "state": [(r.id, r.state) for _, r in dirty_steps],
+            "live": [(r.id, live_of(r)) for _, r in dirty_steps],
+            "output": [(r.id, _json(r.output)) for _, r in dirty_steps],
+            "error": [(r.id, _json(r.error)) for _, r in dirty_steps],
+            "join": [(r.id, _json(r.join)) for _, r in dirty_steps],
+        }, (when, ns), instances=sorted({i for i, _ in dirty_steps}),
+            ids=[r.id for _, r in dirty_steps])
+    if dirty_activations:
+        pairs = [(row, a, a.state == "LIVE") for row, a in dirty_activations]
+        await _update(cur, UPDATE_ACTIVATIONS, {
+            "state": [(a.id, a.state) for _, a, _ in pairs],
+            "live": [(a.id, row.id if live else None) for row, a, live in pairs],
+            "event": [(a.id, a.result_event_id) for _, a, _ in pairs],
+            "ended": [(a.id, None if live else when) for _, a, live in pairs],
+        }, (ns,), ids=[a.id for _, a, _ in pairs])
+    await _update(cur, UPDATE_INSTANCES, {
+        "state": [(adv.instance["id"], adv.state) for adv in advances],
+        "output": [(adv.instance["id"], _json(adv.output)) for adv in advances],
+        "error": [(adv.instance["id"], _json(adv.error)) for adv in advances],
+        "completed": [(adv.instance["id"], when if adv.state != "RUNNING" else None)
+                      for adv in advances],
+    }, (when, ns), ids=[adv.instance["id"] for adv in advances])
 
 
 async def _consume(cur: Any, ns: bytes, outcomes: Mapping[bytes, str], done: Sequence[bytes],
@@ -674,6 +752,16 @@ async def _consume(cur: Any, ns: bytes, outcomes: Mapping[bytes, str], done: Seq
         await cur.execute(DONE.format(ids=placeholders(len(done))), (to_db(now), ns, *done))
 
 
+Item = tuple[bytes, Sequence[dict[str, Any]], Sequence[dict[str, Any]]]
+
+
+def _by_instance(rows: Sequence[dict[str, Any]]) -> dict[bytes, list[dict[str, Any]]]:
+    found: dict[bytes, list[dict[str, Any]]] = {}
+    for r in rows:
+        found.setdefault(r["instance_id"], []).append(r)
+    return found
+
+
 @attrs.frozen
 class _Result:
     outcomes: dict[str, int]
@@ -685,9 +773,10 @@ class Engine:
     """One engine replica's work (the daemon ``orbit weave`` runs :meth:`run_once` in a loop)."""
 
     def __init__(self, db: Database, *, owner: str, lease_ms: int = 30_000,
-                 batch: int = 32, concurrency: int = 4) -> None:
-        """``concurrency``: instances advanced at once within a round (each its own
-        transaction and connection)."""
+                 batch: int = 32, concurrency: int = 4, per_transaction: int = 32) -> None:
+        """``per_transaction``: instances advanced together in one transaction (at most);
+        ``concurrency``: such transactions at once within a round (each its own
+        connection)."""
         if not owner or len(owner) > 128:
             raise ValueError("owner: 1-128 characters")
         self.db = db
@@ -695,6 +784,7 @@ class Engine:
         self.lease_ms = lease_ms
         self.batch = batch
         self.concurrency = concurrency
+        self.per_transaction = max(1, per_transaction)
         self._models: dict[tuple[bytes, bytes, int, bytes], _Model] = {}
 
     async def run_once(self) -> Round:
@@ -706,31 +796,29 @@ class Engine:
             return inbox, due
 
         inbox, due = await self.db.transaction("weave.lease", lease)
-        work: dict[tuple[bytes, bytes], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        work: dict[bytes, dict[bytes, tuple[list[dict[str, Any]], list[dict[str, Any]]]]] = {}
         for row in due:
-            work.setdefault((row["namespace_id"], row["instance_id"]), ([], []))[1].append(row)
+            work.setdefault(row["namespace_id"], {}).setdefault(
+                row["instance_id"], ([], []))[1].append(row)
         for row in sorted(inbox, key=lambda r: (r["created_at"], r["id"])):
-            work.setdefault((row["namespace_id"], row["instance_id"]), ([], []))[0].append(row)
+            work.setdefault(row["namespace_id"], {}).setdefault(
+                row["instance_id"], ([], []))[0].append(row)
+        chunks: list[tuple[bytes, list[Item]]] = []
+        for ns, by_instance in work.items():
+            items: list[Item] = [(instance_id, rows, advances)
+                                 for instance_id, (rows, advances) in by_instance.items()]
+            for start in range(0, len(items), self.per_transaction):
+                chunks.append((ns, items[start:start + self.per_transaction]))
         outcomes: dict[str, int] = {}
         seconds: list[float] = []
         latencies: list[float] = []
         slots = asyncio.Semaphore(self.concurrency)
 
-        async def one(ns: bytes, instance_id: bytes, rows: list[dict[str, Any]],
-                      advances: list[dict[str, Any]]) -> _Result:
+        async def one(ns: bytes, items: list[Item]) -> _Result:
             async with slots:
-                try:
-                    return await self.advance(ns, instance_id, rows, advances)
-                except Exception:
-                    # One instance's failure does not hold up the others: its rows' leases
-                    # lapse and a later round leases them again.
-                    log.exception("advance failed", extra={"instance": instance_id.hex()})
-                    return _Result(outcomes={FAILED_ADVANCE: len(rows) + len(advances)},
-                                   seconds=0.0, latencies=())
+                return await self.advance_many(ns, items)
 
-        for result in await asyncio.gather(*(one(ns, instance_id, rows, advances)
-                                             for (ns, instance_id), (rows, advances)
-                                             in work.items())):
+        for result in await asyncio.gather(*(one(ns, items) for ns, items in chunks)):
             for outcome, n in result.outcomes.items():
                 outcomes[outcome] = outcomes.get(outcome, 0) + n
             seconds.append(result.seconds)
@@ -753,51 +841,94 @@ class Engine:
     async def advance(self, ns: bytes, instance_id: bytes, inbox: Sequence[dict[str, Any]],
                       advances: Sequence[dict[str, Any]]) -> _Result:
         """Advance one instance with the rows this engine leased (one transaction)."""
+        return await self.advance_many(ns, [(instance_id, inbox, advances)])
+
+    async def advance_many(self, ns: bytes, items: Sequence[Item]) -> _Result:
+        """Advance the instances of ``items`` (``(instance id, leased inbox rows, leased
+        advances)``, one namespace) in one transaction; each instance's advance is whole
+        in it. If that transaction fails, each instance is advanced alone (a refusal, or an
+        error that is not one, then holds up only its own instance)."""
+        if len(items) > 1:
+            try:
+                return await self._advance(ns, items)
+            except Exception:  # noqa: BLE001 - isolated below, instance by instance
+                results = [await self.advance_many(ns, [item]) for item in items]
+                merged: dict[str, int] = {}
+                for result in results:
+                    for outcome, n in result.outcomes.items():
+                        merged[outcome] = merged.get(outcome, 0) + n
+                return _Result(outcomes=merged, seconds=sum(r.seconds for r in results),
+                               latencies=tuple(x for r in results for x in r.latencies))
+        ((instance_id, inbox, advances),) = items
+        try:
+            return await self._advance(ns, items)
+        except _Rejected as exc:
+            began = time.monotonic()
+            refusal = exc
+            counts = await self.db.transaction(
+                "weave.reject", lambda cur: self._reject(cur, ns, instance_id, inbox, advances,
+                                                         refusal))
+            return _Result(outcomes=counts, seconds=time.monotonic() - began, latencies=())
+        except Exception:
+            # One instance's failure does not hold up the others: its rows' leases lapse and
+            # a later round leases them again.
+            log.exception("advance failed", extra={"instance": instance_id.hex()})
+            return _Result(outcomes={FAILED_ADVANCE: len(inbox) + len(advances)},
+                           seconds=0.0, latencies=())
+
+    async def _advance(self, ns: bytes, items: Sequence[Item]) -> _Result:
         began = time.monotonic()
         latencies: list[float] = []
+        leased_rows = [r for _, rows, _ in items for r in rows]
+        leased_due = [r for _, _, due in items for r in due]
 
         async def body(cur: Any) -> dict[str, int]:
             latencies.clear()
-            await cur.execute(LOCK_INSTANCE, (ns, instance_id))
-            instance = await cur.fetchone()
-            rows = await _fence(cur, "weave_inbox", ns, inbox, self.owner)
-            due = await _fence(cur, "weave_pending_advances", ns, advances, self.owner)
-            counts = {FENCED: len(inbox) + len(advances) - len(rows) - len(due)}
+            instance_ids = sorted(instance_id for instance_id, _, _ in items)
+            await cur.execute(LOCK_INSTANCES.format(ids=placeholders(len(instance_ids))),
+                              (ns, *instance_ids))
+            found = {r["id"]: dict(r) for r in await cur.fetchall()}
+            rows = await _fence(cur, "weave_inbox", ns, leased_rows, self.owner)
+            due = await _fence(cur, "weave_pending_advances", ns, leased_due, self.owner)
+            counts = {FENCED: len(leased_rows) + len(leased_due) - len(rows) - len(due)}
             now = await db_now(cur)
+            rows_of, due_of = _by_instance(rows), _by_instance(due)
             outcomes: dict[bytes, str] = {}
             outcomes_due: dict[bytes, str] = {r["id"]: INSTANCE_ENDED for r in due}
-            if instance is None or instance["state"] != "RUNNING":
-                outcomes = {r["id"]: INSTANCE_ENDED if instance else STALE for r in rows}
-            elif rows or due:
-                instance = dict(instance)
+            running = []
+            for instance_id in instance_ids:
+                instance = found.get(instance_id)
+                if instance is None or instance["state"] != "RUNNING":
+                    for r in rows_of.get(instance_id, []):
+                        outcomes[r["id"]] = INSTANCE_ENDED if instance else STALE
+                elif instance_id in rows_of or instance_id in due_of:
+                    running.append(instance_id)
+            loaded = await _load_steps(cur, ns, running)
+            changed: list[_Advance] = []
+            for instance_id in running:
+                instance = found[instance_id]
                 try:
                     model = await self._version(cur, instance)
                 except DETERMINISTIC as exc:
                     raise _Rejected(VERSION_UNUSABLE, str(exc)) from exc
-                steps, made = await _load_steps(cur, instance)
+                steps, made = loaded[instance_id]
                 run = _Advance(instance, model, steps, made)
-                for row in due:
+                for row in due_of.get(instance_id, []):
                     outcomes_due[row["id"]] = run.root()
-                for row in rows:
+                for row in rows_of.get(instance_id, []):
                     outcome = outcomes[row["id"]] = run.consume(row)
                     if outcome == ADVANCED:
-                        latencies.append(
-                            (now - as_utc(row["created_at"])).total_seconds())
+                        latencies.append((now - as_utc(row["created_at"])).total_seconds())
                 if run.changed:
-                    await _write(cur, run, now)
+                    changed.append(run)
+            if changed:
+                await _write(cur, ns, changed, now)
             await _consume(cur, ns, outcomes, [r["id"] for r in due], now)
             for outcome in (*outcomes.values(), *outcomes_due.values()):
                 counts[outcome] = counts.get(outcome, 0) + 1
             return {k: v for k, v in counts.items() if v}
 
-        try:
-            counts = await self.db.transaction("weave.advance", body)
-        except _Rejected as exc:
-            refusal = exc
-            counts = await self.db.transaction(
-                "weave.reject", lambda cur: self._reject(cur, ns, instance_id, inbox, advances,
-                                                         refusal))
-            latencies.clear()
+        counts = await self.db.transaction("weave.advance", body)
         return _Result(outcomes=counts, seconds=time.monotonic() - began,
                        latencies=tuple(latencies))
 
@@ -815,10 +946,10 @@ class Engine:
             outcome = INSTANCE_ENDED if instance else STALE
         elif rows or due:
             instance = dict(instance)
-            steps, made = await _load_steps(cur, instance)
+            steps, made = (await _load_steps(cur, ns, [instance_id]))[instance_id]
             run = _Advance(instance, None, steps, made)
             run.fail(refusal.reason, refusal.cause)
-            await _write(cur, run, now)
+            await _write(cur, ns, [run], now)
         await _consume(cur, ns, {r["id"]: outcome for r in rows}, [r["id"] for r in due], now)
         counts = {outcome: len(rows) + len(due),
                   FENCED: len(inbox) + len(advances) - len(rows) - len(due)}

@@ -11,6 +11,7 @@ import random
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
+import prometheus_client
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -532,4 +533,54 @@ async def test_a_limit_refusal_fails_the_instance_with_task_rejected(
     assert error["error"] == "task_rejected"
     assert error["cause"].startswith("queue_full")
     assert await flow.tasks() == []
+    await clean(db, tenant.namespace_id)
+
+
+def _transactions(name: str) -> float:
+    return prometheus_client.REGISTRY.get_sample_value(
+        "orbit_db_transaction_seconds_count", {"transaction": name}) or 0.0
+
+
+async def test_a_round_advances_its_instances_in_one_transaction(
+        db: Database, engine: Engine) -> None:
+    """Five instances' results in one round: one advance transaction for all of them (each
+    instance's advance whole in it), and each instance made exactly its next task."""
+    tenant = await make_tenant(db)
+    await drain(engine)
+    flows = [await begin(db, tenant, LINEAR) for _ in range(5)]
+    before = _transactions("weave.advance")
+    done = await engine.run_once()
+    assert done.outcomes == {"advanced": 5}
+    assert _transactions("weave.advance") - before == 1
+    for flow in flows:
+        (first,) = await flow.tasks()
+        await flow.end(first["id"], "ok", {"x": 3})
+    before = _transactions("weave.advance")
+    done = await engine.run_once()
+    assert done.outcomes == {"advanced": 5}
+    assert _transactions("weave.advance") - before == 1
+    for flow in flows:
+        assert [t["step"] for t in await flow.tasks()] == ["a", "b"]
+        assert json.loads((await flow.tasks())[1]["input"]) == {"x2": 6}
+    await clean(db, tenant.namespace_id)
+
+
+async def test_a_refusal_in_a_batch_fails_its_instance_and_advances_the_others(
+        db: Database, engine: Engine) -> None:
+    """Two instances on a queue that takes them and one whose block exceeds its queue's limit,
+    leased in one round: the batch's transaction is refused, each instance is then advanced
+    alone -- the two make their tasks, the third fails with task_rejected."""
+    tenant = await make_tenant(db)
+    await drain(engine)
+    fine = [await begin(db, tenant, LINEAR) for _ in range(2)]
+    refused = await begin(db, tenant, parallel("ALL_SUCCEED", branches=3))
+    await set_queue_limits(db, tenant, refused.queue.id, max_unfinished_tasks=2)
+    done = await engine.run_once()
+    assert done.outcomes == {"advanced": 2, "rejected": 1}
+    for flow in fine:
+        assert len(await flow.tasks()) == 1
+    instance = await refused.instance()
+    assert instance["state"] == "FAILED"
+    assert json.loads(instance["error"])["error"] == "task_rejected"
+    assert await refused.tasks() == []
     await clean(db, tenant.namespace_id)

@@ -124,3 +124,37 @@ def kill_and_wait(pid: int, *, timeout: float = 10) -> None:
     """SIGKILL ``pid`` and wait (with a deadline) until it has exited."""
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: _gone(pid), timeout=timeout, interval=0.02, message=f"pid {pid} to exit")
+
+
+class WeaveDaemon(Daemon):
+    """``orbit weave`` with short leases and fast polling."""
+
+    def __init__(self, url: DatabaseUrl, log: Path, owner: str, **settings: str) -> None:
+        env = {"ORBIT_WEAVE_OWNER": owner, "ORBIT_WEAVE_LEASE_MS": "1500",
+               "ORBIT_WEAVE_POLL_MAX_MS": "50", "ORBIT_WEAVE_GAUGE_INTERVAL_S": "0.2",
+               "ORBIT_SERVICE_DRAIN_TIMEOUT_S": "5"}
+        env.update({f"ORBIT_WEAVE_{k.upper()}": v for k, v in settings.items()})
+        super().__init__(["weave"], db_url=url, log=log, env=env)
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"orbit weave exited {self.proc.returncode}:\n"
+                                     f"{self.output()}")
+            return http("GET", f"{self.ops_url}/readyz", timeout=2)[0] == 200
+
+        wait_until(up, timeout=timeout, message="orbit weave to be ready")
+
+    def metric(self, name: str, **labels: str) -> float:
+        with urllib.request.urlopen(f"{self.ops_url}/metrics", timeout=5) as answer:  # noqa: S310
+            text = answer.read().decode()
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        series = f"{name}{{{want}}}" if want else name
+        for line in text.splitlines():
+            if line.startswith(series + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)

@@ -17,9 +17,10 @@ transaction fails, each of its instances is advanced alone. The lock order:
    lease that lapsed and was leased again belongs to its new holder);
 3. the instance's steps and activations (plain reads: after the instance lock they are the
    committed state), the pinned version (verified against its digest, cached per process);
-4. the new tasks (``tasks.insert_generated``: counters and limits as a submission), the steps,
-   activations, instance, one ``workflow_instance`` event, and the rows CONSUMED / DONE with
-   their outcome.
+4. the steps, activations, instances, one ``workflow_instance`` event each, the rows CONSUMED /
+   DONE with their outcome, and last the new tasks (``tasks.insert_generated``: counters and
+   limits as a submission; the queue and application rows they update are the hot rows every
+   finishing task updates too, so they are locked only just before the commit).
 
 Each row gets one outcome (``OUTCOMES``), stored on the inbox row: ``advanced`` (the result
 moved its step), ``held`` (NEEDS_REVIEW: the step waits, its activation stays LIVE),
@@ -639,9 +640,11 @@ async def _update(cur: Any, sql: str, columns: Mapping[str, Sequence[tuple[bytes
 
 
 async def _write(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any) -> None:
-    """Write every changed instance of a batch: its new tasks (one insert for the batch), its
-    steps, activations and instance (one statement per table), one event each."""
-    await _insert_tasks(cur, ns, advances, now)
+    """Write every changed instance of a batch: its steps, activations and instance (one
+    statement per table), one event each. The new tasks are inserted last
+    (:func:`_insert_tasks`, after the inbox rows are consumed): their counters are the queue's
+    and the application's rows, which every finishing task updates too, so the transaction
+    holds them only for the moment before its commit."""
     await _write_rows(cur, ns, advances, to_db(now))
     await append_events(cur, [EventRecord(
         namespace_id=ns, id=ids.new_id(), aggregate_type="workflow_instance",
@@ -924,6 +927,7 @@ class Engine:
             if changed:
                 await _write(cur, ns, changed, now)
             await _consume(cur, ns, outcomes, [r["id"] for r in due], now)
+            await _insert_tasks(cur, ns, changed, now)
             for outcome in (*outcomes.values(), *outcomes_due.values()):
                 counts[outcome] = counts.get(outcome, 0) + 1
             return {k: v for k, v in counts.items() if v}

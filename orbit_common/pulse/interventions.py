@@ -226,7 +226,7 @@ async def request_cancel(cur: Any, namespace_id: bytes, task_ids: Sequence[bytes
     happened to each task (``CANCELLED`` ... ``NOT_FOUND``)."""
     rows = {r["id"]: r for r in await common.lock_tasks(cur, namespace_id, task_ids)}
     payload: dict[str, Any] = {"reason": reason} if by is None else {"reason": reason, "by": by}
-    done: dict[bytes, str] = {task_id: NOT_FOUND for task_id in task_ids}
+    done: dict[bytes, str] = dict.fromkeys(task_ids, NOT_FOUND)
     to_end: list[dict[str, Any]] = []
     for task_id, row in sorted(rows.items()):
         state = TaskState(row["state"])

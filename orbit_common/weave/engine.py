@@ -13,9 +13,12 @@ instance**, in this lock order:
    lease that lapsed and was leased again belongs to its new holder);
 3. the instance's steps and activations (plain reads: after the instance lock they are the
    committed state), the pinned version (verified against its digest, cached per process);
-4. the new tasks (``tasks.insert_generated``: counters and limits as a submission), the steps,
-   activations, instance, one ``workflow_instance`` event, and the rows CONSUMED / DONE with
-   their outcome.
+4. the tasks of the activations the advance cancelled (``interventions.request_cancel``: task
+   rows in id order, their attempts, then counters), **before**
+5. the new tasks (``tasks.insert_generated``: counters and limits as a submission), the steps,
+   activations (covered by the instance lock), the cancels of tasks this advance made and
+   cancelled itself (rows it inserted, counters it holds), the instance, one
+   ``workflow_instance`` event, and the rows CONSUMED / DONE with their outcome.
 
 Each row gets one outcome (``OUTCOMES``), stored on the inbox row: ``advanced`` (the result
 moved its step), ``held`` (NEEDS_REVIEW: the step waits, its activation stays LIVE),
@@ -35,8 +38,12 @@ The semantics are the reference interpreter's (``interpreter.py``), computed on 
 rows: a step's scope is found from the definition (every name is document-wide unique); a
 PARALLEL step keeps the outcomes of the branches that reached its join in ``join_state`` while it
 is RUNNING; a block is *alive* while every enclosing PARALLEL step is RUNNING. Closing a block
-ends the LIVE activations inside it (CANCELLED); their tasks keep running (the kernel offers no
-cancel request inside another transaction) and their results are consumed as ``closed_block``.
+ends the LIVE activations inside it (CANCELLED), and so does the end of the instance; in the same
+transaction the engine sends their tasks a cancel intent with the kernel's cancel semantics
+(WAITING / LEASED end CANCELLED at once, RUNNING get ``cancel_requested_at``, NEEDS_REVIEW waits
+for a person; events say ``"by": "workflow"``). The results of those tasks arrive later through
+the inbox like any other and are consumed as ``closed_block`` / ``instance_ended``: kept, never
+advanced.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from orbit_common.db.clock import as_utc, db_now, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
 from orbit_common.platform.events import append_event
-from orbit_common.pulse import tasks
+from orbit_common.pulse import interventions, tasks
 from orbit_common.weave import definitions, expressions, leasing, types
 from orbit_common.weave.language import (
     ChoiceStep,
@@ -75,6 +82,10 @@ STALE = "stale"
 CLOSED_BLOCK = "closed_block"
 INSTANCE_ENDED = "instance_ended"
 REJECTED = "rejected"
+# The cancel intents the engine sends (docs/weave/engine.md § 取消意图).
+CLOSED_REASON = "workflow block closed"
+ENDED_REASON = "workflow instance ended"
+CANCELLED_BY = "workflow"
 OUTCOMES = (ADVANCED, HELD, DUPLICATE, STALE, CLOSED_BLOCK, INSTANCE_ENDED, REJECTED)
 # Not outcomes of a row: this round's lease on it was lost before the advance locked it; the
 # advance failed with an error that is not a refusal (it rolled back, the lease will lapse).
@@ -597,10 +608,40 @@ async def _load_steps(cur: Any, instance: dict[str, Any]) -> tuple[list[_Step], 
     return steps, tasks_made
 
 
+def _cancelled_tasks(advance: _Advance) -> tuple[list[bytes], list[bytes]]:
+    """The tasks of the activations this advance cancelled: those of activations that were
+    LIVE before it, and those it created and cancelled itself (a branch's task made before
+    another branch closed the block)."""
+    before, made = [], []
+    for row in advance.rows():
+        activation = row.activation
+        if activation is None or activation.task_id is None or activation.state != "CANCELLED":
+            continue
+        if activation.new:
+            made.append(activation.task_id)
+        elif activation.dirty:  # only _end changes a loaded activation's state (LIVE -> ...)
+            before.append(activation.task_id)
+    return before, made
+
+
+async def _cancel(cur: Any, advance: _Advance, task_ids: Sequence[bytes], now: Any) -> None:
+    """Cancel intents for ``task_ids`` (the kernel's cancel semantics, docs/weave/engine.md
+    § 取消意图); their results still arrive through the inbox."""
+    if not task_ids:
+        return
+    reason = CLOSED_REASON if advance.running else ENDED_REASON
+    await interventions.request_cancel(cur, advance.instance["namespace_id"], task_ids,
+                                       reason=reason, now=now, by=CANCELLED_BY)
+
+
 async def _write(cur: Any, advance: _Advance, now: Any) -> None:
     instance = advance.instance
     ns, instance_id = instance["namespace_id"], instance["id"]
     when = to_db(now)
+    cancel_before, cancel_made = _cancelled_tasks(advance)
+    # Task rows before the counters: the live tasks' cancels come before the new tasks' insert
+    # (whose counters and limits are the shared rows at its end).
+    await _cancel(cur, advance, cancel_before, now)
     if advance.new_tasks:
         names = sorted({t.item.spec.queue for t in advance.new_tasks})
         queues = await tasks.queues_by_name(cur, ns, names)
@@ -645,6 +686,10 @@ async def _write(cur: Any, advance: _Advance, now: Any) -> None:
     if new_activations:
         sql, params = multi_insert(INSERT_ACTIVATIONS, ACTIVATION_ROW, new_activations)
         await cur.execute(sql, params)
+    # Tasks this very advance made and cancelled: rows this transaction inserted (no one else
+    # can hold them) whose counters it already holds, cancelled once their activations exist so
+    # that their inbox rows link to them.
+    await _cancel(cur, advance, cancel_made, now)
     ended = advance.state != "RUNNING"
     await cur.execute(UPDATE_INSTANCE, (
         advance.state, _json(advance.output), _json(advance.error), when,

@@ -16,11 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orbit_common.db.pool import Database, DatabaseUrl, open_database
+from orbit_common.pulse import interventions
 from orbit_common.weave import definitions, instances, interpreter, language, leasing
 from orbit_common.weave.engine import Engine, gauges
 from tests.conftest import make_tenant, unique
 from tests.integration.test_interventions import review
-from tests.integration.test_leases import finish, report
+from tests.integration.test_leases import claim, finish, report, start
 from tests.integration.weave.engine_support import (
     ENDED,
     Flow,
@@ -723,4 +724,63 @@ async def test_a_rejected_advance_cancels_the_live_tasks_of_the_failed_instance(
     await flow.end(t_b0["id"], "ok", 0)
     await drain(engine)
     assert await outcome_of(flow, t_b0["id"]) == "instance_ended"
+    await clean(db, tenant.namespace_id)
+
+
+async def test_cancel_intents_race_workers_api_cancels_and_two_engines(db: Database) -> None:
+    """FAIL_FAST blocks close while workers finish the other branches' tasks, the API cancels
+    some of them and two engines advance: every lock order meets (engine: instance -> tasks ->
+    counters; worker: task -> attempt -> counters; API: idempotency -> task -> counters); no
+    advance fails, every result is consumed once, every instance fails with its first branch's
+    failure and the invariants hold."""
+    tenant = await make_tenant(db)
+    rng = random.Random(7)
+    engines = [Engine(db, owner=f"engine-race-{i}", batch=4) for i in range(2)]
+    flows = [await begin(db, tenant, parallel("FAIL_FAST", branches=6)) for _ in range(4)]
+    await drain(engines[0])
+    made = {}
+    for flow in flows:
+        made[flow.instance_id] = await flow.tasks()
+        grants = await claim(db, flow.session, flow.queue)
+        await start(db, tenant, grants)
+        flow.grants.update({g.task_id: g for g in grants})
+        assert len(flow.grants) == 6
+    who = await principal(db, tenant.api_key)
+    workers_done = asyncio.Event()
+    seen: list[str] = []
+
+    async def work(flow: Flow) -> None:
+        first, *rest = made[flow.instance_id]
+        rng.shuffle(rest)
+        await flow.end(first["id"], "fail", "first")
+        for t in rest:
+            await flow.end(t["id"], "ok", t["sequence"])
+
+    async def cancel_some(flow: Flow) -> None:
+        for t in rng.sample(made[flow.instance_id][1:], 3):
+            await interventions.cancel_task(db, who, namespace=tenant.namespace,
+                                            task_id=t["id"], reason="race")
+
+    async def advance(engine: Engine) -> None:
+        while True:
+            done = await engine.run_once()
+            seen.extend(o for o, n in done.outcomes.items() for _ in range(n))
+            if workers_done.is_set() and done.inbox == 0 and done.advances == 0:
+                return
+            await asyncio.sleep(0)
+
+    async def people() -> None:
+        await asyncio.gather(*(work(f) for f in flows), *(cancel_some(f) for f in flows))
+        workers_done.set()
+
+    await asyncio.gather(people(), *(advance(e) for e in engines))
+    await drain(engines[0])
+    assert "error" not in seen
+    assert set(seen) <= {"advanced", "closed_block", "instance_ended"}
+    for flow in flows:
+        instance = await flow.instance()
+        assert instance["state"] == "FAILED"
+        assert json.loads(instance["error"])["step"] == "t_b0"
+        assert {t["state"] for t in await flow.tasks()} <= {"SUCCEEDED", "FAILED", "CANCELLED"}
+        assert {r["state"] for r in await flow.inbox()} == {"CONSUMED"}
     await clean(db, tenant.namespace_id)

@@ -11,6 +11,9 @@ Cancel (specification 000 §2 and 000007)
     the worker confirms it stopped, and a success that commits first wins.
     A task carrying an uncertain effect goes to NEEDS_REVIEW instead of CANCELLED.
     A finished task is returned unchanged (a confirmed success is never overwritten).
+    :func:`request_cancel` is these semantics inside the caller's transaction, shared by the
+    cancel API and the workflow engine (which cancels the tasks of the activations it ends; its
+    events say ``"by": "workflow"``).
 Review (000 §2, 000015)
     Only NEEDS_REVIEW → SUCCEEDED (optional result) or FAILED. The reviewer must name the
     evidence (``evidence_ref``), declare that the execution has ended (``execution_ended``) and
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from orbit_common import errors
@@ -178,20 +182,8 @@ async def cancel_task(db: Database, principal: credentials.Principal, *, namespa
             return 200, task_view(task, queue), task.id
         if task.state is TaskState.NEEDS_REVIEW:
             raise CancelNeedsReview()
-        now = await db_now(cur)
-        if task.state is TaskState.RUNNING:
-            if task.cancel_requested_at is None:
-                await cur.execute(
-                    "UPDATE pulse_tasks SET cancel_requested_at = %s, cancel_reason = %s,"
-                    " revision = revision + 1, updated_at = UTC_TIMESTAMP(6)"
-                    " WHERE namespace_id = %s AND id = %s AND revision = %s AND state = 'RUNNING'",
-                    (to_db(now), reason, namespace_id, task.id, task.revision))
-                leases.expect_rows(cur, 1, "cancel intent")
-                await append_events(cur, [leases.task_event(
-                    namespace_id, task.id, task.revision + 1, "task.cancel_requested",
-                    TaskState.RUNNING, TaskState.RUNNING, {"reason": reason})])
-        else:
-            await _cancel_now(cur, namespace_id, task, reason, now)
+        await request_cancel(cur, namespace_id, [task.id], reason=reason,
+                             now=await db_now(cur))
         after = await _reload(cur, namespace_id, task.id)
         await append_audit(cur, AuditRecord(
             actor=principal.actor, action="task.cancel", resource_type="task",
@@ -211,19 +203,75 @@ async def cancel_task(db: Database, principal: credentials.Principal, *, namespa
         locate=_locate_task(principal, authz.Action.TASKS_CANCEL, namespace, task_id))
 
 
-async def _cancel_now(cur: Any, namespace_id: bytes, task: Task, reason: str | None,
-                      now: dt.datetime) -> None:
-    """WAITING or LEASED: end it now through the ending writer (a live offer is WITHDRAWN;
-    NEEDS_REVIEW if the task carries an uncertain effect)."""
-    (row,) = await common.lock_tasks(cur, namespace_id, [task.id])
-    attempt = None
-    if row["current_attempt_id"] is not None:
-        attempt = (await common.lock_attempts(cur, namespace_id,
-                                              [row["current_attempt_id"]]))[row["current_attempt_id"]]
-    await endings.write(cur, namespace_id, [endings.Ending(
-        task=row, attempt=attempt, decision=decisions.decide_cancel_now(row),
-        payload={"reason": reason}, cancel=True, cancel_reason=reason,
-        error={"type": "cancelled", "message": reason or ""})], now)
+# What :func:`request_cancel` did to each task.
+CANCELLED = "cancelled"  # WAITING / LEASED: ended now, CANCELLED
+TO_REVIEW = "needs_review"  # WAITING / LEASED with an uncertain effect: ended now, NEEDS_REVIEW
+REQUESTED = "cancel_requested"  # RUNNING: the cancel intent is recorded
+ALREADY_REQUESTED = "already_requested"  # RUNNING with an intent already: nothing
+ALREADY_ENDED = "already_ended"  # SUCCEEDED / FAILED / CANCELLED: nothing
+AWAITS_REVIEW = "awaits_review"  # NEEDS_REVIEW: nothing, a person decides
+NOT_FOUND = "not_found"
+
+
+async def request_cancel(cur: Any, namespace_id: bytes, task_ids: Sequence[bytes], *,
+                         reason: str | None, now: dt.datetime,
+                         by: str | None = None) -> dict[bytes, str]:
+    """Cancel ``task_ids`` in the caller's transaction with the semantics of the module
+    docstring, without authorization, idempotency or audit (the callers' concern: the cancel
+    API, and the workflow engine for the tasks of the activations it ends).
+
+    The tasks are locked in id order (the lock order of docs/architecture.md: after workflow
+    rows, before attempts and counters). ``by`` (e.g. ``"workflow"``) is added to the events'
+    payload next to the reason; None keeps the payload ``{"reason": ...}``. Returns what
+    happened to each task (``CANCELLED`` ... ``NOT_FOUND``)."""
+    rows = {r["id"]: r for r in await common.lock_tasks(cur, namespace_id, task_ids)}
+    payload: dict[str, Any] = {"reason": reason} if by is None else {"reason": reason, "by": by}
+    done: dict[bytes, str] = dict.fromkeys(task_ids, NOT_FOUND)
+    to_end: list[dict[str, Any]] = []
+    for task_id, row in sorted(rows.items()):
+        state = TaskState(row["state"])
+        if state.terminal:
+            done[task_id] = ALREADY_ENDED
+        elif state is TaskState.NEEDS_REVIEW:
+            done[task_id] = AWAITS_REVIEW
+        elif state is TaskState.RUNNING:
+            if row["cancel_requested_at"] is not None:
+                done[task_id] = ALREADY_REQUESTED
+                continue
+            await cur.execute(
+                "UPDATE pulse_tasks SET cancel_requested_at = %s, cancel_reason = %s,"
+                " revision = revision + 1, updated_at = UTC_TIMESTAMP(6)"
+                " WHERE namespace_id = %s AND id = %s AND revision = %s AND state = 'RUNNING'",
+                (to_db(now), reason, namespace_id, task_id, row["revision"]))
+            leases.expect_rows(cur, 1, "cancel intent")
+            await append_events(cur, [leases.task_event(
+                namespace_id, task_id, row["revision"] + 1, "task.cancel_requested",
+                TaskState.RUNNING, TaskState.RUNNING, payload)])
+            done[task_id] = REQUESTED
+        else:
+            to_end.append(row)
+    if to_end:
+        done.update(await _cancel_now(cur, namespace_id, to_end, reason, payload, now))
+    return done
+
+
+async def _cancel_now(cur: Any, namespace_id: bytes,  # noqa: PLR0917
+                      rows: Sequence[dict[str, Any]], reason: str | None,
+                      payload: dict[str, Any], now: dt.datetime) -> dict[bytes, str]:
+    """WAITING or LEASED tasks (locked): end them now through the ending writer (a live offer
+    is WITHDRAWN; NEEDS_REVIEW if the task carries an uncertain effect). The writer also records
+    a workflow-owned task's inbox row."""
+    attempts = await common.lock_attempts(
+        cur, namespace_id, [r["current_attempt_id"] for r in rows
+                            if r["current_attempt_id"] is not None])
+    endings_ = [endings.Ending(
+        task=row, attempt=attempts.get(row["current_attempt_id"]),
+        decision=decisions.decide_cancel_now(row), payload=payload, cancel=True,
+        cancel_reason=reason, error={"type": "cancelled", "message": reason or ""})
+        for row in rows]
+    await endings.write(cur, namespace_id, endings_, now)
+    return {e.task["id"]: CANCELLED if e.decision.task_state is TaskState.CANCELLED
+            else TO_REVIEW for e in endings_}
 
 
 async def _reload(cur: Any, namespace_id: bytes, task_id: bytes) -> Task:

@@ -17,10 +17,14 @@ transaction fails, each of its instances is advanced alone. The lock order:
    lease that lapsed and was leased again belongs to its new holder);
 3. the instance's steps and activations (plain reads: after the instance lock they are the
    committed state), the pinned version (verified against its digest, cached per process);
-4. the steps, activations, instances, one ``workflow_instance`` event each, the rows CONSUMED /
+4. the tasks of the activations the advance cancelled (``interventions.request_cancel``: task
+   rows in id order, their attempts, then counters), **before** the rest;
+5. the steps, activations, instances, one ``workflow_instance`` event each, the rows CONSUMED /
    DONE with their outcome, and last the new tasks (``tasks.insert_generated``: counters and
    limits as a submission; the queue and application rows they update are the hot rows every
-   finishing task updates too, so they are locked only just before the commit).
+   finishing task updates too, so they are locked only just before the commit), then the
+   cancels of tasks this advance made and cancelled itself (rows it inserted, counters it
+   holds).
 
 Each row gets one outcome (``OUTCOMES``), stored on the inbox row: ``advanced`` (the result
 moved its step), ``held`` (NEEDS_REVIEW: the step waits, its activation stays LIVE),
@@ -40,8 +44,12 @@ The semantics are the reference interpreter's (``interpreter.py``), computed on 
 rows: a step's scope is found from the definition (every name is document-wide unique); a
 PARALLEL step keeps the outcomes of the branches that reached its join in ``join_state`` while it
 is RUNNING; a block is *alive* while every enclosing PARALLEL step is RUNNING. Closing a block
-ends the LIVE activations inside it (CANCELLED); their tasks keep running (the kernel offers no
-cancel request inside another transaction) and their results are consumed as ``closed_block``.
+ends the LIVE activations inside it (CANCELLED), and so does the end of the instance; in the same
+transaction the engine sends their tasks a cancel intent with the kernel's cancel semantics
+(WAITING / LEASED end CANCELLED at once, RUNNING get ``cancel_requested_at``, NEEDS_REVIEW waits
+for a person; events say ``"by": "workflow"``). The results of those tasks arrive later through
+the inbox like any other and are consumed as ``closed_block`` / ``instance_ended``: kept, never
+advanced.
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ from orbit_common.db.clock import as_utc, db_now, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
 from orbit_common.platform.events import EventRecord, append_events
-from orbit_common.pulse import tasks
+from orbit_common.pulse import interventions, tasks
 from orbit_common.weave import definitions, expressions, leasing, types
 from orbit_common.weave.language import (
     ChoiceStep,
@@ -80,6 +88,10 @@ STALE = "stale"
 CLOSED_BLOCK = "closed_block"
 INSTANCE_ENDED = "instance_ended"
 REJECTED = "rejected"
+# The cancel intents the engine sends (docs/weave/engine.md § 取消意图).
+CLOSED_REASON = "workflow block closed"
+ENDED_REASON = "workflow instance ended"
+CANCELLED_BY = "workflow"
 OUTCOMES = (ADVANCED, HELD, DUPLICATE, STALE, CLOSED_BLOCK, INSTANCE_ENDED, REJECTED)
 # Not outcomes of a row: this round's lease on it was lost before the advance locked it; the
 # advance failed with an error that is not a refusal (it rolled back, the lease will lapse).
@@ -619,6 +631,39 @@ async def _load_steps(cur: Any, ns: bytes, instance_ids: Sequence[bytes]
     return {instance_id: (steps[instance_id], made[instance_id]) for instance_id in instance_ids}
 
 
+def _cancelled_tasks(advance: _Advance) -> tuple[list[bytes], list[bytes]]:
+    """The tasks of the activations this advance cancelled: those of activations that were
+    LIVE before it, and those it created and cancelled itself (a branch's task made before
+    another branch closed the block)."""
+    before, made = [], []
+    for row in advance.rows():
+        activation = row.activation
+        if activation is None or activation.task_id is None or activation.state != "CANCELLED":
+            continue
+        if activation.new:
+            made.append(activation.task_id)
+        elif activation.dirty:  # only _end changes a loaded activation's state (LIVE -> ...)
+            before.append(activation.task_id)
+    return before, made
+
+
+async def _cancel(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any, *,
+                  made: bool) -> None:
+    """Cancel intents for the tasks the batch's advances cancelled (``made``: those the
+    advances created themselves; else those that were live before) -- the kernel's cancel
+    semantics, docs/weave/engine.md § 取消意图; their results still arrive through the inbox.
+    One call per reason, task rows in id order."""
+    by_reason: dict[str, list[bytes]] = {}
+    for advance in advances:
+        before, created = _cancelled_tasks(advance)
+        reason = CLOSED_REASON if advance.running else ENDED_REASON
+        by_reason.setdefault(reason, []).extend(created if made else before)
+    for reason, task_ids in sorted(by_reason.items()):
+        if task_ids:
+            await interventions.request_cancel(cur, ns, sorted(task_ids), reason=reason,
+                                               now=now, by=CANCELLED_BY)
+
+
 def _cases(rows: Sequence[tuple[bytes, Any]]) -> tuple[str, list[Any]]:
     """``WHEN id THEN value …`` for a CASE over the row ids, and its parameters."""
     return " ".join("WHEN %s THEN %s" for _ in rows), [v for row in rows for v in row]
@@ -644,7 +689,9 @@ async def _write(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any) ->
     statement per table), one event each. The new tasks are inserted last
     (:func:`_insert_tasks`, after the inbox rows are consumed): their counters are the queue's
     and the application's rows, which every finishing task updates too, so the transaction
-    holds them only for the moment before its commit."""
+    holds them only for the moment before its commit. The cancels of tasks that were live come
+    first (task rows, then the counters their endings update)."""
+    await _cancel(cur, ns, advances, now, made=False)
     await _write_rows(cur, ns, advances, to_db(now))
     await append_events(cur, [EventRecord(
         namespace_id=ns, id=ids.new_id(), aggregate_type="workflow_instance",
@@ -661,7 +708,10 @@ async def _write(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any) ->
 
 async def _insert_tasks(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any) -> None:
     """The batch's new tasks in one generated insert (counters and limits as a submission);
-    a missing queue or a refused task is a deterministic refusal."""
+    a missing queue or a refused task is a deterministic refusal. Then the cancels of the new
+    tasks the same advance cancelled (a branch's task made before another branch closed the
+    block): rows this transaction inserted (no one else can hold them), counters it holds,
+    cancelled once their activations exist so that their inbox rows link to them."""
     new_tasks = [(advance, t) for advance in advances for t in advance.new_tasks]
     if new_tasks:
         names = sorted({t.item.spec.queue for _, t in new_tasks})
@@ -678,6 +728,7 @@ async def _insert_tasks(cur: Any, ns: bytes, advances: Sequence[_Advance], now: 
         except DETERMINISTIC as exc:
             raise _Rejected(TASK_REJECTED, f"{getattr(exc, 'code', 'refused')}: {exc}"
                             ) from exc
+    await _cancel(cur, ns, advances, now, made=True)
 
 
 async def _write_rows(cur: Any, ns: bytes, advances: Sequence[_Advance], when: Any) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from orbit_common.db.clock import db_now
 from orbit_common.db.pool import Database
 from orbit_common.platform import credentials
 from orbit_common.pulse import interventions
@@ -268,3 +269,73 @@ async def test_forged_finish_reports_cannot_end_a_task(db: Database, tenant: Ten
     (done,) = await finish(db, tenant, [wrong_generation])
     assert done.reason == "invalid_attempt"
     assert (await task_row(db, tenant, task_id))["state"] == "RUNNING"
+
+
+# --- the in-transaction cancel the workflow engine shares with the API -------------------------
+
+
+async def _task_events(db: Database, task_id: bytes) -> list[tuple[str, Any]]:
+    async def body(cur: Any) -> list[tuple[str, Any]]:
+        await cur.execute("SELECT event_type, payload FROM orbit_events WHERE aggregate_type ="
+                          " 'task' AND aggregate_id = %s ORDER BY aggregate_revision", (task_id,))
+        return [(r["event_type"], json.loads(r["payload"])) for r in await cur.fetchall()]
+
+    return await db.read("test.events", body)
+
+
+async def test_request_cancel_applies_the_cancel_semantics_to_a_batch(
+    db: Database, tenant: Tenant
+) -> None:
+    """One call, every state: WAITING and LEASED end now, RUNNING gets one intent, a repeat or
+    a finished task changes nothing, NEEDS_REVIEW is reported and left to a person; the events
+    say who asked, and no audit row is written (the caller is Orbit itself)."""
+    queue = await make_queue(db, tenant)
+    leased, running, requested, done, review_ = await add_tasks(db, tenant, queue, 5)
+    session = await open_session(db, tenant, [queue])
+    grants = {g.task_id: g for g in await claim(db, session, queue)}
+    (waiting,) = await add_tasks(db, tenant, queue)
+    await start(db, tenant, [grants[t] for t in (running, requested, done, review_)])
+    await finish(db, tenant, [report(grants[done], "succeeded", result="{}"),
+                              report(grants[review_], "unknown", error={"type": "lost"})])
+    await cancel(db, tenant, requested)
+    audits = await audit_count(db, tenant)
+    missing = b"\x00" * 16
+
+    async def body(cur: Any) -> dict[bytes, str]:
+        now = await db_now(cur)
+        return await interventions.request_cancel(
+            cur, tenant.namespace_id, [review_, done, requested, running, leased, waiting,
+                                       missing], reason="workflow block closed", now=now,
+            by="workflow")
+
+    outcome = await db.transaction("test.request_cancel", body)
+    assert outcome == {waiting: "cancelled", leased: "cancelled", running: "cancel_requested",
+                       requested: "already_requested", done: "already_ended",
+                       review_: "awaits_review", missing: "not_found"}
+    states = {t: (await task_row(db, tenant, t))["state"]
+              for t in (waiting, leased, running, requested, done, review_)}
+    assert states == {waiting: "CANCELLED", leased: "CANCELLED", running: "RUNNING",
+                      requested: "RUNNING", done: "SUCCEEDED", review_: "NEEDS_REVIEW"}
+    assert (await task_row(db, tenant, running))["cancel_reason"] == "workflow block closed"
+    ours = {"reason": "workflow block closed", "by": "workflow"}
+    assert (await _task_events(db, running))[-1] == ("task.cancel_requested", ours)
+    assert (await _task_events(db, leased))[-1] == ("task.cancelled", ours)
+    # The API's intent keeps its payload and is not repeated.
+    assert [e for e in await _task_events(db, requested) if e[0] == "task.cancel_requested"] \
+        == [("task.cancel_requested", {"reason": "no longer needed"})]
+    assert await audit_count(db, tenant) == audits
+    assert await scalar(db, "SELECT state FROM pulse_attempts WHERE id = %s",
+                        grants[leased].attempt_id) == "WITHDRAWN"
+    assert await scalar(db, "SELECT active_attempts FROM pulse_queues WHERE id = %s",
+                        queue.id) == 2  # the two RUNNING ones
+
+
+async def test_the_api_cancel_keeps_its_event_payloads(db: Database, tenant: Tenant) -> None:
+    queue = await make_queue(db, tenant)
+    (waiting,) = await add_tasks(db, tenant, queue)
+    await cancel(db, tenant, waiting)
+    assert (await _task_events(db, waiting))[-1] == ("task.cancelled",
+                                                     {"reason": "no longer needed"})
+    running, _grant = await running_task(db, tenant)
+    await cancel(db, tenant, running, reason="stop")
+    assert (await _task_events(db, running))[-1] == ("task.cancel_requested", {"reason": "stop"})

@@ -17,11 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orbit_common.db.pool import Database, DatabaseUrl, open_database
+from orbit_common.pulse import interventions
 from orbit_common.weave import definitions, instances, interpreter, language, leasing
 from orbit_common.weave.engine import Engine, gauges
 from tests.conftest import make_tenant, unique
 from tests.integration.test_interventions import review
+from tests.integration.test_leases import claim, finish, report, start
 from tests.integration.weave.engine_support import (
+    ENDED,
     Flow,
     assert_matches,
     assert_same,
@@ -440,7 +443,9 @@ async def _random_run(url: DatabaseUrl, document: dict[str, Any], failing: set[s
                 break
             chosen = pending[rng.randrange(len(pending))]
             delivered.append(chosen["sequence"])
-            if chosen["step"] in failing:
+            if chosen["state"] in ENDED:
+                pass  # cancelled by the engine: its result is already in the inbox
+            elif chosen["step"] in failing:
                 await flow.end(chosen["id"], "fail", "drawn")
             else:
                 await flow.end(chosen["id"], "ok", {"v": json.loads(chosen["input"])["v"] + 1})
@@ -583,4 +588,250 @@ async def test_a_refusal_in_a_batch_fails_its_instance_and_advances_the_others(
     assert instance["state"] == "FAILED"
     assert json.loads(instance["error"])["error"] == "task_rejected"
     assert await refused.tasks() == []
+    await clean(db, tenant.namespace_id)
+
+
+# --- cancel intents for the tasks of closed blocks and ended instances --------------------------
+
+
+def fail_fast(b_queue: str = "Q", *, recover: bool = True) -> dict[str, Any]:
+    """A FAIL_FAST block of two one-task branches; branch b's task on ``b_queue`` (a queue the
+    flow's worker does not claim from keeps it WAITING)."""
+    branch_b = task("w.b", "ok_b")
+    branch_b["queue"] = b_queue
+    block: dict[str, Any] = {
+        "kind": "PARALLEL", "join": {"policy": "FAIL_FAST"}, "next": "done",
+        "branches": [
+            {"name": "a", "start": "t_a", "steps": {
+                "t_a": task("w.a", "ok_a"), "ok_a": {"kind": "SUCCEED"}}},
+            {"name": "b", "start": "t_b", "steps": {
+                "t_b": branch_b, "ok_b": {"kind": "SUCCEED"}}}]}
+    steps: dict[str, Any] = {"fan": block, "done": {"kind": "SUCCEED"}}
+    if recover:
+        block["on_failure"] = "recover"
+        steps["recover"] = task("w.e", "failed")
+        steps["failed"] = {"kind": "FAIL", "error": "recovered"}
+    return doc(steps, "fan")
+
+
+async def task_events(db: Database, task_id: bytes) -> list[tuple[str, Any]]:
+    async def body(cur: Any) -> list[tuple[str, Any]]:
+        await cur.execute("SELECT event_type, payload FROM orbit_events WHERE aggregate_type ="
+                          " 'task' AND aggregate_id = %s ORDER BY aggregate_revision", (task_id,))
+        return [(r["event_type"], json.loads(r["payload"])) for r in await cur.fetchall()]
+
+    return await db.read("test.task_events", body)
+
+
+async def task_state(flow: Flow, task_id: bytes) -> dict[str, Any]:
+    async def body(cur: Any) -> dict[str, Any]:
+        await cur.execute("SELECT state, cancel_requested_at, cancel_reason FROM pulse_tasks"
+                          " WHERE namespace_id = %s AND id = %s",
+                          (flow.tenant.namespace_id, task_id))
+        return dict(await cur.fetchone())
+
+    return await flow.db.read("test.task_state", body)
+
+
+async def outcome_of(flow: Flow, task_id: bytes) -> str | None:
+    (row,) = [r for r in await flow.inbox() if r["task_id"] == task_id]
+    return row["outcome"]  # type: ignore[no-any-return]
+
+
+async def test_a_closed_block_cancels_a_waiting_branch_task_at_once(
+        db: Database, engine: Engine) -> None:
+    tenant = await make_tenant(db)
+    side = await make_queue(db, tenant, name="side", max_attempts=1)
+    flow = await begin(db, tenant, fail_fast(side.name))
+    await drain(engine)
+    t_a, t_b = await flow.tasks()
+    await flow.end(t_a["id"], "fail", "no")  # the flow's worker never claims from "side"
+    await drain(engine)
+    b = await task_state(flow, t_b["id"])
+    assert (b["state"], b["cancel_reason"]) == ("CANCELLED", "workflow block closed")
+    assert (await task_events(db, t_b["id"]))[-1] == (
+        "task.cancelled", {"reason": "workflow block closed", "by": "workflow"})
+    assert await outcome_of(flow, t_b["id"]) == "closed_block"
+    steps = await flow.steps()
+    assert (steps["fan"]["state"], steps["t_b"]["state"]) == ("FAILED", "CANCELLED")
+    assert "ok_b" not in steps
+    assert [t["step"] for t in await flow.tasks()] == ["t_a", "t_b", "recover"]
+    script = {"w.a": ("fail", "no"), "w.b": ("ok", 1), "w.e": ("ok", {})}
+    await play(flow, engine, script)
+    run = await assert_matches(flow, script)
+    assert (run.state.value, run.error["error"]) == ("FAILED", "recovered")
+    await clean(db, tenant.namespace_id)
+
+
+@pytest.mark.parametrize("worker_outcome", ["cancelled", "succeeded"])
+async def test_a_closed_block_asks_a_running_branch_task_to_stop(
+        db: Database, engine: Engine, worker_outcome: str) -> None:
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, fail_fast())
+    await drain(engine)
+    t_a, t_b = await flow.tasks()
+    await flow.end(t_a["id"], "fail", "no")  # claims and starts both
+    await drain(engine)
+    b = await task_state(flow, t_b["id"])
+    assert b["state"] == "RUNNING"
+    assert b["cancel_requested_at"] is not None
+    assert b["cancel_reason"] == "workflow block closed"
+    assert (await task_events(db, t_b["id"]))[-1] == (
+        "task.cancel_requested", {"reason": "workflow block closed", "by": "workflow"})
+    assert (await flow.steps())["t_b"]["state"] == "CANCELLED"
+    # The worker stops (or its success commits first): the result is kept, never advanced.
+    grant = flow.grants.pop(t_b["id"])
+    if worker_outcome == "cancelled":
+        (done,) = await finish(db, tenant, [report(grant, "cancelled",
+                                                   error={"type": "stopped"})])
+    else:
+        (done,) = await finish(db, tenant, [report(grant, "succeeded", result="7")])
+    assert done.task_state == worker_outcome.upper()
+    await drain(engine)
+    assert await outcome_of(flow, t_b["id"]) == "closed_block"
+    steps = await flow.steps()
+    assert (steps["t_b"]["state"], steps["fan"]["state"]) == ("CANCELLED", "FAILED")
+    script = {"w.a": ("fail", "no"), "w.b": ("ok", 7), "w.e": ("ok", {})}
+    await play(flow, engine, script)
+    run = await assert_matches(flow, script)
+    assert (run.state.value, run.error["error"]) == ("FAILED", "recovered")
+    await clean(db, tenant.namespace_id)
+
+
+@pytest.mark.parametrize("b_held", ["waiting", "running"])
+async def test_an_ended_instance_cancels_its_live_tasks(
+        db: Database, engine: Engine, b_held: str) -> None:
+    tenant = await make_tenant(db)
+    side = await make_queue(db, tenant, name="side", max_attempts=1)
+    flow = await begin(db, tenant, fail_fast("Q" if b_held == "running" else side.name,
+                                             recover=False))
+    await drain(engine)
+    t_a, t_b = await flow.tasks()
+    await flow.end(t_a["id"], "fail", "no")
+    await drain(engine)
+    ended = await flow.instance()
+    assert ended["state"] == "FAILED"
+    b = await task_state(flow, t_b["id"])
+    asked = {"reason": "workflow instance ended", "by": "workflow"}
+    if b_held == "waiting":
+        assert b["state"] == "CANCELLED"
+        assert (await task_events(db, t_b["id"]))[-1] == ("task.cancelled", asked)
+    else:
+        assert (b["state"], b["cancel_reason"]) == ("RUNNING", "workflow instance ended")
+        assert (await task_events(db, t_b["id"]))[-1] == ("task.cancel_requested", asked)
+        await flow.end(t_b["id"], "ok", 5)
+        await drain(engine)
+    assert await outcome_of(flow, t_b["id"]) == "instance_ended"
+    after = await flow.instance()
+    assert (after["state"], after["error"], after["revision"], after["completed_at"]) == (
+        ended["state"], ended["error"], ended["revision"], ended["completed_at"])
+    await assert_matches(flow, {"w.a": ("fail", "no"), "w.b": ("ok", 5)})
+    await clean(db, tenant.namespace_id)
+
+
+async def test_a_task_made_and_closed_in_one_advance_is_cancelled_at_once(
+        db: Database, engine: Engine) -> None:
+    """Branch a makes its task, branch b fails at once: the block closes in the same advance,
+    and the task it just made is cancelled before any worker sees it."""
+    tenant = await make_tenant(db)
+    document = fail_fast()
+    document["steps"]["fan"]["branches"][1] = {"name": "b", "start": "stop", "steps": {
+        "stop": {"kind": "FAIL", "error": "stopped"}}}
+    flow = await begin(db, tenant, document)
+    await drain(engine)
+    (t_a, recover) = await flow.tasks()
+    assert recover["step"] == "recover"
+    assert (await task_state(flow, t_a["id"]))["state"] == "CANCELLED"
+    assert await outcome_of(flow, t_a["id"]) == "closed_block"
+    script = {"w.a": ("ok", 1), "w.e": ("ok", {})}
+    await play(flow, engine, script)
+    run = await assert_matches(flow, script)
+    assert (run.state.value, run.error["error"]) == ("FAILED", "recovered")
+    await clean(db, tenant.namespace_id)
+
+
+async def test_a_rejected_advance_cancels_the_live_tasks_of_the_failed_instance(
+        db: Database, engine: Engine) -> None:
+    """The instance fails with task_rejected (a step's queue is gone) while another branch's
+    task runs: that task gets the intent in the failing transaction."""
+    tenant = await make_tenant(db)
+    side = await make_queue(db, tenant, name="side", max_attempts=1)
+    document = parallel("ALL_SUCCEED", branches=2)
+    document["steps"]["fan"]["branches"][1]["steps"]["t_b1"]["next"] = "elsewhere"
+    document["steps"]["fan"]["branches"][1]["steps"]["elsewhere"] = {
+        **task("w.c", "ok_b1"), "queue": side.name}
+    flow = await begin(db, tenant, document)
+    await drain(engine)
+    t_b0, t_b1 = await flow.tasks()
+    await db.transaction("test.drop_queue", lambda cur: cur.execute(
+        "UPDATE pulse_queues SET name = 'side-gone' WHERE namespace_id = %s AND id = %s",
+        (tenant.namespace_id, side.id)))
+    await flow.end(t_b1["id"], "ok", 1)  # claims and starts t_b0 too
+    rounds = await drain(engine)
+    assert rounds[0].outcomes == {"rejected": 1}
+    assert json.loads((await flow.instance())["error"])["error"] == "task_rejected"
+    b0 = await task_state(flow, t_b0["id"])
+    assert (b0["state"], b0["cancel_reason"]) == ("RUNNING", "workflow instance ended")
+    await flow.end(t_b0["id"], "ok", 0)
+    await drain(engine)
+    assert await outcome_of(flow, t_b0["id"]) == "instance_ended"
+    await clean(db, tenant.namespace_id)
+
+
+async def test_cancel_intents_race_workers_api_cancels_and_two_engines(db: Database) -> None:
+    """FAIL_FAST blocks close while workers finish the other branches' tasks, the API cancels
+    some of them and two engines advance: every lock order meets (engine: instance -> tasks ->
+    counters; worker: task -> attempt -> counters; API: idempotency -> task -> counters); no
+    advance fails, every result is consumed once, every instance fails with its first branch's
+    failure and the invariants hold."""
+    tenant = await make_tenant(db)
+    rng = random.Random(7)
+    engines = [Engine(db, owner=f"engine-race-{i}", batch=4) for i in range(2)]
+    flows = [await begin(db, tenant, parallel("FAIL_FAST", branches=6)) for _ in range(4)]
+    await drain(engines[0])
+    made = {}
+    for flow in flows:
+        made[flow.instance_id] = await flow.tasks()
+        grants = await claim(db, flow.session, flow.queue)
+        await start(db, tenant, grants)
+        flow.grants.update({g.task_id: g for g in grants})
+        assert len(flow.grants) == 6
+    who = await principal(db, tenant.api_key)
+    workers_done = asyncio.Event()
+    seen: list[str] = []
+
+    async def work(flow: Flow) -> None:
+        first, *rest = made[flow.instance_id]
+        rng.shuffle(rest)
+        await flow.end(first["id"], "fail", "first")
+        for t in rest:
+            await flow.end(t["id"], "ok", t["sequence"])
+
+    async def cancel_some(flow: Flow) -> None:
+        for t in rng.sample(made[flow.instance_id][1:], 3):
+            await interventions.cancel_task(db, who, namespace=tenant.namespace,
+                                            task_id=t["id"], reason="race")
+
+    async def advance(engine: Engine) -> None:
+        while True:
+            done = await engine.run_once()
+            seen.extend(o for o, n in done.outcomes.items() for _ in range(n))
+            if workers_done.is_set() and done.inbox == 0 and done.advances == 0:
+                return
+            await asyncio.sleep(0)
+
+    async def people() -> None:
+        await asyncio.gather(*(work(f) for f in flows), *(cancel_some(f) for f in flows))
+        workers_done.set()
+
+    await asyncio.gather(people(), *(advance(e) for e in engines))
+    await drain(engines[0])
+    assert "error" not in seen
+    assert set(seen) <= {"advanced", "closed_block", "instance_ended"}
+    for flow in flows:
+        instance = await flow.instance()
+        assert instance["state"] == "FAILED"
+        assert json.loads(instance["error"])["step"] == "t_b0"
+        assert {t["state"] for t in await flow.tasks()} <= {"SUCCEEDED", "FAILED", "CANCELLED"}
+        assert {r["state"] for r in await flow.inbox()} == {"CONSUMED"}
     await clean(db, tenant.namespace_id)

@@ -20,7 +20,10 @@ Every phase runs on a fresh database with its own API, dispatcher and SDK no-op 
 ``instances_started``); ``duplicate_steps`` counts steps with more than one activation and
 activations with more than one task, plus workflow tasks no activation references (must be 0).
 ``engine_cpu_us_per_step`` is the engine process's CPU over the linear and parallel phases per
-workflow task.
+workflow task; ``cpu_us_per_step_linear`` / ``_parallel`` give every process's CPU (by role: api,
+dispatcher, workers, engine, the bench's own database) per workflow task in those phases (the
+starts included: this process starts the instances through the domain layer), beside the plain
+phase's ``cpu_us_per_task_plain``.
 """
 
 from __future__ import annotations
@@ -189,11 +192,14 @@ def _throughput(server: DatabaseUrl, logs: Path, db_pid: int | None, definition:
     try:
         phase.phase.start_workers(workers, concurrency)
         cpu_before = cpu_seconds(phase.engine.pid)
+        roles_before = phase.phase.cpu()
         phase.start(definition, instances_count)
         conn = connect_sync(phase.phase.url, autocommit=True)
         try:
             _wait_finished(conn, instances_count)
             engine_cpu = cpu_seconds(phase.engine.pid) - cpu_before
+            roles = {role: seconds - roles_before.get(role, 0.0)
+                     for role, seconds in phase.phase.cpu().items()}
             steps, per_s = _steps_per_s(conn)
             found = audit(conn)
         finally:
@@ -201,6 +207,8 @@ def _throughput(server: DatabaseUrl, logs: Path, db_pid: int | None, definition:
     finally:
         phase.close()
     return {"steps": steps, "steps_per_s": round(per_s, 1), "engine_cpu_s": engine_cpu,
+            "cpu_us_per_step": {role: round(seconds * 1e6 / max(1, steps))
+                                for role, seconds in sorted(roles.items())},
             **found}
 
 
@@ -254,6 +262,10 @@ def run(url_text: str | None, tasks: int, workers: int, concurrency: int) -> dic
                              3),
         "latency_rate_steps_per_s": half["rate_steps_per_s"],
         "advance_p50_ms": half["advance_p50_ms"], "advance_p99_ms": half["advance_p99_ms"],
+        "cpu_us_per_task_plain": {k.removeprefix("cpu_us_per_task_"): v
+                                  for k, v in plain.items() if k.startswith("cpu_us_per_task_")},
+        "cpu_us_per_step_linear": linear["cpu_us_per_step"],
+        "cpu_us_per_step_parallel": parallel["cpu_us_per_step"],
         "engine_cpu_us_per_step": round(
             (linear["engine_cpu_s"] + parallel["engine_cpu_s"]) * 1e6
             / max(1, linear["steps"] + parallel["steps"])),

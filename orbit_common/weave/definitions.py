@@ -16,6 +16,7 @@ inside it.
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import attrs
@@ -306,6 +307,26 @@ async def publish_version(db: Database, principal: credentials.Principal, *, nam
 # --- reads --------------------------------------------------------------------------------------
 
 
+PARSED_CACHE_SIZE = 256
+_parsed_by_digest: collections.OrderedDict[bytes, language.Definition] = (
+    collections.OrderedDict())
+
+
+def _parsed(digest: bytes, document: bytes) -> language.Definition:
+    """The validated model of a version's document, by its digest (the caller has checked
+    that ``document`` hashes to it): parsing re-runs the validator and its CEL type checks,
+    the dearest part of starting an instance, and a published document never changes. A few
+    hundred recent versions are kept per process."""
+    found = _parsed_by_digest.get(digest)
+    if found is None:
+        found = _parsed_by_digest[digest] = language.parse_definition(document)
+        while len(_parsed_by_digest) > PARSED_CACHE_SIZE:
+            _parsed_by_digest.popitem(last=False)
+    else:
+        _parsed_by_digest.move_to_end(digest)
+    return found
+
+
 async def load_version(cur: Any, namespace_id: bytes, definition_id: bytes,
                        version: int) -> PinnedVersion:
     """A published version, re-validated from its stored document, with its scope verified
@@ -325,7 +346,7 @@ async def load_version(cur: Any, namespace_id: bytes, definition_id: bytes,
             or digests.sha256(document) != row["digest"]):
         raise VersionScopeMismatch(
             f"version {version}'s scope or document does not match its digest")
-    parsed = language.parse_definition(document)
+    parsed = _parsed(row["digest"], document)
     scope = Scope(definition_id=definition_id, version=version, digest=row["digest"],
                   queue_ids=tuple(bytes.fromhex(q) for q in jsondoc.loads_strict(
                       row["queue_ids"])))

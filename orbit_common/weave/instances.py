@@ -214,7 +214,12 @@ async def start_instance(db: Database, principal: credentials.Principal, *, name
             actor=principal.actor, action="workflow.started", resource_type="workflow_instance",
             resource_id=instance_id, resource_revision=1, namespace_id=namespace_id,
             application_id=principal.application_id, after=payload, request_id=request_id))
-        view = await _instance(cur, namespace_id, instance_id)
+        # The receipt from what this transaction wrote (the row as _instance would read it).
+        view = {"namespace_id": namespace_id, "id": instance_id, "definition_id": row["id"],
+                "version": pinned.version, "version_digest": pinned.digest,
+                "state": "RUNNING", "revision": 1, "business_key": key, "input": input_text,
+                "output": None, "error": None, "gate_id": gate_id, "created_at": now,
+                "updated_at": now, "completed_at": None, "definition_name": row["name"]}
         return 201, instance_view(view), instance_id
 
     return await namespaced.run(

@@ -48,6 +48,8 @@ async def test_start_writes_the_instance_its_gate_root_step_and_advance(
                             " AND event_type = 'workflow.started'", instance_id) == 1
     got = await instances.get_instance(db, who, namespace=tenant.namespace,
                                        instance_id=body["id"])
+    # The receipt is the instance as it was stored (built from what the start wrote).
+    assert plain({k: v for k, v in got.items() if k != "steps"}) == plain(body)
     (root,) = got["steps"]
     assert (root["name"], root["kind"], root["state"]) == ("$root", "ROOT", "RUNNING")
     (activation,) = root["activations"]

@@ -44,7 +44,6 @@ import datetime as dt
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -59,6 +58,7 @@ from orbit_common.relay.deliveries import Leased, Settled
 from orbit_common.relay.model import DeliveryState
 from orbit_common.service.config import DeliveryConfig, OrbitConfig
 from orbit_common.service.health import ReadinessGate
+from orbit_common.service.loops import Pacer
 from orbit_delivery import signing
 from orbit_delivery.metrics import PumpMetrics, default
 from orbit_delivery.pushing import WebhookPusher
@@ -118,6 +118,7 @@ class DeliveryService:
         self.open_for = dt.timedelta(seconds=self.config.circuit_open_s)
         self.probe_window = dt.timedelta(seconds=self.config.probe_window_s)
         self.stopping = asyncio.Event()
+        self.pacer = Pacer(self.stopping, gate, log, "delivery")
         self.wake = asyncio.Event()  # deliveries became due: fan-out created, a batch was full
         self.loops: list[asyncio.Task[None]] = []
         # Batches in flight, per subscription.
@@ -130,9 +131,9 @@ class DeliveryService:
         self.loops = [
             asyncio.create_task(self._fan_out_loop(), name="delivery-fanout"),
             asyncio.create_task(self._webhook_loop(), name="delivery-webhooks"),
-            asyncio.create_task(self._every(self.config.recovery_interval_s, self.recover,
+            asyncio.create_task(self.pacer.every(self.config.recovery_interval_s, self.recover,
                                             "lapse recovery"), name="delivery-recovery"),
-            asyncio.create_task(self._every(self.config.gauge_interval_s, self.refresh_gauges,
+            asyncio.create_task(self.pacer.every(self.config.gauge_interval_s, self.refresh_gauges,
                                             "gauges"), name="delivery-gauges"),
         ]
 
@@ -160,22 +161,6 @@ class DeliveryService:
 
     # --- loops ----------------------------------------------------------------------------------
 
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), seconds)
-
-    async def _every(self, seconds: float, step: Callable[[], Awaitable[Any]],
-                     what: str) -> None:
-        while not self.stopping.is_set():
-            try:
-                await self.gate.wait()
-                await step()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("delivery %s failed", what)
-            await self._pause(seconds)
-
     async def _fan_out_loop(self) -> None:
         poll_min, poll_max = self.config.poll_min_ms / 1000, self.config.poll_max_ms / 1000
         delay = poll_min
@@ -189,7 +174,7 @@ class DeliveryService:
                 raise
             except Exception:
                 log.exception("delivery fan-out failed")
-                await self._pause(poll_max)
+                await self.pacer.pause(poll_max)
                 continue
             after = done.next_after
             if done.created:
@@ -199,7 +184,7 @@ class DeliveryService:
                 delay = poll_min
                 continue
             # Nothing due, or every due subscription held by another pump: back off.
-            await self._pause(delay)
+            await self.pacer.pause(delay)
             delay = poll_min if done.subscriptions else min(delay * 2, poll_max)
 
     async def _webhook_loop(self) -> None:
@@ -216,7 +201,7 @@ class DeliveryService:
                 raise
             except Exception:
                 log.exception("delivery target scan failed")
-                await self._pause(poll_max)
+                await self.pacer.pause(poll_max)
                 continue
             try:
                 await asyncio.wait_for(self.wake.wait(), delay)

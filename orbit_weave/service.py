@@ -22,12 +22,11 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from orbit_common.db.pool import Database
 from orbit_common.service.config import OrbitConfig
 from orbit_common.service.health import ReadinessGate
+from orbit_common.service.loops import Pacer
 from orbit_common.weave import engine
 from orbit_weave.metrics import EngineMetrics, default
 
@@ -53,13 +52,14 @@ class WeaveService:
                                     per_transaction=self.config.per_transaction)
         self.metrics = metrics or default()
         self.stopping = asyncio.Event()
+        self.pacer = Pacer(self.stopping, gate, log, "weave")
         self.loops: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         log.info("weave engine starting", extra={"owner": self.engine.owner})
         self.loops = [
             asyncio.create_task(self._advance_loop(), name="weave-advances"),
-            asyncio.create_task(self._every(self.config.gauge_interval_s, self.refresh_gauges,
+            asyncio.create_task(self.pacer.every(self.config.gauge_interval_s, self.refresh_gauges,
                                             "gauges"), name="weave-gauges"),
         ]
 
@@ -80,22 +80,6 @@ class WeaveService:
                 await task
         self.loops = []
 
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), seconds)
-
-    async def _every(self, seconds: float, step: Callable[[], Awaitable[Any]],
-                     what: str) -> None:
-        while not self.stopping.is_set():
-            try:
-                await self.gate.wait()
-                await step()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("weave %s failed", what)
-            await self._pause(seconds)
-
     async def _advance_loop(self) -> None:
         poll_min, poll_max = self.config.poll_min_ms / 1000, self.config.poll_max_ms / 1000
         delay = poll_min
@@ -107,7 +91,7 @@ class WeaveService:
                 raise
             except Exception:
                 log.exception("weave round failed")
-                await self._pause(poll_max)
+                await self.pacer.pause(poll_max)
                 continue
             self.metrics.record(done)
             if done.full:
@@ -115,9 +99,9 @@ class WeaveService:
                 continue
             if done.inbox or done.advances:
                 delay = poll_min
-                await self._pause(delay)
+                await self.pacer.pause(delay)
                 continue
-            await self._pause(delay)
+            await self.pacer.pause(delay)
             delay = min(delay * 2, poll_max)
 
     async def refresh_gauges(self) -> None:

@@ -221,7 +221,11 @@ def test_a_receiver_down_opens_its_circuit_others_flow_and_it_catches_up(
         # Refused connections opened the circuit after a few attempts: the budget of the 30
         # deliveries was not burned while the endpoint was down.
         assert spent < count, spent
-        assert all(r["state"] == "PENDING" for r in relay.deliveries("down"))
+        # None acknowledged or exhausted; one may be out as the half-open circuit's probe (the
+        # circuit reopens for another probe every 1.5 s while the endpoint stays down).
+        states = [r["state"] for r in relay.deliveries("down")]
+        assert set(states) <= {"PENDING", "LEASED"}, states
+        assert states.count("LEASED") <= 1, states
 
         down.start()  # back
         rows = all_acknowledged(relay, "down", count, timeout=60)

@@ -61,6 +61,42 @@ IDEMPOTENCY_KEY: dict[str, Any] = {
 NAME = {"type": "string", "pattern": "^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$"}
 
 
+def path_param(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """A required path parameter."""
+    return {"name": name, "in": "path", "required": True, "schema": schema}
+
+
+def limit_param(maximum: int, default: int) -> dict[str, Any]:
+    """A list's ``limit`` query parameter."""
+    return {"name": "limit", "in": "query",
+            "schema": {"type": "integer", "minimum": 1, "maximum": maximum,
+                       "default": default}}
+
+
+IDEMPOTENCY_PARAM = {"name": "Idempotency-Key", "in": "header", "required": False,
+                     "schema": IDEMPOTENCY_KEY}
+CURSOR_PARAM = {"name": "cursor", "in": "query", "schema": {"type": "string"},
+                "description": "next_cursor of the previous page (same other parameters)"}
+# What any call of a resource's routes may answer, and what a call with a body may add.
+BODY_ERRORS = {"413": _problem("payload_too_large"),
+               "415": _problem("unsupported_media_type, unsupported_content_encoding")}
+
+
+def resource_errors(forbidden: str | None) -> dict[str, Any]:
+    """400, 401 and 503 as every resource route answers them, and 403 with ``forbidden``'s
+    text when the routes have one."""
+    found = {
+        "400": _problem("Malformed, invalid or unknown input (codes: validation_failed, "
+                        "malformed_json, duplicate_json_key, json_too_deep, json_too_complex, "
+                        "invalid_cursor)"),
+        "401": _problem("Missing or invalid credential (unauthenticated, invalid_credential)"),
+    }
+    if forbidden is not None:
+        found["403"] = _problem(forbidden)
+    found["503"] = _problem("Database unavailable or commit outcome unknown; retry")
+    return found
+
+
 def _namespace_state(summary: str, op_id: str, ok: str) -> dict[str, Any]:
     return {
         "summary": summary, "operationId": op_id,

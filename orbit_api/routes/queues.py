@@ -7,7 +7,17 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.openapi import ID, IDEMPOTENCY_KEY, NAME, TIME, _json, _problem
+from orbit_api.openapi import (
+    BODY_ERRORS,
+    ID,
+    IDEMPOTENCY_PARAM,
+    NAME,
+    TIME,
+    _json,
+    _problem,
+    path_param,
+    resource_errors,
+)
 from orbit_api.routes.platform import idempotency_key
 from orbit_api.routes.tasks import json_response
 from orbit_common import errors
@@ -248,23 +258,15 @@ def _body(name: str, *, required: bool = True) -> dict[str, Any]:
     return {"required": required, "content": {"application/json": {"schema": _ref(name)}}}
 
 
-_NAMESPACE_PARAM = {"name": "namespace", "in": "path", "required": True, "schema": NAME}
-_QUEUE_PARAM = {"name": "queue", "in": "path", "required": True, "schema": NAME}
-_IDEMPOTENCY_PARAM = {"name": "Idempotency-Key", "in": "header", "required": False,
-                      "schema": IDEMPOTENCY_KEY}
-_ERRORS = {
-    "400": _problem("Malformed, invalid or unknown input (codes: validation_failed, "
-                    "malformed_json, duplicate_json_key, json_too_deep, json_too_complex, "
-                    "invalid_cursor)"),
-    "401": _problem("Missing or invalid credential (unauthenticated, invalid_credential)"),
-    "503": _problem("Database unavailable or commit outcome unknown; retry"),
-}
+_NAMESPACE_PARAM = path_param("namespace", NAME)
+_QUEUE_PARAM = path_param("queue", NAME)
+_IDEMPOTENCY_PARAM = IDEMPOTENCY_PARAM
+_ERRORS = resource_errors(None)
 _NOT_FOUND = _problem(
     "namespace_not_found, or queue_not_found: no such queue, or one the credential may not see"
 )
 _FORBIDDEN = _problem("forbidden: the credential sees the queue but may not do this")
-_BODY_ERRORS = {"413": _problem("payload_too_large"),
-                "415": _problem("unsupported_media_type, unsupported_content_encoding")}
+_BODY_ERRORS = BODY_ERRORS
 
 _INT = {"type": "integer"}
 # Decimals are JSON numbers (docs/api/README.md, "数值"); a request may still send the decimal

@@ -12,7 +12,20 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.openapi import ID, IDEMPOTENCY_KEY, NAME, TIME, TOO_MANY_REQUESTS, _json, _problem
+from orbit_api.openapi import (
+    BODY_ERRORS,
+    CURSOR_PARAM,
+    ID,
+    IDEMPOTENCY_PARAM,
+    NAME,
+    TIME,
+    TOO_MANY_REQUESTS,
+    _json,
+    _problem,
+    limit_param,
+    path_param,
+    resource_errors,
+)
 from orbit_api.routes.platform import idempotency_key
 from orbit_api.routes.tasks import OPENAPI_SCHEMAS as TASK_SCHEMAS
 from orbit_api.routes.tasks import json_response
@@ -298,26 +311,14 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-_NAMESPACE_PARAM = {"name": "namespace", "in": "path", "required": True, "schema": NAME}
-_SCHEDULE_PARAM = {"name": "schedule", "in": "path", "required": True, "schema": NAME}
-_IDEMPOTENCY_PARAM = {"name": "Idempotency-Key", "in": "header", "required": False,
-                      "schema": IDEMPOTENCY_KEY}
-_LIMIT_PARAM = {"name": "limit", "in": "query",
-                "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX,
-                           "default": PAGE_DEFAULT}}
-_CURSOR_PARAM = {"name": "cursor", "in": "query", "schema": {"type": "string"},
-                 "description": "next_cursor of the previous page (same other parameters)"}
-_ERRORS = {
-    "400": _problem("Malformed, invalid or unknown input (codes: validation_failed, "
-                    "malformed_json, duplicate_json_key, json_too_deep, json_too_complex, "
-                    "invalid_cursor)"),
-    "401": _problem("Missing or invalid credential (unauthenticated, invalid_credential)"),
-    "403": _problem("forbidden: the credential may not do this with schedules here"),
-    "503": _problem("Database unavailable or commit outcome unknown; retry"),
-}
+_NAMESPACE_PARAM = path_param("namespace", NAME)
+_SCHEDULE_PARAM = path_param("schedule", NAME)
+_IDEMPOTENCY_PARAM = IDEMPOTENCY_PARAM
+_LIMIT_PARAM = limit_param(PAGE_MAX, PAGE_DEFAULT)
+_CURSOR_PARAM = CURSOR_PARAM
+_ERRORS = resource_errors("forbidden: the credential may not do this with schedules here")
 _NOT_FOUND = _problem("namespace_not_found, or schedule_not_found")
-_BODY_ERRORS = {"413": _problem("payload_too_large"),
-                "415": _problem("unsupported_media_type, unsupported_content_encoding")}
+_BODY_ERRORS = BODY_ERRORS
 _MS = {"type": "integer", "minimum": 0}
 # A rule's bounds: RFC 3339 with an upper-case T and Z, at most 6 fraction digits, years 1900
 # to 8999 (schedule_rules._RFC3339, _MIN_AT, _MAX_AT).

@@ -14,7 +14,19 @@ from typing import Any
 
 from aiohttp import web
 
-from orbit_api.openapi import ID, IDEMPOTENCY_KEY, NAME, TIME, _json, _problem
+from orbit_api.openapi import (
+    BODY_ERRORS,
+    CURSOR_PARAM,
+    ID,
+    IDEMPOTENCY_PARAM,
+    NAME,
+    TIME,
+    _json,
+    _problem,
+    limit_param,
+    path_param,
+    resource_errors,
+)
 from orbit_api.routes.platform import idempotency_key
 from orbit_api.routes.tasks import json_response
 from orbit_common import errors
@@ -450,32 +462,21 @@ def _range(low: int, high: int) -> dict[str, Any]:
     return {"type": "integer", "minimum": low, "maximum": high}
 
 
-_NAMESPACE_PARAM = {"name": "namespace", "in": "path", "required": True, "schema": NAME}
-_SUBSCRIPTION_PARAM = {"name": "subscription", "in": "path", "required": True, "schema": NAME}
-_DELIVERY_PARAM = {"name": "delivery_id", "in": "path", "required": True, "schema": ID}
-_IDEMPOTENCY_PARAM = {"name": "Idempotency-Key", "in": "header", "required": False,
-                      "schema": IDEMPOTENCY_KEY}
-_LIMIT_PARAM = {"name": "limit", "in": "query",
-                "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX,
-                           "default": PAGE_DEFAULT}}
-_CURSOR_PARAM = {"name": "cursor", "in": "query", "schema": {"type": "string"},
-                 "description": "next_cursor of the previous page (same other parameters)"}
-_ERRORS = {
-    "400": _problem("Malformed, invalid or unknown input (codes: validation_failed, "
-                    "malformed_json, duplicate_json_key, json_too_deep, json_too_complex, "
-                    "invalid_cursor)"),
-    "401": _problem("Missing or invalid credential (unauthenticated, invalid_credential)"),
-    "403": _problem("forbidden: the credential may see the subscription but not do this with "
-                    "it (subscriptions.read, manage or consume on every queue of its scope)"),
-    "503": _problem("Database unavailable or commit outcome unknown; retry"),
-}
+_NAMESPACE_PARAM = path_param("namespace", NAME)
+_SUBSCRIPTION_PARAM = path_param("subscription", NAME)
+_DELIVERY_PARAM = path_param("delivery_id", ID)
+_IDEMPOTENCY_PARAM = IDEMPOTENCY_PARAM
+_LIMIT_PARAM = limit_param(PAGE_MAX, PAGE_DEFAULT)
+_CURSOR_PARAM = CURSOR_PARAM
+_ERRORS = resource_errors(
+    "forbidden: the credential may see the subscription but not do this with it"
+    " (subscriptions.read, manage or consume on every queue of its scope)")
 _NOT_FOUND = _problem("namespace_not_found, or subscription_not_found (also: no subscription "
                       "action on the subscription's queue scope)")
 _DELIVERY_NOT_FOUND = _problem("namespace_not_found, subscription_not_found, or "
                                "delivery_not_found (also another tenant's or subscription's "
                                "delivery id)")
-_BODY_ERRORS = {"413": _problem("payload_too_large"),
-                "415": _problem("unsupported_media_type, unsupported_content_encoding")}
+_BODY_ERRORS = BODY_ERRORS
 _MS = model.BACKOFF_CEILING_MS
 _TOKEN = {"type": "string", "minLength": 1, "maxLength": TOKEN_MAX,
           "pattern": "^[\\x20-\\x7e]+$", "description": "The lease token (printable ASCII)"}

@@ -16,7 +16,19 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from orbit_api.openapi import ID, IDEMPOTENCY_KEY, NAME, TIME, _json, _problem
+from orbit_api.openapi import (
+    BODY_ERRORS,
+    CURSOR_PARAM,
+    ID,
+    IDEMPOTENCY_PARAM,
+    NAME,
+    TIME,
+    _json,
+    _problem,
+    limit_param,
+    path_param,
+    resource_errors,
+)
 from orbit_api.routes.platform import idempotency_key
 from orbit_api.routes.tasks import json_response
 from orbit_common import errors
@@ -293,32 +305,16 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-def _path_param(name: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "in": "path", "required": True, "schema": schema}
-
-
-_NAMESPACE_PARAM = _path_param("namespace", NAME)
-_DEFINITION_PARAM = _path_param("definition", NAME)
+_NAMESPACE_PARAM = path_param("namespace", NAME)
+_DEFINITION_PARAM = path_param("definition", NAME)
 _VERSION = {"type": "integer", "minimum": 1, "maximum": VERSION_MAX}
-_VERSION_PARAM = _path_param("version", _VERSION)
-_WORKFLOW_PARAM = _path_param("workflow_id", ID)
-_IDEMPOTENCY_PARAM = {"name": "Idempotency-Key", "in": "header", "required": False,
-                      "schema": IDEMPOTENCY_KEY}
-_LIMIT_PARAM = {"name": "limit", "in": "query",
-                "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX,
-                           "default": PAGE_MAX}}
-_CURSOR_PARAM = {"name": "cursor", "in": "query", "schema": {"type": "string"},
-                 "description": "next_cursor of the previous page (same other parameters)"}
-_ERRORS = {
-    "400": _problem("Malformed, invalid or unknown input (codes: validation_failed, "
-                    "malformed_json, duplicate_json_key, json_too_deep, json_too_complex, "
-                    "invalid_cursor)"),
-    "401": _problem("Missing or invalid credential (unauthenticated, invalid_credential)"),
-    "403": _problem("forbidden: the credential may not do this with workflows here"),
-    "503": _problem("Database unavailable or commit outcome unknown; retry"),
-}
-_BODY_ERRORS = {"413": _problem("payload_too_large"),
-                "415": _problem("unsupported_media_type, unsupported_content_encoding")}
+_VERSION_PARAM = path_param("version", _VERSION)
+_WORKFLOW_PARAM = path_param("workflow_id", ID)
+_IDEMPOTENCY_PARAM = IDEMPOTENCY_PARAM
+_LIMIT_PARAM = limit_param(PAGE_MAX, PAGE_MAX)
+_CURSOR_PARAM = CURSOR_PARAM
+_ERRORS = resource_errors("forbidden: the credential may not do this with workflows here")
+_BODY_ERRORS = BODY_ERRORS
 _INVALID = _problem("definition_invalid (each item of errors has a path into the body, "
                     "$.document…, and its own code), validation_failed, malformed_json, "
                     "duplicate_json_key, json_too_deep, json_too_complex")

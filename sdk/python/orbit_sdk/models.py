@@ -14,6 +14,11 @@ from typing import Any
 
 import attrs
 
+from orbit_sdk._fields import boolean as _bool
+from orbit_sdk._fields import integer as _int
+from orbit_sdk._fields import mapping as _dict
+from orbit_sdk._fields import string as _str
+
 __all__ = [
     "ApplicationResources",
     "Attempt",
@@ -44,25 +49,6 @@ def parse_time(value: Any) -> dt.datetime | None:
     text = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value
     parsed = dt.datetime.fromisoformat(text)
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
-
-
-def _str(raw: Mapping[str, Any], key: str) -> str | None:
-    value = raw.get(key)
-    return value if isinstance(value, str) else None
-
-
-def _int(raw: Mapping[str, Any], key: str) -> int | None:
-    value = raw.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _bool(raw: Mapping[str, Any], key: str) -> bool:
-    return raw.get(key) is True
-
-
-def _dict(raw: Mapping[str, Any], key: str) -> dict[str, Any]:
-    value = raw.get(key)
-    return dict(value) if isinstance(value, Mapping) else {}
 
 
 def _decimal(value: Any) -> decimal.Decimal | None:

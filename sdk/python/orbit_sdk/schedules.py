@@ -13,6 +13,10 @@ from typing import Any
 
 import attrs
 
+from orbit_sdk._fields import integer as _int
+from orbit_sdk._fields import mapping as _dict
+from orbit_sdk._fields import objects as _objects
+from orbit_sdk._fields import string as _str
 from orbit_sdk.models import parse_time
 
 __all__ = [
@@ -23,26 +27,6 @@ __all__ = [
     "ScheduleVersion",
     "version_body",
 ]
-
-
-def _str(raw: Mapping[str, Any], key: str) -> str | None:
-    value = raw.get(key)
-    return value if isinstance(value, str) else None
-
-
-def _int(raw: Mapping[str, Any], key: str) -> int | None:
-    value = raw.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _dict(raw: Mapping[str, Any], key: str) -> dict[str, Any]:
-    value = raw.get(key)
-    return dict(value) if isinstance(value, Mapping) else {}
-
-
-def _objects(raw: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    value = raw.get(key)
-    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
 def version_body(

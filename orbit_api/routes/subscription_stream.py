@@ -4,9 +4,9 @@ WebSocket within the credit the consumer grants (docs/api/subscriptions.md, "Web
 The consumer grants credit with ``ready`` frames (each adds ``credit``); the server leases at
 most the outstanding credit (each lease is a transaction that checks ``subscriptions.consume``)
 and pushes one ``delivery`` frame per leased delivery, spending one credit each. ``ack`` and
-``fail`` frames are settled in batches: the frames that arrive within SETTLE_WINDOW_MS of the
-first one waiting (or while the previous batch's transaction runs), at most SETTLE_BATCH_MAX, are
-settled in one transaction (consumer.settle_deliveries), and each is answered with its own
+``fail`` frames are settled in batches: the frames that arrive within the settle window
+(``[api] stream_settle_window_ms``) of the first one waiting (or while the previous batch's
+transaction runs), at most SETTLE_BATCH_MAX, are settled in one transaction (consumer.settle_deliveries), and each is answered with its own
 ``settled`` (or ``error``) frame carrying the request's ``id``. Frames received before the socket
 closes are still settled. With credit but nothing due, the server polls a cheap read
 (consumer.due_in_ms) with a back-off from POLL_MIN_MS to POLL_MAX_MS — never a lease loop.
@@ -38,7 +38,7 @@ from orbit_common.relay.model import (
     SubscriptionState,
 )
 from orbit_common.service.http.body import query_params
-from orbit_common.service.http.context import DB
+from orbit_common.service.http.context import CONFIG, DB
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,6 @@ LEASE_STEP = 100  # deliveries leased per transaction at most
 POLL_MIN_MS = 50
 POLL_MAX_MS = 2000
 HEARTBEAT_S = 20.0  # WebSocket ping interval; a peer that misses the pong is closed
-SETTLE_WINDOW_MS = 2  # how long the first ack/fail frame waits for others to join its batch
 SETTLE_BATCH_MAX = 100  # ack/fail frames settled in one transaction at most
 SETTLE_DRAIN_S = 10.0  # after the socket closed, how long frames received may take to settle
 MAX_INVALID_FRAMES = 10  # refused frames on one connection before it is closed (1008)
@@ -62,8 +61,10 @@ class Stream:
     """One consumer connection."""
 
     def __init__(self, db: Database, principal: credentials.Principal, *, namespace: str,
-                 name: str, ws: web.WebSocketResponse, target: consumer.Target) -> None:
+                 name: str, ws: web.WebSocketResponse, target: consumer.Target,
+                 settle_window_ms: int = 2) -> None:
         self.db = db
+        self.settle_window_s = settle_window_ms / 1000
         self.principal = principal
         self.namespace = namespace
         self.name = name
@@ -266,7 +267,7 @@ class Stream:
                 continue
             if len(self.reports) < SETTLE_BATCH_MAX and not self.ending:
                 # The first frame waits a moment for the ones a busy consumer sends right after.
-                await asyncio.sleep(SETTLE_WINDOW_MS / 1000)
+                await asyncio.sleep(self.settle_window_s)
             batch = self._take()
             self.room.set()
             if not await self._settle_batch(batch):
@@ -319,7 +320,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
     # aiohttp refuses a frame of max_msg_size bytes or more from its header and closes with 1009.
     ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=MAX_FRAME_BYTES + 1)
     await ws.prepare(request)
-    conn = Stream(db, principal, namespace=namespace, name=name, ws=ws, target=target)
+    conn = Stream(db, principal, namespace=namespace, name=name, ws=ws, target=target,
+                  settle_window_ms=request.app[CONFIG].api.stream_settle_window_ms)
     streams = request.app[STREAMS]
     streams.add(conn)
     pumping = asyncio.create_task(conn.pump(), name="subscription-stream")

@@ -52,6 +52,10 @@ class ApiConfig:
     port: int = 8080
     max_body_bytes: int = 1024 * 1024
     public_url: str = ""
+    # A subscription stream's first ack/fail frame waits this long for others to join its
+    # settle transaction (docs/api/subscriptions.md, "WebSocket").
+    stream_settle_window_ms: int = attrs.field(default=2, validator=[
+        attrs.validators.ge(0), attrs.validators.le(5_000)])
 
 
 # 960 KiB: a result at the limit fits a 1 MiB message with its envelope (ids, token, report id).

@@ -240,6 +240,11 @@ class Subscriber:
         self.failed = 0  # deliveries reported failed
         self.lost = 0  # settlements refused (lease lapsed or delivery gone): it comes again
         self.connections = 0  # streams opened
+        # ``ready`` frames sent over the WebSocket, and the smallest and largest credit one gave
+        # (None before the first): credit goes out in steps of a quarter of the slots at least.
+        self.credit_frames = 0
+        self.smallest_grant: int | None = None
+        self.largest_grant: int | None = None
 
     def __repr__(self) -> str:
         return f"Subscriber({self.namespace!r}, {self.subscription!r})"
@@ -374,6 +379,9 @@ class Subscriber:
                 if free >= self._credit_step:
                     await stream.send({"type": "ready", "credit": free})
                     self._credit += free
+                    self.credit_frames += 1
+                    self.smallest_grant = min(self.smallest_grant or free, free)
+                    self.largest_grant = max(self.largest_grant or free, free)
                     self._reconnect.reset()
                 self._changed.clear()
                 waiters = {asyncio.ensure_future(self._changed.wait()),

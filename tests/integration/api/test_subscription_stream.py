@@ -3,24 +3,31 @@ credit, delivery frames, ack and fail frames, redelivery after a lapse, refusals
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import prometheus_client
 import pytest
 from aiohttp.test_utils import TestClient
 
+from orbit_api.app import create_app
 from orbit_api.routes import subscription_stream
-from orbit_common.db.pool import Database
+from orbit_common.db.pool import Database, DatabaseUrl
+from orbit_common.db.schema import SchemaChecker
 from orbit_common.platform import credentials
 from orbit_common.platform.audit import Actor
 from orbit_common.relay import consumer, deliveries, subscriptions
 from orbit_common.relay.model import SubscriptionState
-from tests.conftest import Tenant, make_key, make_tenant
+from orbit_common.service.health import ReadinessGate
+from tests.conftest import Tenant, api_config, make_key, make_tenant
 from tests.integration.api.conftest import assert_problem
 from tests.support import relay
 from tests.support.contract import assert_documented
 from tests.support.lease_fixtures import make_queue
+from tests.support.servers import ServiceTestServer
 from tests.support.waiting import until
 
 QUIET_S = 0.5  # how long a test listens to prove that nothing more arrives
@@ -284,30 +291,21 @@ async def test_a_paused_stream_waits_and_a_disabled_one_closes(
 
 
 async def test_an_idle_stream_polls_a_cheap_read_with_back_off(
-        api: TestClient[Any, Any], db: Database, tenant: Tenant,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        api: TestClient[Any, Any], db: Database, tenant: Tenant) -> None:
     await _setup(db, tenant, 0)
-    calls = {"poll": 0, "lease": 0}
-    real_poll, real_lease = consumer.poll, deliveries.lease_deliveries
+    before = {"poll": _transactions("relay.poll"), "lease": _transactions("relay.lease")}
 
-    async def poll(*args: Any, **kwargs: Any) -> Any:
-        calls["poll"] += 1
-        return await real_poll(*args, **kwargs)
+    def calls() -> dict[str, float]:
+        return {name: _transactions(f"relay.{name}") - n for name, n in before.items()}
 
-    async def lease(*args: Any, **kwargs: Any) -> Any:
-        calls["lease"] += 1
-        return await real_lease(*args, **kwargs)
-
-    monkeypatch.setattr(consumer, "poll", poll)
-    monkeypatch.setattr(deliveries, "lease_deliveries", lease)
     async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
         await _nothing_more(ws)  # no credit: not even the cheap read
-        assert calls == {"poll": 0, "lease": 0}
+        assert calls() == {"poll": 0, "lease": 0}
         await ws.send_json({"type": "ready", "credit": 10})
         await _nothing_more(ws)
     # QUIET_S of waiting with nothing pending: 50, 100, 200, 400 ms between reads, no lease.
-    assert calls["lease"] == 0
-    assert 1 <= calls["poll"] <= 6
+    assert calls()["lease"] == 0
+    assert 1 <= calls()["poll"] <= 6
 
 
 async def test_a_draining_api_closes_its_streams(api: TestClient[Any, Any], db: Database,
@@ -324,27 +322,33 @@ async def test_a_draining_api_closes_its_streams(api: TestClient[Any, Any], db: 
                 message="the stream is gone")
 
 
-def _record_batches(monkeypatch: pytest.MonkeyPatch, window_ms: int = 300) -> list[list[str]]:
-    """Widen the settle window (so frames sent together surely share one) and record the
-    delivery ids of every settle transaction."""
-    batches: list[list[str]] = []
-    real = consumer.settle_deliveries
+def _transactions(name: str) -> float:
+    """How many transactions named ``name`` this process ran so far (the API is served
+    in-process, so its transaction metric counts the stream's reads, leases and settles)."""
+    return prometheus_client.REGISTRY.get_sample_value(
+        "orbit_db_transaction_seconds_count", {"transaction": name}) or 0.0
 
-    async def settle(*args: Any, **kwargs: Any) -> Any:
-        batches.append([r.delivery_id.hex() for r in kwargs["reports"]])
-        return await real(*args, **kwargs)
 
-    monkeypatch.setattr(consumer, "settle_deliveries", settle)
-    monkeypatch.setattr(subscription_stream, "SETTLE_WINDOW_MS", window_ms)
-    return batches
+@contextlib.asynccontextmanager
+async def _api_with_window(db: Database, db_url: DatabaseUrl,
+                           window_ms: int) -> AsyncIterator[TestClient[Any, Any]]:
+    """The API served with a wide settle window (so frames sent together surely share one)."""
+    app = create_app(api_config(db_url, stream_settle_window_ms=window_ms), db,
+                     ReadinessGate(SchemaChecker(db)))
+    client = TestClient(ServiceTestServer(app))
+    await client.start_server()
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 async def test_frames_sent_together_settle_in_one_transaction_each_answered(
-        api: TestClient[Any, Any], db: Database, tenant: Tenant,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        db: Database, db_url: DatabaseUrl, tenant: Tenant) -> None:
     await _setup(db, tenant, 4, backoff_initial_ms=0)
-    batches = _record_batches(monkeypatch)
-    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+    settles = _transactions("relay.settle")
+    async with _api_with_window(db, db_url, 300) as api, \
+            api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
         await ws.send_json({"type": "ready", "credit": 4})
         pushed = [await _frame(ws) for _ in range(4)]
         ids = [f["delivery"]["id"] for f in pushed]
@@ -355,7 +359,7 @@ async def test_frames_sent_together_settle_in_one_transaction_each_answered(
                                 "token": token})
         answers = {f["id"]: f for f in [await _frame(ws) for _ in range(4)]}
         await _nothing_more(ws)
-    assert batches == [ids]
+    assert _transactions("relay.settle") - settles == 1  # the four frames, one transaction
     assert {k: (f["type"], f.get("state") or f.get("code")) for k, f in answers.items()} == {
         "r0": ("settled", "ACKNOWLEDGED"), "r1": ("settled", "ACKNOWLEDGED"),
         "r2": ("error", "delivery_lease_lost"), "r3": ("settled", "PENDING")}
@@ -366,11 +370,11 @@ async def test_frames_sent_together_settle_in_one_transaction_each_answered(
 
 
 async def test_a_second_frame_for_one_delivery_goes_into_the_next_batch(
-        api: TestClient[Any, Any], db: Database, tenant: Tenant,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        db: Database, db_url: DatabaseUrl, tenant: Tenant) -> None:
     await _setup(db, tenant, 2)
-    batches = _record_batches(monkeypatch)
-    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+    settles = _transactions("relay.settle")
+    async with _api_with_window(db, db_url, 300) as api, \
+            api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
         await ws.send_json({"type": "ready", "credit": 2})
         first, second = await _frame(ws), await _frame(ws)
         a, b = first["delivery"]["id"], second["delivery"]["id"]
@@ -378,28 +382,31 @@ async def test_a_second_frame_for_one_delivery_goes_into_the_next_batch(
             await ws.send_json({"type": "ack", "id": f"r{n}", "delivery_id":
                                 frame["delivery"]["id"], "token": frame["lease_token"]})
         answers = {f["id"]: f for f in [await _frame(ws) for _ in range(3)]}
-    assert batches == [[a], [a, b]]
+    # Two transactions: [a], then [a again, b] -- the repeat was settled after the first ack
+    # (it answers repeated), b with it.
+    assert _transactions("relay.settle") - settles == 2
     assert [answers[f"r{n}"]["repeated"] for n in range(3)] == [False, True, False]
+    assert (answers["r0"]["delivery_id"], answers["r2"]["delivery_id"]) == (a, b)
 
 
 async def test_frames_received_before_a_disconnect_are_settled(
-        api: TestClient[Any, Any], db: Database, tenant: Tenant,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        db: Database, db_url: DatabaseUrl, tenant: Tenant) -> None:
     await _setup(db, tenant, 3)
-    batches = _record_batches(monkeypatch, window_ms=2000)
-    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
-        await ws.send_json({"type": "ready", "credit": 3})
-        pushed = [await _frame(ws) for _ in range(3)]
-        for n, frame in enumerate(pushed):
-            await ws.send_json({"type": "ack", "id": f"r{n}", "delivery_id":
-                                frame["delivery"]["id"], "token": frame["lease_token"]})
-        await until(lambda: len(api.server.app[subscription_stream.STREAMS]) == 1
-                    and len(next(iter(api.server.app[subscription_stream.STREAMS])).reports)
-                    == 3, message="the three frames are queued")
-    # The socket closed while the batch waited for its window: it is settled all the same.
+    settles = _transactions("relay.settle")
+    async with _api_with_window(db, db_url, 2000) as api:
+        async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+            await ws.send_json({"type": "ready", "credit": 3})
+            pushed = [await _frame(ws) for _ in range(3)]
+            for n, frame in enumerate(pushed):
+                await ws.send_json({"type": "ack", "id": f"r{n}", "delivery_id":
+                                    frame["delivery"]["id"], "token": frame["lease_token"]})
+            await until(lambda: len(api.server.app[subscription_stream.STREAMS]) == 1
+                        and len(next(iter(api.server.app[subscription_stream.STREAMS])).reports)
+                        == 3, message="the three frames are queued")
+        # The socket closed while the batch waited for its window: it is settled all the same.
 
-    async def settled() -> bool:
-        return await _states(db, tenant) == ["ACKNOWLEDGED"] * 3
+        async def settled() -> bool:
+            return await _states(db, tenant) == ["ACKNOWLEDGED"] * 3
 
-    await until(settled, message="the three deliveries are acknowledged")
-    assert len(batches) == 1
+        await until(settled, message="the three deliveries are acknowledged")
+    assert _transactions("relay.settle") - settles == 1

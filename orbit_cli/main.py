@@ -647,64 +647,70 @@ def workflows_instances_get(ctx: click.Context, instance_id: str, namespace: str
 # --- daemons ---------------------------------------------------------------------------------
 
 
+def _run_daemon(ctx: click.Context, service: Any, name: str) -> None:
+    """Run one daemon on the process runner with the command line's configuration."""
+    from orbit_common.service import runner
+
+    config = _config(ctx)
+    _url(ctx)
+    runner.run(service, config, name)
+
+
 @cli.command("api")
 @click.pass_context
 def api_command(ctx: click.Context) -> None:
     """Run the HTTP API daemon."""
     from orbit_api.app import ApiService
-    from orbit_common.service import runner
 
-    config = _config(ctx)
-    _url(ctx)
-    runner.run(ApiService, config, "api")
+    _run_daemon(ctx, ApiService, "api")
 
 
 @cli.command("dispatcher")
 @click.pass_context
 def dispatcher_command(ctx: click.Context) -> None:
     """Run the dispatcher daemon (worker sessions, leases, recovery)."""
-    from orbit_common.service import runner
     from orbit_dispatcher.service import DispatcherService
 
-    config = _config(ctx)
-    _url(ctx)
-    runner.run(DispatcherService, config, "dispatcher")
+    _run_daemon(ctx, DispatcherService, "dispatcher")
 
 
 @cli.command("scheduler")
 @click.pass_context
 def scheduler_command(ctx: click.Context) -> None:
     """Run the scheduler daemon (fires due schedules; run any number of replicas)."""
-    from orbit_common.service import runner
     from orbit_scheduler.service import SchedulerService
 
-    config = _config(ctx)
-    _url(ctx)
-    runner.run(SchedulerService, config, "scheduler")
+    _run_daemon(ctx, SchedulerService, "scheduler")
 
 
 @cli.command("delivery")
 @click.pass_context
 def delivery_command(ctx: click.Context) -> None:
     """Run the delivery pump (fan-out, webhooks, lapse recovery; run any number of replicas)."""
-    from orbit_common.service import runner
     from orbit_delivery.service import DeliveryService
 
-    config = _config(ctx)
-    _url(ctx)
-    runner.run(DeliveryService, config, "delivery")
+    _run_daemon(ctx, DeliveryService, "delivery")
 
 
 @cli.command("weave")
 @click.pass_context
 def weave_command(ctx: click.Context) -> None:
     """Run the workflow engine (advances workflow instances; run any number of replicas)."""
-    from orbit_common.service import runner
     from orbit_weave.service import WeaveService
 
-    config = _config(ctx)
-    _url(ctx)
-    runner.run(WeaveService, config, "weave")
+    _run_daemon(ctx, WeaveService, "weave")
+
+
+def _bench_module(name: str) -> Any:
+    """``bench.<name>`` from the source checkout this command runs in (the benchmarks are not
+    part of the installed package)."""
+    import importlib
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "bench" / (name.replace(".", "/") + ".py")).exists():
+        raise click.ClickException("orbit bench runs from a source checkout")
+    sys.path.insert(0, str(root))
+    return importlib.import_module(f"bench.{name}")
 
 
 @cli.group()
@@ -730,13 +736,9 @@ def bench_tasks(count: int, workers: int, concurrency: int, rate: float | None, 
     """No-op tasks end to end (API, dispatcher, SDK workers) vs the raw and same-shape cycles."""
     import os
 
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "bench" / "tasks.py").exists():
-        raise click.ClickException("orbit bench runs from a source checkout")
     if backlog and (keys or apps > 1):
         raise click.UsageError("--backlog measures the plain phase: without --keys and --apps")
-    sys.path.insert(0, str(root))
-    from bench.tasks import run
+    run = _bench_module("tasks").run
 
     result = run(os.environ.get("ORBIT_DATABASE_URL"), count, workers, rate, concurrency,
                  keys=keys, apps=apps, backlog=backlog)
@@ -759,11 +761,7 @@ def bench_peers(rounds: int, count: int, as_json: bool) -> None:
     """
     import os
 
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "bench" / "peers" / "run.py").exists():
-        raise click.ClickException("orbit bench runs from a source checkout")
-    sys.path.insert(0, str(root))
-    from bench.peers.run import run
+    run = _bench_module("peers.run").run
 
     def progress(line: str) -> None:
         click.echo(line, err=True)
@@ -789,11 +787,7 @@ def bench_latency(count: int, runs: int, max_rate: float | None,  # noqa: PLR091
     """Start latency (p99 submit -> start) at half the maximum rate, over consecutive runs."""
     import os
 
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "bench" / "latency.py").exists():
-        raise click.ClickException("orbit bench runs from a source checkout")
-    sys.path.insert(0, str(root))
-    from bench.latency import run
+    run = _bench_module("latency").run
 
     result = run(os.environ.get("ORBIT_DATABASE_URL"), count, runs, workers, concurrency,
                  max_rate=max_rate)
@@ -812,11 +806,7 @@ def bench_schedules(count: int, replicas: int, steady_seconds: float, as_json: b
     """Schedules: a burst of N due at once, then N firing staggered once a minute."""
     import os
 
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "bench" / "schedules.py").exists():
-        raise click.ClickException("orbit bench runs from a source checkout")
-    sys.path.insert(0, str(root))
-    from bench.schedules import run
+    run = _bench_module("schedules").run
 
     result = run(os.environ.get("ORBIT_DATABASE_URL"), count, replicas, steady_seconds)
     if not as_json:
@@ -836,11 +826,7 @@ def bench_deliveries(count: int, workers: int, concurrency: int,
     """Result deliveries (a webhook and a pull subscription on every result) vs plain tasks."""
     import os
 
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "bench" / "deliveries.py").exists():
-        raise click.ClickException("orbit bench runs from a source checkout")
-    sys.path.insert(0, str(root))
-    from bench.deliveries import run
+    run = _bench_module("deliveries").run
 
     result = run(os.environ.get("ORBIT_DATABASE_URL"), count, workers, concurrency,
                  down_seconds)
@@ -861,11 +847,7 @@ def bench_workflows(count: int, workers: int, concurrency: int, as_json: bool) -
     latency at half that rate."""
     import os
 
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "bench" / "workflows.py").exists():
-        raise click.ClickException("orbit bench runs from a source checkout")
-    sys.path.insert(0, str(root))
-    from bench.workflows import run
+    run = _bench_module("workflows").run
 
     result = run(os.environ.get("ORBIT_DATABASE_URL"), count, workers, concurrency)
     if not as_json:

@@ -61,6 +61,20 @@ IDEMPOTENCY_KEY: dict[str, Any] = {
 NAME = {"type": "string", "pattern": "^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$"}
 
 
+def ref(name: str) -> dict[str, str]:
+    """A reference to a component schema."""
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def request_body(name: str, *, required: bool = True) -> dict[str, Any]:
+    """A JSON request body of the component schema ``name``."""
+    return {"required": required, "content": {"application/json": {"schema": ref(name)}}}
+
+
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
 def path_param(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     """A required path parameter."""
     return {"name": name, "in": "path", "required": True, "schema": schema}

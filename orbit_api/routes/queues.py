@@ -16,6 +16,8 @@ from orbit_api.openapi import (
     _json,
     _problem,
     path_param,
+    ref,
+    request_body,
     resource_errors,
 )
 from orbit_api.routes.platform import idempotency_key
@@ -250,14 +252,6 @@ def add_routes(app: web.Application) -> None:
 # --- OpenAPI -----------------------------------------------------------------------------------
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _body(name: str, *, required: bool = True) -> dict[str, Any]:
-    return {"required": required, "content": {"application/json": {"schema": _ref(name)}}}
-
-
 _NAMESPACE_PARAM = path_param("namespace", NAME)
 _QUEUE_PARAM = path_param("queue", NAME)
 _IDEMPOTENCY_PARAM = IDEMPOTENCY_PARAM
@@ -347,7 +341,7 @@ OPENAPI_PATHS: dict[str, Any] = {
             "summary": "Create a queue with its execution gate (open)",
             "operationId": "createQueue",
             "parameters": [_IDEMPOTENCY_PARAM],
-            "requestBody": _body("CreateQueueRequest"),
+            "requestBody": request_body("CreateQueueRequest"),
             "responses": {
                 "201": _json("Queue", "Created (or the replay of the original response)"),
                 **_ERRORS,
@@ -369,7 +363,7 @@ OPENAPI_PATHS: dict[str, Any] = {
         "patch": {
             "summary": "Change a queue's configuration: compare-and-set on revision",
             "operationId": "updateQueue",
-            "requestBody": _body("UpdateQueueRequest"),
+            "requestBody": request_body("UpdateQueueRequest"),
             "responses": {
                 "200": _json("Queue", "The queue after the change (unchanged if nothing "
                              "differs)"),
@@ -384,7 +378,7 @@ OPENAPI_PATHS: dict[str, Any] = {
         "post": {
             "summary": "Pause: no new lease is granted and no new start approved; idempotent",
             "operationId": "pauseQueue",
-            "requestBody": _body("QueueGateRequest"),
+            "requestBody": request_body("QueueGateRequest"),
             "responses": {"200": _json("Queue", "The paused queue"), **_ERRORS,
                           "403": _FORBIDDEN, "404": _NOT_FOUND, **_BODY_ERRORS},
         },
@@ -394,7 +388,7 @@ OPENAPI_PATHS: dict[str, Any] = {
         "post": {
             "summary": "Resume a paused queue; idempotent",
             "operationId": "resumeQueue",
-            "requestBody": _body("QueueGateRequest"),
+            "requestBody": request_body("QueueGateRequest"),
             "responses": {"200": _json("Queue", "The open queue"), **_ERRORS,
                           "403": _FORBIDDEN, "404": _NOT_FOUND, **_BODY_ERRORS},
         },
@@ -419,7 +413,7 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "id": ID, "name": NAME, "description": {"type": "string"},
             "revision": {"type": "integer", "minimum": 1},
             **_LIMITS,
-            "retry": _ref("QueueRetry"),
+            "retry": ref("QueueRetry"),
             "active_attempts": {"type": "integer", "minimum": 0,
                                 "description": "Attempts LEASED or RUNNING now (runtime)"},
             "paused": {"type": "boolean"},
@@ -430,7 +424,7 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                                "reason": {"type": ["string", "null"]}},
             },
             "created_at": TIME, "updated_at": TIME,
-            "usage": {**_ref("QueueUsage"),
+            "usage": {**ref("QueueUsage"),
                       "description": "Only in the answer to GET of one queue"},
         },
     },
@@ -456,7 +450,7 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     },
     "QueuePage": {
         "type": "object", "required": ["items", "next_cursor"],
-        "properties": {"items": {"type": "array", "items": _ref("Queue")},
+        "properties": {"items": {"type": "array", "items": ref("Queue")},
                        "next_cursor": {"type": ["string", "null"]}},
     },
     "CreateQueueRequest": {

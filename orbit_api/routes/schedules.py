@@ -23,7 +23,10 @@ from orbit_api.openapi import (
     _json,
     _problem,
     limit_param,
+    nullable,
     path_param,
+    ref,
+    request_body,
     resource_errors,
 )
 from orbit_api.routes.platform import idempotency_key
@@ -299,18 +302,6 @@ def add_routes(app: web.Application) -> None:
 # --- OpenAPI ------------------------------------------------------------------------------------
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _body(name: str, *, required: bool = True) -> dict[str, Any]:
-    return {"required": required, "content": {"application/json": {"schema": _ref(name)}}}
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
 _NAMESPACE_PARAM = path_param("namespace", NAME)
 _SCHEDULE_PARAM = path_param("schedule", NAME)
 _IDEMPOTENCY_PARAM = IDEMPOTENCY_PARAM
@@ -329,8 +320,8 @@ _RULE_TIME = {"type": "string", "format": "date-time",
 _TIME_1970 = {"type": "string", "format": "date-time",
                 "pattern": r"^(19[7-9][0-9]|[2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9])-"}
 _POLICY_PROPS: dict[str, Any] = {
-    "rule": {**_ref("ScheduleRule")},
-    "template": {**_ref("ScheduleTemplate")},
+    "rule": {**ref("ScheduleRule")},
+    "template": {**ref("ScheduleTemplate")},
     "misfire_policy": {"enum": list(schedules.MISFIRE_POLICIES), "default": "SKIP"},
     "overlap_policy": {"enum": list(schedules.OVERLAP_POLICIES), "default": "ALLOW"},
     "catchup_window_ms": {**_MS, "maximum": schedule_commands.MAX_WINDOW_MS,
@@ -350,7 +341,7 @@ def _post(summary: str, op_id: str, body: str | None, ok: str, schema: str, *,
                       **_BODY_ERRORS, **(more or {})},
     }
     if body is not None:
-        operation["requestBody"] = _body(body, required=required)
+        operation["requestBody"] = request_body(body, required=required)
     return operation
 
 
@@ -361,7 +352,7 @@ OPENAPI_PATHS: dict[str, Any] = {
             "summary": "Create a schedule (ACTIVE, version 1, covering from now)",
             "operationId": "createSchedule",
             "parameters": [_IDEMPOTENCY_PARAM],
-            "requestBody": _body("CreateScheduleRequest"),
+            "requestBody": request_body("CreateScheduleRequest"),
             "responses": {
                 "201": _json("Schedule", "Created (or the replay of the original answer)"),
                 **_ERRORS,
@@ -470,8 +461,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "calendar_version": {"type": "string",
                                  "pattern": "^[0-9A-Za-z][0-9A-Za-z.+-]{0,31}$",
                                  "description": "tz database release; set by the server"},
-            "start_at": {**_nullable(_RULE_TIME), "description": "Inclusive"},
-            "end_at": {**_nullable(_RULE_TIME), "description": "Exclusive; after start_at"},
+            "start_at": {**nullable(_RULE_TIME), "description": "Inclusive"},
+            "end_at": {**nullable(_RULE_TIME), "description": "Exclusive; after start_at"},
             "nonexistent": {"enum": [p.value for p in schedule_rules.NonexistentPolicy],
                             "default": "shift_forward"},
             "ambiguous": {"enum": [p.value for p in schedule_rules.AmbiguousPolicy],
@@ -517,8 +508,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     "ScheduleVersion": {
         "type": "object",
         "properties": {
-            "version": {"type": "integer", "minimum": 1}, "rule": _ref("ScheduleRule"),
-            "template": _ref("ScheduleTemplate"),
+            "version": {"type": "integer", "minimum": 1}, "rule": ref("ScheduleRule"),
+            "template": ref("ScheduleTemplate"),
             "misfire_policy": {"enum": list(schedules.MISFIRE_POLICIES)},
             "overlap_policy": {"enum": list(schedules.OVERLAP_POLICIES)},
             "catchup_window_ms": _MS, "grace_ms": _MS, "effective_from": TIME,
@@ -536,17 +527,17 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "revision": {"type": "integer", "minimum": 1},
             "current_version": {"type": "integer", "minimum": 1},
             "processing_version": {"type": "integer", "minimum": 1},
-            "covered_until": TIME, "next_fire_at": _nullable(TIME), "check_at": _nullable(TIME),
-            "buffered_fire_at": _nullable(TIME), "last_task_id": _nullable(ID),
-            "last_fired_at": _nullable(TIME), "created_at": TIME, "updated_at": TIME,
-            "disabled_at": _nullable(TIME),
-            "versions": {"type": "array", "items": _ref("ScheduleVersion"),
+            "covered_until": TIME, "next_fire_at": nullable(TIME), "check_at": nullable(TIME),
+            "buffered_fire_at": nullable(TIME), "last_task_id": nullable(ID),
+            "last_fired_at": nullable(TIME), "created_at": TIME, "updated_at": TIME,
+            "disabled_at": nullable(TIME),
+            "versions": {"type": "array", "items": ref("ScheduleVersion"),
                          "description": "In GET of one schedule, create and publish"},
         },
     },
     "SchedulePage": {
         "type": "object", "required": ["items", "next_cursor"],
-        "properties": {"items": {"type": "array", "items": _ref("Schedule")},
+        "properties": {"items": {"type": "array", "items": ref("Schedule")},
                        "next_cursor": {"type": ["string", "null"]}},
     },
     "ScheduleOccurrence": {
@@ -555,14 +546,14 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "id": ID, "fire_at": TIME, "version": {"type": "integer", "minimum": 1},
             "source": {"enum": list(SOURCES)},
             "outcome": {"enum": ["FIRED", "SKIPPED", "MERGED"]},
-            "reason": {"type": ["string", "null"]}, "covered_until": _nullable(TIME),
-            "covered_count": {"type": "integer", "minimum": 1}, "task_id": _nullable(ID),
+            "reason": {"type": ["string", "null"]}, "covered_until": nullable(TIME),
+            "covered_count": {"type": "integer", "minimum": 1}, "task_id": nullable(ID),
             "fired_at": TIME, "lateness_ms": _MS,
         },
     },
     "ScheduleOccurrencePage": {
         "type": "object", "required": ["items", "next_cursor"],
-        "properties": {"items": {"type": "array", "items": _ref("ScheduleOccurrence")},
+        "properties": {"items": {"type": "array", "items": ref("ScheduleOccurrence")},
                        "next_cursor": {"type": ["string", "null"]}},
     },
     "ScheduleRun": {
@@ -581,7 +572,7 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "schedule": NAME, "start": TIME, "end": TIME,
             "searched_until": {**TIME, "description": "min(end, covered_until): later "
                                                       "instants are the scheduler's"},
-            "created": {"type": "array", "items": _ref("ScheduleRun")},
+            "created": {"type": "array", "items": ref("ScheduleRun")},
             "already_ran": {"type": "integer", "minimum": 0},
         },
     },

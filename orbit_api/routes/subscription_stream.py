@@ -6,8 +6,9 @@ most the outstanding credit (each lease is a transaction that checks ``subscript
 and pushes one ``delivery`` frame per leased delivery, spending one credit each. ``ack`` and
 ``fail`` frames are settled in batches: the frames that arrive within the settle window
 (``[api] stream_settle_window_ms``) of the first one waiting (or while the previous batch's
-transaction runs), at most SETTLE_BATCH_MAX, are settled in one transaction (consumer.settle_deliveries), and each is answered with its own
-``settled`` (or ``error``) frame carrying the request's ``id``. Frames received before the socket
+transaction runs), at most SETTLE_BATCH_MAX, are settled in one transaction
+(consumer.settle_deliveries), and each is answered with its own ``settled`` (or ``error``) frame
+carrying the request's ``id``. Frames received before the socket
 closes are still settled. With credit but nothing due, the server polls a cheap read
 (consumer.due_in_ms) with a back-off from POLL_MIN_MS to POLL_MAX_MS — never a lease loop.
 When the socket closes, leases taken but not yet pushed are handed back unsent

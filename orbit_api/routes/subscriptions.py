@@ -24,7 +24,10 @@ from orbit_api.openapi import (
     _json,
     _problem,
     limit_param,
+    nullable,
     path_param,
+    ref,
+    request_body,
     resource_errors,
 )
 from orbit_api.routes.platform import idempotency_key
@@ -446,18 +449,6 @@ def add_routes(app: web.Application) -> None:
 # --- OpenAPI ------------------------------------------------------------------------------------
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _body(name: str, *, required: bool = True) -> dict[str, Any]:
-    return {"required": required, "content": {"application/json": {"schema": _ref(name)}}}
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
 def _range(low: int, high: int) -> dict[str, Any]:
     return {"type": "integer", "minimum": low, "maximum": high}
 
@@ -480,19 +471,19 @@ _BODY_ERRORS = BODY_ERRORS
 _MS = model.BACKOFF_CEILING_MS
 _TOKEN = {"type": "string", "minLength": 1, "maxLength": TOKEN_MAX,
           "pattern": "^[\\x20-\\x7e]+$", "description": "The lease token (printable ASCII)"}
-_ERROR_TEXT = {**_nullable({"type": "string", "maxLength": ERROR_TEXT_MAX}),
+_ERROR_TEXT = {**nullable({"type": "string", "maxLength": ERROR_TEXT_MAX}),
                "description": "Why the consumer failed it (kept in the attempt log)"}
 _REASON = {"type": "string", "minLength": 1, "maxLength": model.REASON_MAX}
 _POLICY: dict[str, Any] = {
-    "max_attempts": {**_nullable(_range(1, model.MAX_ATTEMPTS_CEILING)),
+    "max_attempts": {**nullable(_range(1, model.MAX_ATTEMPTS_CEILING)),
                      "description": f"The delivery budget (default {model.DEFAULT_MAX_ATTEMPTS})"},
-    "backoff_initial_ms": {**_nullable(_range(0, _MS)),
+    "backoff_initial_ms": {**nullable(_range(0, _MS)),
                            "description": "Wait after the first failure (default "
                                           f"{model.DEFAULT_BACKOFF_INITIAL_MS}); doubles"},
-    "backoff_max_ms": {**_nullable(_range(0, _MS)),
+    "backoff_max_ms": {**nullable(_range(0, _MS)),
                        "description": "The longest wait; at least backoff_initial_ms "
                                       f"(default {model.DEFAULT_BACKOFF_MAX_MS})"},
-    "lease_ms": {**_nullable(_range(model.LEASE_MIN_MS, model.LEASE_MAX_MS)),
+    "lease_ms": {**nullable(_range(model.LEASE_MIN_MS, model.LEASE_MAX_MS)),
                  "description": f"Lease of a delivery (default {model.DEFAULT_LEASE_MS})"},
 }
 
@@ -510,7 +501,7 @@ def _action(summary: str, op_id: str, body: str | None, ok: str, schema: str, *,
     if idempotent:
         operation["parameters"] = [_IDEMPOTENCY_PARAM]
     if body is not None:
-        operation["requestBody"] = _body(body, required=required)
+        operation["requestBody"] = request_body(body, required=required)
     return operation
 
 
@@ -524,7 +515,7 @@ OPENAPI_PATHS: dict[str, Any] = {
                        "only)",
             "operationId": "createSubscription",
             "parameters": [_IDEMPOTENCY_PARAM],
-            "requestBody": _body("CreateSubscriptionRequest"),
+            "requestBody": request_body("CreateSubscriptionRequest"),
             "responses": {
                 "201": _json("SubscriptionCreated",
                              "Created (or the replay of the original answer, without secret)"),
@@ -664,13 +655,13 @@ _FILTERS_REQUEST = {
     "type": "object", "additionalProperties": False,
     "description": "Every list empty or absent: no restriction; all three must match",
     "properties": {
-        "queues": {**_nullable({"type": "array", "maxItems": model.MAX_FILTER_ITEMS,
+        "queues": {**nullable({"type": "array", "maxItems": model.MAX_FILTER_ITEMS,
                                 "uniqueItems": True, "items": NAME}),
                    "description": "Queue names (each must exist)"},
-        "states": _nullable({"type": "array", "maxItems": model.MAX_FILTER_ITEMS,
+        "states": nullable({"type": "array", "maxItems": model.MAX_FILTER_ITEMS,
                              "uniqueItems": True,
                              "items": {"enum": list(model.RESULT_STATES)}}),
-        "handlers": {**_nullable({"type": "array", "maxItems": model.MAX_FILTER_ITEMS,
+        "handlers": {**nullable({"type": "array", "maxItems": model.MAX_FILTER_ITEMS,
                                   "uniqueItems": True,
                                   "items": {"type": "string", "minLength": 1,
                                             "maxLength": model.HANDLER_MAX}}),
@@ -695,12 +686,12 @@ _SUBSCRIPTION_PROPS: dict[str, Any] = {
     "state": {"enum": list(model.SubscriptionState)},
     "revision": {"type": "integer", "minimum": 1},
     "owner_application_id": ID,
-    "previous_secret_valid_until": _nullable(TIME),
+    "previous_secret_valid_until": nullable(TIME),
     "circuit": {"type": "object", "required": ["state", "open_until", "consecutive_failures"],
                 "properties": {"state": {"enum": ["CLOSED", "OPEN", "HALF_OPEN"]},
-                               "open_until": _nullable(TIME),
+                               "open_until": nullable(TIME),
                                "consecutive_failures": {"type": "integer", "minimum": 0}}},
-    "created_at": TIME, "updated_at": TIME, "disabled_at": _nullable(TIME),
+    "created_at": TIME, "updated_at": TIME, "disabled_at": nullable(TIME),
 }
 _SECRET = {"type": "string", "pattern": "^whsec_[A-Za-z0-9+/]+={0,2}$",
            "description": "The Standard Webhooks signing secret: shown in this answer only"}
@@ -711,14 +702,14 @@ _DELIVERY_PROPS: dict[str, Any] = {
     "state": {"enum": list(model.DeliveryState)},
     "attempts_used": {"type": "integer", "minimum": 0},
     "max_attempts": {"type": "integer", "minimum": 1},
-    "available_at": TIME, "lease_expires_at": _nullable(TIME),
-    "last_error": _nullable({"type": "object",
+    "available_at": TIME, "lease_expires_at": nullable(TIME),
+    "last_error": nullable({"type": "object",
                              "required": ["status_code", "body", "duration_ms"],
                              "properties": {"status_code": {"type": ["integer", "null"]},
                                             "body": {"type": ["string", "null"]},
                                             "duration_ms": {"type": ["integer", "null"]}}}),
-    "created_at": TIME, "updated_at": TIME, "acknowledged_at": _nullable(TIME),
-    "exhausted_at": _nullable(TIME),
+    "created_at": TIME, "updated_at": TIME, "acknowledged_at": nullable(TIME),
+    "exhausted_at": nullable(TIME),
 }
 _DELIVERY_REQUIRED = sorted(_DELIVERY_PROPS)
 _PAYLOAD_PROPS: dict[str, Any] = {
@@ -736,16 +727,16 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         "type": "object", "additionalProperties": False, "required": ["name", "kind"],
         "properties": {
             "name": NAME, "kind": {"enum": list(model.Kind)},
-            "endpoint_url": {**_nullable({"type": "string", "minLength": 1}),
+            "endpoint_url": {**nullable({"type": "string", "minLength": 1}),
                              "description": "WEBHOOK only (required there): an absolute https "
                                             "URL allowed by the operator's endpoint policy"},
-            "filters": _nullable(_ref("SubscriptionFilters")),
+            "filters": nullable(ref("SubscriptionFilters")),
             **_POLICY,
-            "start_after_sequence": {**_nullable(_range(0, 2**62)),
+            "start_after_sequence": {**nullable(_range(0, 2**62)),
                                      "description": "Deliver events after this sequence (at "
                                                     "most the stream's last committed one); "
                                                     "default: from now"},
-            "secret": {**_nullable({"type": "string", "maxLength": 200,
+            "secret": {**nullable({"type": "string", "maxLength": 200,
                                     "pattern": "^whsec_[A-Za-z0-9+/]+={0,2}$"}),
                        "description": "WEBHOOK only: whsec_ + base64 of 24-64 random bytes; "
                                       "default: generated"},
@@ -765,16 +756,16 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         "properties": {
             "revision": {**_range(1, 2**62), "description": "The revision the change is based "
                                                             "on"},
-            "endpoint_url": {**_nullable({"type": "string", "minLength": 1}),
+            "endpoint_url": {**nullable({"type": "string", "minLength": 1}),
                              "description": "WEBHOOK subscriptions only"},
-            "filters": {**_nullable(_ref("SubscriptionFilters")),
+            "filters": {**nullable(ref("SubscriptionFilters")),
                         "description": "Replaces the filters (null: no restriction)"},
             **_POLICY,
         },
     },
     "SubscriptionStateRequest": {
         "type": "object", "additionalProperties": False,
-        "properties": {"reason": {**_nullable(_REASON), "description": "Audited"}},
+        "properties": {"reason": {**nullable(_REASON), "description": "Audited"}},
     },
     "RotateSecretRequest": {
         "type": "object", "additionalProperties": False,
@@ -793,14 +784,14 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     "SecretRotated": {
         "type": "object",
         "required": ["subscription", "rotation_id", "previous_secret_valid_until"],
-        "properties": {"subscription": _ref("Subscription"), "rotation_id": ID,
-                       "previous_secret_valid_until": _nullable(TIME),
+        "properties": {"subscription": ref("Subscription"), "rotation_id": ID,
+                       "previous_secret_valid_until": nullable(TIME),
                        "secret": {**_SECRET, "description": "The new secret: in this answer "
                                                             "only, never in a replay"}},
     },
     "SubscriptionPage": {
         "type": "object", "required": ["items", "next_cursor"],
-        "properties": {"items": {"type": "array", "items": _ref("Subscription")},
+        "properties": {"items": {"type": "array", "items": ref("Subscription")},
                        "next_cursor": {"type": ["string", "null"]}},
     },
     "Delivery": {"type": "object", "required": _DELIVERY_REQUIRED,
@@ -820,15 +811,15 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                      "committed_at", "snapshot", "attempts"],
         "properties": {**_DELIVERY_PROPS, "subscription": NAME,
                        "queue": {"type": ["string", "null"]},
-                       "result_state": _nullable({"enum": list(model.RESULT_STATES)}),
-                       "committed_at": _nullable(TIME),
+                       "result_state": nullable({"enum": list(model.RESULT_STATES)}),
+                       "committed_at": nullable(TIME),
                        "snapshot": {"type": ["object", "null"],
                                     "description": "The frozen result snapshot"},
-                       "attempts": {"type": "array", "items": _ref("DeliveryAttempt")}},
+                       "attempts": {"type": "array", "items": ref("DeliveryAttempt")}},
     },
     "DeliveryPage": {
         "type": "object", "required": ["items", "next_cursor"],
-        "properties": {"items": {"type": "array", "items": _ref("Delivery")},
+        "properties": {"items": {"type": "array", "items": ref("Delivery")},
                        "next_cursor": {"type": ["string", "null"]}},
     },
     "AddBudgetRequest": {
@@ -845,13 +836,13 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                         "properties": _PAYLOAD_PROPS},
     "LeasedDelivery": {
         "type": "object", "required": ["delivery", "lease_token", "lease_expires_at"],
-        "properties": {"delivery": _ref("DeliveryPayload"),
+        "properties": {"delivery": ref("DeliveryPayload"),
                        "lease_token": {"type": "string", "minLength": 1},
                        "lease_expires_at": TIME},
     },
     "LeaseResult": {
         "type": "object", "required": ["items"],
-        "properties": {"items": {"type": "array", "items": _ref("LeasedDelivery")}},
+        "properties": {"items": {"type": "array", "items": ref("LeasedDelivery")}},
     },
     "AcknowledgeRequest": {
         "type": "object", "additionalProperties": False, "required": ["token"],
@@ -872,7 +863,7 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     "SettleRequest": {
         "type": "object", "additionalProperties": False, "required": ["items"],
         "properties": {"items": {"type": "array", "minItems": 1, "maxItems": SETTLE_MAX,
-                                 "items": _ref("SettleItem"),
+                                 "items": ref("SettleItem"),
                                  "description": "Each delivery at most once"}},
     },
     "SettleOutcome": {
@@ -892,6 +883,6 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     },
     "SettleResult": {
         "type": "object", "required": ["items"],
-        "properties": {"items": {"type": "array", "items": _ref("SettleOutcome")}},
+        "properties": {"items": {"type": "array", "items": ref("SettleOutcome")}},
     },
 }

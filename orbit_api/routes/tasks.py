@@ -15,6 +15,8 @@ from orbit_api.openapi import (
     TOO_MANY_REQUESTS,
     _json,
     _problem,
+    nullable,
+    ref,
 )
 from orbit_api.routes.platform import idempotency_key
 from orbit_common import errors
@@ -205,21 +207,13 @@ def add_routes(app: web.Application) -> None:
 # --- OpenAPI ------------------------------------------------------------------------------------
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
 def _int(low: int, high: int) -> dict[str, Any]:
     return {"type": "integer", "minimum": low, "maximum": high}
 
 
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
 def _page_schema(item: str) -> dict[str, Any]:
     return {"type": "object", "required": ["items", "next_cursor"],
-            "properties": {"items": {"type": "array", "items": _ref(item)},
+            "properties": {"items": {"type": "array", "items": ref(item)},
                            "next_cursor": {"type": ["string", "null"]}}}
 
 
@@ -247,8 +241,8 @@ _RECEIPT_PROPS: dict[str, Any] = {
     "id": ID, "queue": NAME, "handler": {"type": "string"}, "state": {"enum": _STATES},
     "priority": _int(0, 9), "business_key": {"type": ["string", "null"]},
     "concurrency_key": {"type": ["string", "null"]},
-    "created_at": TIME, "available_at": TIME, "deadline_at": _nullable(TIME),
-    "start_deadline_at": _nullable(TIME), "rerun_safe": {"type": "boolean"},
+    "created_at": TIME, "available_at": TIME, "deadline_at": nullable(TIME),
+    "start_deadline_at": nullable(TIME), "rerun_safe": {"type": "boolean"},
     "revision": {"type": "integer", "minimum": 1},
 }
 _SUMMARY_PROPS: dict[str, Any] = {
@@ -256,7 +250,7 @@ _SUMMARY_PROPS: dict[str, Any] = {
     "starts_used": {"type": "integer", "minimum": 0},
     "offer_lapses": {"type": "integer", "minimum": 0},
     "effect_uncertain": {"type": "boolean"}, "outcome_reason": {"type": ["string", "null"]},
-    "cancel_requested_at": _nullable(TIME), "updated_at": TIME, "completed_at": _nullable(TIME),
+    "cancel_requested_at": nullable(TIME), "updated_at": TIME, "completed_at": nullable(TIME),
 }
 _SUBMIT_PROPS: dict[str, Any] = {
     "queue": NAME,
@@ -276,7 +270,7 @@ _SUBMIT_PROPS: dict[str, Any] = {
     "deadline_ms": _int(1, tasks.MAX_DEADLINE_MS),
     "start_deadline_ms": _int(1, tasks.MAX_DEADLINE_MS),
     "attempt_timeout_ms": _int(100, tasks.DAY_MS),
-    "retry": _ref("TaskRetryOverrides"),
+    "retry": ref("TaskRetryOverrides"),
     "rerun_safe": {"type": "boolean", "default": False},
     "offer_lease_ms": _int(*queues.OFFER_LEASE_MS),
     "execution_lease_ms": _int(*queues.EXECUTION_LEASE_MS),
@@ -309,7 +303,7 @@ OPENAPI_PATHS: dict[str, Any] = {
                                         "required": False,
                                         "schema": IDEMPOTENCY_KEY}],
             "requestBody": {"required": True, "content": {"application/json": {
-                "schema": _ref("TaskSubmitRequest")}}},
+                "schema": ref("TaskSubmitRequest")}}},
             "responses": {"201": _json("TaskReceipt", "Accepted (or the original receipt)"),
                           **_SUBMIT_ERRORS},
         },
@@ -339,7 +333,7 @@ OPENAPI_PATHS: dict[str, Any] = {
             "summary": "Submit 1-500 tasks in one transaction", "operationId": "submitTasks",
             "parameters": [_NAMESPACE],
             "requestBody": {"required": True, "content": {"application/json": {
-                "schema": _ref("TaskBatchRequest")}}},
+                "schema": ref("TaskBatchRequest")}}},
             "responses": {"201": _json("TaskBatchResponse", "Every item accepted or replayed"),
                           **_SUBMIT_ERRORS},
         },
@@ -425,15 +419,15 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {
             **_SUMMARY_PROPS, "input": _JSON_ANY, "result": _JSON_ANY, "error": _JSON_ANY,
-            "current_attempt_id": _nullable(ID), "lease_expires_at": _nullable(TIME),
-            "cancel_reason": {"type": ["string", "null"]}, "retry_of": _nullable(ID),
+            "current_attempt_id": nullable(ID), "lease_expires_at": nullable(TIME),
+            "cancel_reason": {"type": ["string", "null"]}, "retry_of": nullable(ID),
             "attempt_timeout_ms": {"type": ["integer", "null"]},
             "retry": {"type": "object", "properties": {
                 "max_attempts": {"type": "integer"}, "initial_ms": {"type": "integer"},
                 "max_ms": {"type": "integer"}, "multiplier": {"type": "number"},
                 "jitter": {"type": "number"}}},
             "offer_lease_ms": {"type": "integer"}, "execution_lease_ms": {"type": "integer"},
-            "first_started_at": _nullable(TIME),
+            "first_started_at": nullable(TIME),
         },
     },
     "TaskSource": {"oneOf": [
@@ -465,12 +459,12 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "id": ID, "generation": {"type": "integer", "minimum": 1},
             "state": {"enum": [s.value for s in AttemptState]},
             "worker_instance_id": ID, "worker_session_id": ID, "offered_at": TIME,
-            "started_at": _nullable(TIME), "lease_expires_at": TIME,
+            "started_at": nullable(TIME), "lease_expires_at": TIME,
             "renewals": {"type": "integer"},
             "concurrency_token": {"type": ["integer", "null"], "minimum": 1,
                                   "description": "Fencing token of the concurrency key's "
                                                  "permit; null for a task without a key"},
-            "finished_at": _nullable(TIME),
+            "finished_at": nullable(TIME),
             "retryable": {"type": ["boolean", "null"]}, "result": _JSON_ANY, "error": _JSON_ANY,
         },
     },

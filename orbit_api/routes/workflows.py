@@ -26,7 +26,10 @@ from orbit_api.openapi import (
     _json,
     _problem,
     limit_param,
+    nullable,
     path_param,
+    ref,
+    request_body,
     resource_errors,
 )
 from orbit_api.routes.platform import idempotency_key
@@ -293,18 +296,6 @@ def add_routes(app: web.Application) -> None:
 # --- OpenAPI ------------------------------------------------------------------------------------
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _body(name: str) -> dict[str, Any]:
-    return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
 _NAMESPACE_PARAM = path_param("namespace", NAME)
 _DEFINITION_PARAM = path_param("definition", NAME)
 _VERSION = {"type": "integer", "minimum": 1, "maximum": VERSION_MAX}
@@ -327,7 +318,7 @@ OPENAPI_PATHS: dict[str, Any] = {
             "summary": "Create a workflow definition (without versions: publish adds them)",
             "operationId": "createWorkflowDefinition",
             "parameters": [_IDEMPOTENCY_PARAM],
-            "requestBody": _body("CreateWorkflowDefinitionRequest"),
+            "requestBody": request_body("CreateWorkflowDefinitionRequest"),
             "responses": {
                 "201": _json("WorkflowDefinition",
                              "Created (or the replay of the original answer)"),
@@ -359,7 +350,7 @@ OPENAPI_PATHS: dict[str, Any] = {
                        "credential must be allowed tasks.submit on every queue it uses",
             "operationId": "publishWorkflowVersion",
             "parameters": [_IDEMPOTENCY_PARAM],
-            "requestBody": _body("PublishWorkflowVersionRequest"),
+            "requestBody": request_body("PublishWorkflowVersionRequest"),
             "responses": {
                 "201": _json("WorkflowDefinition", "Published (or the replay of the original "
                                                    "answer), with the new version's number"),
@@ -385,7 +376,7 @@ OPENAPI_PATHS: dict[str, Any] = {
             "summary": "Validate a definition document as a publish here would, without "
                        "publishing (writes nothing)",
             "operationId": "validateWorkflowDefinition",
-            "requestBody": _body("ValidateWorkflowDefinitionRequest"),
+            "requestBody": request_body("ValidateWorkflowDefinitionRequest"),
             "responses": {"200": _json("WorkflowValidation", "Valid: its digest and queues"),
                           **_ERRORS, "400": _INVALID, "404": _problem("namespace_not_found"),
                           **_BODY_ERRORS},
@@ -398,7 +389,7 @@ OPENAPI_PATHS: dict[str, Any] = {
                        "version is given)",
             "operationId": "startWorkflow",
             "parameters": [_IDEMPOTENCY_PARAM],
-            "requestBody": _body("StartWorkflowRequest"),
+            "requestBody": request_body("StartWorkflowRequest"),
             "responses": {
                 "201": _json("Workflow", "The receipt (or the replay of the original one)"),
                 **_ERRORS,
@@ -479,7 +470,7 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         "properties": {
             "definition": NAME, "version": _VERSION,
             "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-            "document": {**_nullable(_DOCUMENT),
+            "document": {**nullable(_DOCUMENT),
                          "description": "In GET of one version; null in a definition's list"},
             "created_by": ID, "created_at": TIME,
         },
@@ -491,26 +482,26 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         "properties": {
             "id": ID, "name": NAME, "description": {"type": "string"},
             "revision": {"type": "integer", "minimum": 1},
-            "latest_version": _nullable(_VERSION), "created_at": TIME, "updated_at": TIME,
-            "versions": {"type": "array", "items": _ref("WorkflowVersion"),
+            "latest_version": nullable(_VERSION), "created_at": TIME, "updated_at": TIME,
+            "versions": {"type": "array", "items": ref("WorkflowVersion"),
                          "description": "In GET of one definition, create and publish"},
             "published_version": {**_VERSION, "description": "In the answer of a publish"},
         },
     },
     "WorkflowDefinitionPage": {
         **_PAGE,
-        "properties": {"items": {"type": "array", "items": _ref("WorkflowDefinition")},
+        "properties": {"items": {"type": "array", "items": ref("WorkflowDefinition")},
                        "next_cursor": {"type": ["string", "null"]}},
     },
     "StartWorkflowRequest": {
         "type": "object", "additionalProperties": False, "required": ["definition"],
         "properties": {
             "definition": NAME,
-            "version": {**_nullable(_VERSION), "description": "Default: the latest version"},
+            "version": {**nullable(_VERSION), "description": "Default: the latest version"},
             "input": {"type": "object", "default": {},
                       "description": "Checked against the version's input_schema; kept "
                                      "byte-exact"},
-            "business_key": {**_nullable({"type": "string", "minLength": 1,
+            "business_key": {**nullable({"type": "string", "minLength": 1,
                                           "maxLength": instances.BUSINESS_KEY_MAX_BYTES}),
                              "description": "1-512 bytes of UTF-8, compared as exact bytes"},
         },
@@ -522,8 +513,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         "properties": {
             "id": ID, "sequence": {"type": "integer", "minimum": 1},
             "state": {"enum": ["LIVE", "SUCCEEDED", "FAILED", "CANCELLED", "SUPERSEDED"]},
-            "task_id": _nullable(ID), "created_at": TIME, "ended_at": _nullable(TIME),
-            "task_state": {**_nullable({"enum": [s.value for s in TaskState]}),
+            "task_id": nullable(ID), "created_at": TIME, "ended_at": nullable(TIME),
+            "task_state": {**nullable({"enum": [s.value for s in TaskState]}),
                            "description": "The state of the activation's task now"},
             "result": {"enum": list(instances.RESULTS),
                        "description": "What the task's result has become: none, recorded "
@@ -542,7 +533,7 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                                "CANCELLED", "SKIPPED"]},
             "revision": {"type": "integer", "minimum": 1}, "output": _JSON_ANY,
             "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
-            "activations": {"type": "array", "items": _ref("WorkflowActivation")},
+            "activations": {"type": "array", "items": ref("WorkflowActivation")},
         },
     },
     "Workflow": {
@@ -557,14 +548,14 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "revision": {"type": "integer", "minimum": 1},
             "business_key": {"type": ["string", "null"]}, "input": _JSON_ANY,
             "output": _JSON_ANY, "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
-            "completed_at": _nullable(TIME),
-            "steps": {"type": "array", "items": _ref("WorkflowStep"),
+            "completed_at": nullable(TIME),
+            "steps": {"type": "array", "items": ref("WorkflowStep"),
                       "description": "In GET of one instance"},
         },
     },
     "WorkflowPage": {
         **_PAGE,
-        "properties": {"items": {"type": "array", "items": _ref("Workflow")},
+        "properties": {"items": {"type": "array", "items": ref("Workflow")},
                        "next_cursor": {"type": ["string", "null"]}},
     },
 }

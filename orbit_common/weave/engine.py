@@ -359,8 +359,10 @@ class _Advance:
             value = None if step.output is None else self.evaluate(step.output)
             self._reach(step, "SUCCEEDED", output=value)
             self.scope_ended(self.frame(step.name), True, value)
-        else:
+        elif isinstance(step, FailStep):
             self._fail_step(step)
+        else:  # the validator refuses a kind not in language.ENABLED_WAIT_KINDS
+            raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
         return None
 
     def _fail_step(self, step: FailStep) -> None:

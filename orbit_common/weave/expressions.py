@@ -23,8 +23,9 @@ from typing import Any
 from cel_expr_python import cel
 
 MAX_EXPRESSION_CHARS = 4096
-# Values a workflow expression sees.
-VARIABLES = ("input", "steps")
+# Values a workflow expression sees (``round``: only a POLL step's ``until``, the round's
+# ``{"result": …}``).
+VARIABLES = ("input", "steps", "round")
 
 
 class ExpressionError(Exception):
@@ -56,7 +57,7 @@ def compile_checked(env: Any, source: str) -> str:
         raise ExpressionError(first_error(str(exc))) from exc
 
 
-_EVAL_ENV = cel.NewEnv(variables={"input": cel.Type.DYN, "steps": cel.Type.DYN})
+_EVAL_ENV = cel.NewEnv(variables=dict.fromkeys(VARIABLES, cel.Type.DYN))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -23,6 +23,7 @@ from orbit_common.weave import expressions, types
 from orbit_common.weave.language import (
     ChoiceStep,
     Definition,
+    FailStep,
     ParallelStep,
     Step,
     SucceedStep,
@@ -173,10 +174,12 @@ class _Instance:
         elif isinstance(step, SucceedStep):
             value = None if step.output is None else self.evaluate(step.output)
             self.scope_ended(frame, True, value)
-        else:
+        elif isinstance(step, FailStep):
             cause = None if step.cause is None else self.evaluate(step.cause)
             self.scope_ended(frame, False, {"error": step.error, "cause": cause,
                                             "step": step.name})
+        else:
+            raise NotImplementedError(f"the interpreter does not run {step.kind} steps")
         return None
 
     def create_task(self, step: TaskStep, frame: _Frame) -> None:

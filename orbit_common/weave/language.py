@@ -9,7 +9,8 @@ problem with the JSON path of the offending part and a per-problem ``code``. Che
 2. the graph of each scope (the top-level steps, and each PARALLEL branch's own steps):
    every target exists in the same scope (a branch never jumps out of its block or into
    another: joins are structured), every step is reachable from the scope's start, no cycle
-   (no wait kind is enabled yet, so no loop can be bounded);
+   (a loop is written as a POLL step, the bounded loop; a step runs at most once per
+   activation of its scope);
 3. expressions: each compiles and type-checks against the declared input schema and the result
    shapes of the steps that have certainly completed before it (the ``steps`` a CHOICE sees after
    a TASK's failure transition do not include that TASK), with the result type its place needs.
@@ -40,9 +41,18 @@ MAX_BRANCHES = 64
 MAX_CHOICES = 32
 MAX_PARALLEL_DEPTH = 4
 MAX_DESCRIPTION_CHARS = 1024
-KINDS = ("TASK", "CHOICE", "PARALLEL", "SUCCEED", "FAIL")
-# Wait kinds: parts 2 and 3 of the Weave issues enable them; the validator refuses them now.
-RESERVED_KINDS = ("TIMER", "SIGNAL", "POLL")
+KINDS = ("TASK", "CHOICE", "PARALLEL", "SUCCEED", "FAIL", "TIMER", "SIGNAL", "POLL")
+WAIT_KINDS = ("TIMER", "SIGNAL", "POLL")
+# The wait kinds the engine runs; a kind not listed parses but is refused with
+# ``step_kind_not_enabled`` (each is enabled with its engine support).
+ENABLED_WAIT_KINDS: frozenset[str] = frozenset()
+MAX_WAIT_MS = 366 * 24 * 3600 * 1000  # a TIMER's duration, a SIGNAL's timeout, a POLL's deadline
+MAX_INTERVAL_MS = 24 * 3600 * 1000
+MIN_INTERVAL_MS = 100
+MAX_ROUNDS = 10_000
+MAX_PAYLOAD_VERSIONS = 16
+MAX_PAYLOAD_VERSION = 1_000_000
+MAX_BACKOFF_MULTIPLIER = 10
 POLICIES = ("ALL_SUCCEED", "FAIL_FAST")
 ERROR_CODE = re.compile(r"\A[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?\Z")
 ERROR_CODE_RULE = ("1-64 characters: lowercase letters, digits, '.', '_' or '-', "
@@ -59,6 +69,12 @@ _FIELDS: dict[str, frozenset[str]] = {
     "PARALLEL": frozenset((*_COMMON, "branches", "join", "next", "on_failure")),
     "SUCCEED": frozenset((*_COMMON, "output")),
     "FAIL": frozenset((*_COMMON, "error", "cause")),
+    "TIMER": frozenset((*_COMMON, "duration_ms", "until", "next")),
+    "SIGNAL": frozenset((*_COMMON, "signal", "correlation", "payload_versions", "timeout_ms",
+                         "on_timeout", "next")),
+    "POLL": frozenset((*_COMMON, "queue", "handler", "input", "result_schema", "until",
+                       "interval_ms", "backoff", "max_rounds", "query_deadline_ms", "next",
+                       "on_exhausted", "on_failure", *TASK_OPTIONS)),
 }
 _TOP_FIELDS = frozenset({"format", "description", "input_schema", "start", "steps"})
 
@@ -146,7 +162,71 @@ class FailStep:
     kind: Literal["FAIL"] = "FAIL"
 
 
-Step = TaskStep | ChoiceStep | ParallelStep | SucceedStep | FailStep
+@attrs.frozen(kw_only=True)
+class TimerStep:
+    """Wait ``duration_ms`` from the step's start, or until the instant ``until`` gives (a CEL
+    expression of an RFC 3339 string); exactly one of the two."""
+
+    name: str
+    path: str
+    duration_ms: int | None
+    until: str | None
+    next: str
+    kind: Literal["TIMER"] = "TIMER"
+
+
+@attrs.frozen(kw_only=True)
+class SignalStep:
+    """Wait for one signal named ``signal`` whose correlation key is the bytes (UTF-8) of the
+    ``correlation`` expression's string ("" when absent) and whose payload version is one of
+    ``payload_versions``; after ``timeout_ms`` (if given) continue at ``on_timeout``."""
+
+    name: str
+    path: str
+    signal: str
+    correlation: str | None
+    payload_versions: tuple[int, ...]
+    timeout_ms: int | None
+    on_timeout: str | None
+    next: str
+    kind: Literal["SIGNAL"] = "SIGNAL"
+
+
+@attrs.frozen(kw_only=True)
+class Backoff:
+    multiplier: float
+    max_interval_ms: int
+
+
+@attrs.frozen(kw_only=True)
+class PollStep:
+    """A task repeated, one round at a time, until ``until`` (a CEL condition over ``result``,
+    the round's task result) holds: at most ``max_rounds`` rounds, ``interval_ms`` between a
+    round's end and the next (grown by ``backoff``), the whole query within ``query_deadline_ms``
+    of the step's start; each round's task has the step's options (``retry.max_attempts`` is the
+    attempts per round, ``deadline_ms`` each request's deadline). Exhausted: ``on_exhausted``,
+    else the step fails with ``poll_exhausted``."""
+
+    name: str
+    path: str
+    queue: str
+    handler: str
+    input: str | None
+    options: TaskOptions
+    result_schema: Schema | None
+    until: str
+    interval_ms: int
+    backoff: Backoff | None
+    max_rounds: int
+    query_deadline_ms: int | None
+    next: str
+    on_exhausted: str | None
+    on_failure: str | None
+    kind: Literal["POLL"] = "POLL"
+
+
+Step = (TaskStep | ChoiceStep | ParallelStep | SucceedStep | FailStep | TimerStep | SignalStep
+        | PollStep)
 
 
 @attrs.frozen(kw_only=True)
@@ -159,7 +239,7 @@ class Definition:
     start: str
     steps: Mapping[str, Step]
     all_steps: Mapping[str, Step]
-    queues: tuple[str, ...]
+    queues: tuple[str, ...]  # of TASK and POLL steps
     canonical: bytes
     digest: bytes
     document: Any = attrs.field(eq=False, repr=False)
@@ -181,6 +261,20 @@ def targets(step: Step) -> list[tuple[str, str]]:
     if isinstance(step, ChoiceStep):
         return [*((f"{step.path}.choices[{i}].next", c.next) for i, c in enumerate(step.choices)),
                 (f"{step.path}.default", step.default)]
+    if isinstance(step, TimerStep):
+        return [(f"{step.path}.next", step.next)]
+    if isinstance(step, SignalStep):
+        found = [(f"{step.path}.next", step.next)]
+        if step.on_timeout is not None:
+            found.append((f"{step.path}.on_timeout", step.on_timeout))
+        return found
+    if isinstance(step, PollStep):
+        found = [(f"{step.path}.next", step.next)]
+        for key in ("on_exhausted", "on_failure"):
+            target = getattr(step, key)
+            if target is not None:
+                found.append((f"{step.path}.{key}", target))
+        return found
     return []
 
 
@@ -276,16 +370,18 @@ class _Parser:
             problem(path, "invalid_value", "expected a JSON object (a step)")
             return None
         kind = raw.get("kind")
-        if kind in RESERVED_KINDS:
+        if kind in WAIT_KINDS and kind not in ENABLED_WAIT_KINDS:
             problem(f"{path}.kind", "step_kind_not_enabled",
-                    f"{kind} steps are reserved for a later release and not enabled yet")
+                    f"{kind} steps are not enabled in this release")
             return None
         if kind not in KINDS:
             problem(f"{path}.kind", "invalid_value", f"one of {', '.join(KINDS)}")
             return None
         required = {"TASK": ("queue", "handler", "next"), "CHOICE": ("choices", "default"),
                     "PARALLEL": ("branches", "join", "next"), "SUCCEED": (),
-                    "FAIL": ("error",)}[kind]
+                    "FAIL": ("error",), "TIMER": ("next",), "SIGNAL": ("signal", "next"),
+                    "POLL": ("queue", "handler", "until", "interval_ms", "max_rounds",
+                             "next")}[kind]
         _fields(raw, _FIELDS[kind], required, path, problem)
         description = raw.get("description")
         if description is not None and (not isinstance(description, str)
@@ -298,6 +394,12 @@ class _Parser:
             return self.choice(name, raw, path)
         if kind == "PARALLEL":
             return self.parallel(name, raw, path, depth)
+        if kind == "TIMER":
+            return self.timer(name, raw, path)
+        if kind == "SIGNAL":
+            return self.signal(name, raw, path)
+        if kind == "POLL":
+            return self.poll(name, raw, path)
         if kind == "SUCCEED":
             return SucceedStep(name=name, path=path,
                                output=_expression(raw, "output", path, problem))
@@ -308,6 +410,24 @@ class _Parser:
                         cause=_expression(raw, "cause", path, problem))
 
     def task(self, name: str, raw: dict[str, Any], path: str) -> TaskStep:
+        return TaskStep(
+            name=name, path=path, queue=str(raw.get("queue", "")),
+            handler=str(raw.get("handler", "")),
+            input=_expression(raw, "input", path, self.problem),
+            options=self.options(raw, path), result_schema=self.result_schema(raw, path),
+            next=_name_of(raw, "next", path, self.problem),
+            on_failure=self.optional_target(raw, "on_failure", path))
+
+    def optional_target(self, raw: dict[str, Any], key: str, path: str) -> str | None:
+        return _name_of(raw, key, path, self.problem) if key in raw else None
+
+    def result_schema(self, raw: dict[str, Any], path: str) -> Schema | None:
+        if "result_schema" not in raw:
+            return None
+        return types.parse_schema(raw["result_schema"], f"{path}.result_schema", self.problem)
+
+    def options(self, raw: dict[str, Any], path: str) -> TaskOptions:
+        """A TASK or POLL step's task options, checked by the rules of task submission."""
         problem = self.problem
         submit = {key: raw[key] for key in ("queue", "handler", *TASK_OPTIONS) if key in raw}
         options = None
@@ -332,20 +452,92 @@ class _Parser:
                     rerun_safe=spec.rerun_safe, offer_lease_ms=spec.offer_lease_ms,
                     execution_lease_ms=spec.execution_lease_ms,
                     concurrency_key=spec.concurrency_key)
-        result_schema = (types.parse_schema(raw["result_schema"], f"{path}.result_schema",
-                                            problem) if "result_schema" in raw else None)
-        return TaskStep(
+        return options or TaskOptions(
+            priority=0, deadline_ms=None, start_deadline_ms=None, attempt_timeout_ms=None,
+            retry=tasks.RetryOverrides(), rerun_safe=False, offer_lease_ms=None,
+            execution_lease_ms=None, concurrency_key=None)
+
+    def milliseconds(self, raw: dict[str, Any], key: str, path: str, low: int,
+                     high: int) -> int | None:
+        if key not in raw:
+            return None
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.problem(f"{path}.{key}", "invalid_value", f"an integer {low}-{high}")
+            return None
+        return value
+
+    def timer(self, name: str, raw: dict[str, Any], path: str) -> TimerStep:
+        if ("duration_ms" in raw) == ("until" in raw):
+            self.problem(path, "invalid_value", "exactly one of duration_ms and until")
+        return TimerStep(
+            name=name, path=path,
+            duration_ms=self.milliseconds(raw, "duration_ms", path, 1, MAX_WAIT_MS),
+            until=_expression(raw, "until", path, self.problem),
+            next=_name_of(raw, "next", path, self.problem))
+
+    def signal(self, name: str, raw: dict[str, Any], path: str) -> SignalStep:
+        problem = self.problem
+        versions: tuple[int, ...] = (1,)
+        if "payload_versions" in raw:
+            found = raw["payload_versions"]
+            if (not isinstance(found, list) or not 1 <= len(found) <= MAX_PAYLOAD_VERSIONS
+                    or any(isinstance(v, bool) or not isinstance(v, int)
+                           or not 1 <= v <= MAX_PAYLOAD_VERSION for v in found)
+                    or len(set(found)) != len(found)):
+                problem(f"{path}.payload_versions", "invalid_value",
+                        f"an array of 1-{MAX_PAYLOAD_VERSIONS} distinct integers "
+                        f"1-{MAX_PAYLOAD_VERSION}")
+            else:
+                versions = tuple(sorted(found))
+        timeout_ms = self.milliseconds(raw, "timeout_ms", path, 1, MAX_WAIT_MS)
+        if ("timeout_ms" in raw) != ("on_timeout" in raw):
+            problem(path, "invalid_value", "timeout_ms and on_timeout go together")
+        return SignalStep(
+            name=name, path=path, signal=_name_of(raw, "signal", path, problem),
+            correlation=_expression(raw, "correlation", path, problem),
+            payload_versions=versions, timeout_ms=timeout_ms,
+            on_timeout=self.optional_target(raw, "on_timeout", path),
+            next=_name_of(raw, "next", path, problem))
+
+    def poll(self, name: str, raw: dict[str, Any], path: str) -> PollStep:
+        problem = self.problem
+        backoff = None
+        if "backoff" in raw:
+            found = raw["backoff"]
+            where = f"{path}.backoff"
+            if not isinstance(found, dict):
+                problem(where, "invalid_value", "expected a JSON object")
+            else:
+                _fields(found, frozenset({"multiplier", "max_interval_ms"}),
+                        ("multiplier", "max_interval_ms"), where, problem)
+                multiplier = found.get("multiplier")
+                if (isinstance(multiplier, bool) or not isinstance(multiplier, int | float)
+                        or not 1 <= multiplier <= MAX_BACKOFF_MULTIPLIER):
+                    problem(f"{where}.multiplier", "invalid_value",
+                            f"a number 1-{MAX_BACKOFF_MULTIPLIER}")
+                    multiplier = None
+                ceiling = self.milliseconds(found, "max_interval_ms", where, MIN_INTERVAL_MS,
+                                            MAX_INTERVAL_MS)
+                if multiplier is not None and ceiling is not None:
+                    backoff = Backoff(multiplier=float(multiplier), max_interval_ms=ceiling)
+        interval = self.milliseconds(raw, "interval_ms", path, MIN_INTERVAL_MS, MAX_INTERVAL_MS)
+        if interval is not None and backoff is not None and backoff.max_interval_ms < interval:
+            problem(f"{path}.backoff.max_interval_ms", "invalid_value",
+                    "at least interval_ms")
+        return PollStep(
             name=name, path=path, queue=str(raw.get("queue", "")),
             handler=str(raw.get("handler", "")),
-            input=_expression(raw, "input", path, problem),
-            options=options or TaskOptions(
-                priority=0, deadline_ms=None, start_deadline_ms=None, attempt_timeout_ms=None,
-                retry=tasks.RetryOverrides(), rerun_safe=False, offer_lease_ms=None,
-                execution_lease_ms=None, concurrency_key=None),
-            result_schema=result_schema,
+            input=_expression(raw, "input", path, problem), options=self.options(raw, path),
+            result_schema=self.result_schema(raw, path),
+            until=_expression(raw, "until", path, problem) or "",
+            interval_ms=interval or MIN_INTERVAL_MS, backoff=backoff,
+            max_rounds=self.milliseconds(raw, "max_rounds", path, 1, MAX_ROUNDS) or 1,
+            query_deadline_ms=self.milliseconds(raw, "query_deadline_ms", path, 1,
+                                                MAX_WAIT_MS),
             next=_name_of(raw, "next", path, problem),
-            on_failure=_name_of(raw, "on_failure", path, problem) if "on_failure" in raw
-            else None)
+            on_exhausted=self.optional_target(raw, "on_exhausted", path),
+            on_failure=self.optional_target(raw, "on_failure", path))
 
     def choice(self, name: str, raw: dict[str, Any], path: str) -> ChoiceStep:
         problem = self.problem
@@ -548,10 +740,13 @@ class _Environments:
 
     def __init__(self, steps: Mapping[str, Step], input_schema: Schema) -> None:
         self.input_schema = input_schema
-        self.results = {name: step.result_schema or types.ANY if isinstance(step, TaskStep)
-                        else types.FREE_OBJECT for name, step in steps.items()
-                        if isinstance(step, TaskStep | ParallelStep)}
+        self.results = {name: step.result_schema or types.ANY
+                        if isinstance(step, TaskStep | PollStep) else types.FREE_OBJECT
+                        for name, step in steps.items()
+                        if isinstance(step, TaskStep | ParallelStep | TimerStep | SignalStep
+                                      | PollStep)}
         self.envs: dict[frozenset[str], Any] = {}
+        self.poll_envs: dict[tuple[frozenset[str], str], Any] = {}
 
     def view(self, available: frozenset[str]) -> frozenset[str]:
         return frozenset(n for n in available if n in self.results)
@@ -566,6 +761,21 @@ class _Environments:
             self.envs[view] = cel.NewEnv(messages.pool(), variables={
                 "input": cel.Type(input_type), "steps": cel.Type(steps_type)})
         return self.envs[view]
+
+    def poll_env(self, view: frozenset[str], step: PollStep) -> Any:
+        """A POLL step's ``until`` also reads ``result``, the round's task result."""
+        key = (view, step.name)
+        if key not in self.poll_envs:
+            messages = types.MessageTypes()
+            input_type = messages.cel_type(self.input_schema)
+            records = {name: messages.message("R", {"result": self.results[name]})
+                       for name in sorted(view)}
+            steps_type = messages.message("V", records)
+            round_type = messages.message("P", {"result": step.result_schema or types.ANY})
+            self.poll_envs[key] = cel.NewEnv(messages.pool(), variables={
+                "input": cel.Type(input_type), "steps": cel.Type(steps_type),
+                "round": cel.Type(round_type)})
+        return self.poll_envs[key]
 
     def check(self, source: str, view: frozenset[str]) -> str:
         """The result type of ``source`` where ``view`` is readable (or ExpressionError). Tried
@@ -585,7 +795,11 @@ def _check_expressions(definition_steps: Mapping[str, Step], input_schema: Schem
         view = environments.view(available.get(name, frozenset()))
         for where, source, want in _expressions_of(step):
             try:
-                found = environments.check(source, view)
+                if where.endswith(".until") and isinstance(step, PollStep):
+                    found = expressions.compile_checked(environments.poll_env(view, step),
+                                                        source)
+                else:
+                    found = environments.check(source, view)
             except expressions.ExpressionError as exc:
                 syntax = "Syntax error" in exc.message
                 problem(where, "expression_invalid" if syntax else "expression_type",
@@ -606,6 +820,15 @@ def _expressions_of(step: Step) -> list[tuple[str, str, str]]:
         return [(f"{step.path}.output", step.output, "json")]
     if isinstance(step, FailStep) and step.cause is not None:
         return [(f"{step.path}.cause", step.cause, "json")]
+    if isinstance(step, TimerStep) and step.until is not None:
+        return [(f"{step.path}.until", step.until, "string")]
+    if isinstance(step, SignalStep) and step.correlation is not None:
+        return [(f"{step.path}.correlation", step.correlation, "string")]
+    if isinstance(step, PollStep):
+        found = [(f"{step.path}.until", step.until, "bool")] if step.until else []
+        if step.input is not None:
+            found.insert(0, (f"{step.path}.input", step.input, "object"))
+        return found
     return []
 
 
@@ -614,6 +837,10 @@ def _type_problem(want: str, found: str) -> str | None:
         if found in ("BOOL", "DYN"):
             return None
         return f"a condition must be a bool; this expression is {found}"
+    if want == "string":
+        if found in ("STRING", "DYN"):
+            return None
+        return f"the value must be a string; this expression is {found}"
     if any(token in found for token in _UNSERIALISABLE):
         return f"the value must be JSON; this expression is {found}"
     if want == "object" and not (found == "DYN" or found.startswith("MAP<STRING,")
@@ -670,7 +897,8 @@ def validate_document(document: Any) -> Definition:
     _check_expressions(parser.all_steps, input_schema, available, problem)
     problem.raise_if_any()
     canonical = jsondoc.canonical(document)
-    queues = sorted({s.queue for s in parser.all_steps.values() if isinstance(s, TaskStep)})
+    queues = sorted({s.queue for s in parser.all_steps.values()
+                     if isinstance(s, TaskStep | PollStep)})
     return Definition(input_schema=input_schema, start=start, steps=MappingProxyType(steps),
                       all_steps=MappingProxyType(parser.all_steps), queues=tuple(queues),
                       canonical=canonical, digest=digests.sha256(canonical), document=document)

@@ -75,9 +75,12 @@ from orbit_common.weave.language import (
     Definition,
     FailStep,
     ParallelStep,
+    PollStep,
+    SignalStep,
     Step,
     SucceedStep,
     TaskStep,
+    TimerStep,
 )
 
 ROOT_STEP = "$root"
@@ -361,9 +364,25 @@ class _Advance:
             self.scope_ended(self.frame(step.name), True, value)
         elif isinstance(step, FailStep):
             self._fail_step(step)
-        else:  # the validator refuses a kind not in language.ENABLED_WAIT_KINDS
-            raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
+        elif isinstance(step, TimerStep):
+            self.enter_timer(step)
+        elif isinstance(step, SignalStep):
+            self.enter_signal(step)
+        else:
+            self.enter_poll(step)
         return None
+
+    # --- waits (docs/weave/waits.md); a kind not in language.ENABLED_WAIT_KINDS is refused by
+    # the validator, so a version never reaches these without its support
+
+    def enter_timer(self, step: TimerStep) -> None:
+        raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
+
+    def enter_signal(self, step: SignalStep) -> None:
+        raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
+
+    def enter_poll(self, step: PollStep) -> None:
+        raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
 
     def _fail_step(self, step: FailStep) -> None:
         cause = None if step.cause is None else self.evaluate(step.cause)
@@ -532,6 +551,27 @@ class _Advance:
             self._end(step, "FAILED", error=failure)
             self.task_failed(definition_step, failure)
         return ADVANCED
+
+    def due(self, row: dict[str, Any]) -> str:
+        """One leased pending advance's outcome: by its kind."""
+        if row["kind"] == "ROOT":
+            return self.root()
+        if row["kind"] == "TIMER":
+            return self.fire_timer(row)
+        if row["kind"] == "SIGNAL":
+            return self.signal_timeout(row)
+        if row["kind"] == "POLL":
+            return self.next_round(row)
+        return STALE
+
+    def fire_timer(self, row: dict[str, Any]) -> str:
+        return STALE
+
+    def signal_timeout(self, row: dict[str, Any]) -> str:
+        return STALE
+
+    def next_round(self, row: dict[str, Any]) -> str:
+        return STALE
 
     def root(self) -> str:
         if not self.running:
@@ -970,7 +1010,7 @@ class Engine:
                 steps, made = loaded[instance_id]
                 run = _Advance(instance, model, steps, made)
                 for row in due_of.get(instance_id, []):
-                    outcomes_due[row["id"]] = run.root()
+                    outcomes_due[row["id"]] = run.due(row)
                 for row in rows_of.get(instance_id, []):
                     outcome = outcomes[row["id"]] = run.consume(row)
                     if outcome == ADVANCED:

@@ -32,6 +32,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +66,13 @@ def parallel_document(branches: int = BRANCHES) -> dict[str, Any]:
 class _WorkflowPhase:
     """A ``_Phase`` with both definitions published and one engine running."""
 
-    def __init__(self, server: DatabaseUrl, logs: Path, db_pid: int | None) -> None:
+    def __init__(self, server: DatabaseUrl, logs: Path, db_pid: int | None,
+                 documents: dict[str, dict[str, Any]] | None = None) -> None:
+        """``documents``: the definitions to publish by name (default: linear, parallel)."""
         self.phase = _Phase(server, 1, logs, db_pid)
         self.api_key, self.namespace = self.phase.tenants[0]
+        self.documents = documents or {"linear": linear_document(),
+                                       "parallel": parallel_document()}
         asyncio.run(self._define())
         ops = free_port()
         self.phase._spawn("engine", [sys.executable, "-m", "orbit_cli", "weave"], {
@@ -80,8 +85,7 @@ class _WorkflowPhase:
         try:
             who = await db.read("bench.auth",
                                 lambda cur: credentials.authenticate(cur, self.api_key))
-            for name, document in (("linear", linear_document()),
-                                   ("parallel", parallel_document())):
+            for name, document in self.documents.items():
                 await definitions.create_definition(db, who, namespace=self.namespace,
                                                     name=name)
                 await definitions.publish_version(db, who, namespace=self.namespace, name=name,
@@ -90,18 +94,21 @@ class _WorkflowPhase:
         finally:
             await db.close()
 
-    def start(self, definition: str, count: int, rate: float | None = None) -> None:
+    def start(self, definition: str, count: int, rate: float | None = None,
+              inputs: Callable[[int], dict[str, Any]] | None = None) -> float:
         """Start ``count`` instances of ``definition`` (``rate`` per second at most), as the
-        API's start command does, from STARTERS concurrent starters."""
-        asyncio.run(_start_all(self.phase.url, self.api_key, self.namespace, definition, count,
-                               rate))
+        API's start command does, from STARTERS concurrent starters; instance ``n``'s input is
+        ``inputs(n)`` (default ``{"n": n}``). Returns the starts per second."""
+        return asyncio.run(_start_all(self.phase.url, self.api_key, self.namespace,
+                                      definition, count, rate, inputs))
 
     def close(self) -> None:
         self.phase.close()
 
 
 async def _start_all(url: DatabaseUrl, api_key: str, namespace: str, definition: str,
-                     count: int, rate: float | None) -> None:
+                     count: int, rate: float | None,
+                     inputs: Callable[[int], dict[str, Any]] | None = None) -> float:
     db: Database = await open_database(url, minsize=1, maxsize=STARTERS)
     try:
         who = await db.read("bench.auth", lambda cur: credentials.authenticate(cur, api_key))
@@ -114,11 +121,12 @@ async def _start_all(url: DatabaseUrl, api_key: str, namespace: str, definition:
                     wait = started + n / rate - time.monotonic()
                     if wait > 0:
                         await asyncio.sleep(wait)
+                body = json.dumps(inputs(n)).encode() if inputs else b'{"n": %d}' % n
                 await instances.start_instance(db, who, namespace=namespace,
-                                               definition=definition,
-                                               input_json=b'{"n": %d}' % n)
+                                               definition=definition, input_json=body)
 
         await asyncio.gather(*(starter() for _ in range(STARTERS)))
+        return count / (time.monotonic() - started)
     finally:
         await db.close()
 

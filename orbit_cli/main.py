@@ -841,18 +841,30 @@ def bench_deliveries(count: int, workers: int, concurrency: int,
               help="Plain tasks; the workflow phases run as many steps.")
 @click.option("--workers", default=2, show_default=True, help="SDK worker processes.")
 @click.option("--concurrency", default=64, show_default=True, help="Handlers per worker.")
+@click.option("--waits", is_flag=True,
+              help="Timers and signals instead (bench/waits.py): N instances waiting on a "
+                   "timer due in the same second; signal acceptance vs task submission.")
+@click.option("--instances", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="With --waits: instances per phase.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line.")
-def bench_workflows(count: int, workers: int, concurrency: int, as_json: bool) -> None:
+def bench_workflows(count: int, workers: int, concurrency: int, waits: bool,  # noqa: PLR0917
+                    instances: int, as_json: bool) -> None:
     """Workflow steps (3-step linear, 10-branch parallel) vs plain tasks, and the advance
-    latency at half that rate."""
+    latency at half that rate; with --waits, timers and signals."""
     import os
 
-    run = _bench_module("workflows").run
-
-    result = run(os.environ.get("ORBIT_DATABASE_URL"), count, workers, concurrency)
-    if not as_json:
-        click.echo("workflow steps vs plain tasks, result commit -> next task at half that rate"
-                   " (duplicate_steps must be 0, instances_finished = instances_started):")
+    url = os.environ.get("ORBIT_DATABASE_URL")
+    if waits:
+        result = _bench_module("waits").run(url, instances, workers, concurrency)
+        if not as_json:
+            click.echo("timers due in one second, signal acceptance vs task submission and "
+                       "signal -> step advanced at half that rate (duplicates must be 0):")
+    else:
+        result = _bench_module("workflows").run(url, count, workers, concurrency)
+        if not as_json:
+            click.echo("workflow steps vs plain tasks, result commit -> next task at half that"
+                       " rate (duplicate_steps must be 0, instances_finished ="
+                       " instances_started):")
     click.echo(json.dumps(result))
 
 

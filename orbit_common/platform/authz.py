@@ -53,6 +53,8 @@ class Action(enum.StrEnum):
     WORKFLOWS_READ = "workflows.read"  # definitions, versions, instances with steps
     WORKFLOWS_MANAGE = "workflows.manage"  # create definitions, publish versions
     WORKFLOWS_START = "workflows.start"  # start instances
+    WORKFLOWS_SIGNAL = "workflows.signal"  # send signals to instances (any queue: a signal
+    # creates no task itself; the tasks it lets the instance create were allowed at its start)
 
 
 ACTIONS = frozenset(a.value for a in Action)

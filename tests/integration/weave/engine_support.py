@@ -157,7 +157,7 @@ async def drain(engine: Engine) -> list[Round]:
     while True:
         done = await engine.run_once()
         rounds.append(done)
-        if done.inbox == 0 and done.advances == 0:
+        if done.inbox == 0 and done.advances == 0 and done.signals == 0:
             return rounds
 
 

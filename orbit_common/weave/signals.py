@@ -2,7 +2,7 @@
 acceptance, history reads, and the engine's part of SIGNAL waits.
 
 Acceptance (000 §5 "信号受理") is one short transaction, like a task submission: the credential's
-``workflows.signal`` in the namespace, the idempotency identity (a replay returns the original
+``workflows.signal`` in the namespace (namespace-wide: a grant on every queue), the idempotency identity (a replay returns the original
 receipt, another request under the same key is ``idempotency_conflict``), the target instance
 (by id, or by definition and business key: the one RUNNING instance with that key), and the
 signal row (PENDING, available at once) with its ``workflow.signal.accepted`` event. Nothing is

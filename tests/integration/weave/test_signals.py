@@ -197,7 +197,8 @@ async def test_two_waits_never_consume_one_signal(db: Database, engine: Engine) 
     one of them; the second wait needs a second signal."""
     branch = {"kind": "SIGNAL", "signal": "go", "correlation": "'k'", "next": "{end}"}
     document = doc({
-        "both": {"kind": "PARALLEL", "join": {"policy": "ALL_SUCCEED"}, "next": "done", "branches": [
+        "both": {"kind": "PARALLEL", "join": {"policy": "ALL_SUCCEED"}, "next": "done",
+                 "branches": [
             {"name": "left", "start": "l", "steps": {
                 "l": {**branch, "next": "l_end"}, "l_end": {"kind": "SUCCEED"}}},
             {"name": "right", "start": "r", "steps": {
@@ -450,3 +451,40 @@ async def test_by_business_key(db: Database, engine: Engine) -> None:
         await signals.send_signal(db, who, namespace=tenant.namespace, signal=request,
                                   target=signals.Target(definition=flow.name,
                                                         business_key=b"order-1"))
+
+
+async def test_wait_winner_probe_finds_a_second_winner_and_a_lost_one(
+        db: Database, engine: Engine) -> None:
+    """Two instances with a consumed signal each are clean; a second CONSUMED signal naming a
+    wait, a winner that is not CONSUMED, and a CONSUMED signal naming no SIGNALLED wait are
+    ``wait_winner``; another tenant stays clean."""
+    damaged, bystander = await make_tenant(db), await make_tenant(db)
+    flows = []
+    for tenant in (damaged, bystander):
+        flow = await begin(db, tenant, waiting(then_task=True), {"order": "o-1"})
+        await send(flow)
+        await reach_wait(flow, engine)
+        assert (await flow.steps())["approve"]["state"] == "SUCCEEDED"
+        flows.append(flow)
+    flow = flows[0]
+    ns = [damaged.namespace_id]
+    assert await invariants.check_db(db, ns) == []
+    (wait,) = await rows(flow, "weave_waits")
+    extra = await send(flows[1], payload=2)  # a PENDING signal of the bystander's instance
+
+    async def force(sql: str, *args: Any) -> None:
+        await db.transaction("test.corrupt", lambda cur: cur.execute(sql, args))
+
+    # a second CONSUMED signal naming the damaged wait
+    await force("UPDATE weave_signals SET namespace_id = %s, instance_id = %s, state = 'CONSUMED',"
+                " disposition = 'consumed', wait_id = %s WHERE id = %s", damaged.namespace_id,
+                flow.instance_id, wait["id"], bytes.fromhex(extra["id"]))
+    found = [f for f in await invariants.check_db(db, ns) if f.startswith("[wait_winner]")]
+    assert len(found) == 2, found  # two name it; the extra is not its winner
+    assert any("2 CONSUMED signals name it" in f for f in found)
+    # the winner itself rejected
+    await force("UPDATE weave_signals SET state = 'REJECTED', disposition = 'wait_closed',"
+                " wait_id = NULL WHERE id = %s", wait["winner_signal_id"])
+    found = [f for f in await invariants.check_db(db, ns) if f.startswith("[wait_winner]")]
+    assert any("its winner is not a CONSUMED signal" in f for f in found), found
+    assert await invariants.check_db(db, [bystander.namespace_id]) == []

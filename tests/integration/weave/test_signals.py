@@ -15,10 +15,18 @@ import pytest
 from orbit_common import errors
 from orbit_common.db.pool import Database, DatabaseUrl, open_database
 from orbit_common.model import jsondoc
-from orbit_common.weave import signals
+from orbit_common.weave import interpreter, language, signals
 from orbit_common.weave.engine import Engine
 from tests.conftest import make_tenant
-from tests.integration.weave.engine_support import Flow, begin, doc, drain, task
+from tests.integration.weave.engine_support import (
+    Flow,
+    assert_matches,
+    begin,
+    doc,
+    drain,
+    play,
+    task,
+)
 from tests.integration.weave.support import principal
 from tests.support import database, invariants
 
@@ -488,3 +496,49 @@ async def test_wait_winner_probe_finds_a_second_winner_and_a_lost_one(
     found = [f for f in await invariants.check_db(db, ns) if f.startswith("[wait_winner]")]
     assert any("its winner is not a CONSUMED signal" in f for f in found), found
     assert await invariants.check_db(db, [bystander.namespace_id]) == []
+
+
+def relay(timeout: bool) -> dict[str, Any]:
+    """a -> approve (SIGNAL, 400 ms timeout) -> b (its input from the payload) -> done; on
+    timeout: late (a TASK) -> done."""
+    return doc({
+        "a": task("w.a", "approve"),
+        "approve": {"kind": "SIGNAL", "signal": "approval", "correlation": "input.order",
+                    "payload_versions": [1, 2], "timeout_ms": 400 if timeout else 60_000,
+                    "on_timeout": "late", "next": "b"},
+        "b": task("w.b", "done", input="{'amount': steps.approve.result.payload.amount}"),
+        "late": task("w.c", "done"),
+        "done": {"kind": "SUCCEED", "output": "{'n': 1}"},
+    }, "a", input_schema={"type": "object", "properties": {"order": {"type": "string"}},
+                          "required": ["order"]})
+
+
+SCRIPT: Any = {"w.a": ("ok", {}), "w.b": ("ok", {"paid": True}), "w.c": ("ok", {})}
+
+
+@pytest.mark.parametrize("arrives", [True, False])
+async def test_the_engine_agrees_with_the_interpreter(db: Database, engine: Engine,
+                                                      arrives: bool) -> None:
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, relay(timeout=not arrives), {"order": "o-9"})
+    if arrives:
+        await send(flow, key="o-9", payload={"amount": "12.50"}, version=2)
+    for _ in range(200):
+        await play(flow, engine, SCRIPT)
+        if (await flow.instance())["state"] != "RUNNING":
+            break
+        await asyncio.sleep(0.05)  # the timeout is database time
+    engine_result = json.loads((await flow.steps())["approve"]["output"] or "null")
+    seen: list[tuple[str, bytes]] = []
+
+    def arrival(step: language.SignalStep, key: bytes) -> interpreter.SignalArrived | None:
+        seen.append((step.signal, key))
+        return interpreter.SignalArrived(result=engine_result) if arrives else None
+
+    run = await assert_matches(flow, SCRIPT, arrival)
+    assert seen == [("approval", b"o-9")]
+    assert [t.step for t in run.tasks] == (["a", "b"] if arrives else ["a", "late"])
+    if not arrives:
+        step = (await flow.steps())["approve"]
+        assert json.loads(step["error"]) == {"error": "signal_timeout", "step": "approve"}
+    await clean(flow)

@@ -1065,6 +1065,14 @@ class Engine:
                      advance_seconds=tuple(seconds), result_latency_seconds=tuple(latencies),
                      signals=len(sent))
 
+    def _may_signal(self, instance: dict[str, Any]) -> bool:
+        """Whether the instance's version may have SIGNAL steps (its waits and signals are
+        loaded then): a version not cached yet is assumed to."""
+        model = self._models.get((instance["namespace_id"], instance["definition_id"],
+                                  instance["version"], instance["version_digest"]))
+        return model is None or any(isinstance(step, SignalStep)
+                                    for step in model.definition.all_steps.values())
+
     async def _version(self, cur: Any, instance: dict[str, Any]) -> _Model:
         key = (instance["namespace_id"], instance["definition_id"], instance["version"],
                instance["version_digest"])
@@ -1148,7 +1156,9 @@ class Engine:
                 elif any(instance_id in rows for rows in (rows_of, due_of, received_of)):
                     running.append(instance_id)
             loaded = await _load_steps(cur, ns, running)
-            books = await signals.load(cur, ns, running, now, [r["id"] for r in received])
+            books = await signals.load(cur, ns, [i for i in running if i in received_of
+                                                 or self._may_signal(found[i])],
+                                       now, [r["id"] for r in received])
             runs: list[_Advance] = []
             changed: list[_Advance] = []
             for instance_id in running:
@@ -1159,7 +1169,7 @@ class Engine:
                     raise _Rejected(VERSION_UNUSABLE, str(exc)) from exc
                 steps, made = loaded[instance_id]
                 run = _Advance(instance, model, steps, made)
-                run.book = books[instance_id]
+                run.book = books.get(instance_id) or signals.Book(now=now)
                 runs.append(run)
                 for row in due_of.get(instance_id, []):
                     outcomes_due[row["id"]] = run.due(row)

@@ -2,11 +2,12 @@
 acceptance, history reads, and the engine's part of SIGNAL waits.
 
 Acceptance (000 §5 "信号受理") is one short transaction, like a task submission: the credential's
-``workflows.signal`` in the namespace (namespace-wide: a grant on every queue), the idempotency identity (a replay returns the original
-receipt, another request under the same key is ``idempotency_conflict``), the target instance
-(by id, or by definition and business key: the one RUNNING instance with that key), and the
-signal row (PENDING, available at once) with its ``workflow.signal.accepted`` event. Nothing is
-matched then: a signal is durable whether or not its wait exists yet, and the engine consumes it.
+``workflows.signal`` in the namespace (namespace-wide: a grant on every queue), the idempotency
+identity (a replay returns the original receipt, another request under the same key is
+``idempotency_conflict``), the target instance (by id, or by definition and business key: the
+one RUNNING instance with that key), and the signal row (PENDING, available at once) with its
+``workflow.signal.accepted`` event. Nothing is matched then: a signal is durable whether or not
+its wait exists yet, and the engine consumes it.
 A finished target instance is ``409 workflow_instance_finished`` and writes nothing; a payload
 version no step accepts, or a name no step waits for, is decided by the engine
 (``payload_version`` / ``unknown_signal`` dispositions: the instance's pinned version is the
@@ -287,49 +288,98 @@ async def list_signals(db: Database, principal: credentials.Principal, *, namesp
 
     async def body(cur: Any) -> cursors.Page:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        await _exists(cur, ns.id, raw_id)
-        where = "namespace_id = %s AND instance_id = %s"
-        params: list[Any] = [ns.id, raw_id]
-        if position is not None:
-            where += " AND (accepted_at < %s OR (accepted_at = %s AND id < %s))"
-            params += [to_db(position[0]), to_db(position[0]), position[1]]
-        await cur.execute(f"SELECT {SIGNAL_COLUMNS} FROM weave_signals"
-                          " FORCE INDEX (ix_weave_signals_history)"
-                          f" WHERE {where} ORDER BY accepted_at DESC, id DESC LIMIT %s",
-                          (*params, limit + 1))
-        rows = [dict(r) for r in await cur.fetchall()]
-        more = len(rows) > limit
-        rows = rows[:limit]
-        next_cursor = None
-        if more:
-            next_cursor = cursors.encode("workflow_signals", filters, [
-                as_utc(rows[-1]["accepted_at"]).isoformat(), rows[-1]["id"].hex()])
-        return cursors.Page(items=[signal_view(r) for r in rows], next_cursor=next_cursor)
+        return await history(cur, ns.id, raw_id, limit, position, filters)
 
     return await db.read("workflows.signals.list", body)
+
+
+async def history(cur: Any, namespace_id: bytes, instance_id: bytes, limit: int,  # noqa: PLR0917
+                  position: tuple[dt.datetime, bytes] | None,
+                  filters: dict[str, Any]) -> cursors.Page:
+    """One page of an instance's signals from ``position`` (None: the newest); the next cursor
+    is bound to ``filters``."""
+    await _exists(cur, namespace_id, instance_id)
+    where = "namespace_id = %s AND instance_id = %s"
+    params: list[Any] = [namespace_id, instance_id]
+    if position is not None:
+        where += " AND (accepted_at < %s OR (accepted_at = %s AND id < %s))"
+        params += [to_db(position[0]), to_db(position[0]), position[1]]
+    await cur.execute(f"SELECT {SIGNAL_COLUMNS} FROM weave_signals"
+                      " FORCE INDEX (ix_weave_signals_history)"
+                      f" WHERE {where} ORDER BY accepted_at DESC, id DESC LIMIT %s",
+                      (*params, limit + 1))
+    rows = [dict(r) for r in await cur.fetchall()]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = None
+    if more:
+        next_cursor = cursors.encode("workflow_signals", filters, [
+            as_utc(rows[-1]["accepted_at"]).isoformat(), rows[-1]["id"].hex()])
+    return cursors.Page(items=[signal_view(r) for r in rows], next_cursor=next_cursor)
+
+
+async def detail(cur: Any, namespace_id: bytes, instance_id: bytes,
+                 signal_id: bytes | None) -> dict[str, Any]:
+    """One signal of an instance; ``InstanceNotFound`` / ``SignalNotFound``."""
+    await _exists(cur, namespace_id, instance_id)
+    if signal_id is None:
+        raise SignalNotFound("no such signal of this workflow instance")
+    await cur.execute(f"SELECT {SIGNAL_COLUMNS} FROM weave_signals WHERE namespace_id = %s"
+                      " AND id = %s AND instance_id = %s", (namespace_id, signal_id, instance_id))
+    row = await cur.fetchone()
+    if row is None:
+        raise SignalNotFound("no such signal of this workflow instance")
+    return signal_view(dict(row))
+
+
+def _signal_id(text: str) -> bytes | None:
+    try:
+        return ids.from_hex(text)
+    except ValueError:
+        return None
 
 
 async def get_signal(db: Database, principal: credentials.Principal, *, namespace: str,
                      instance_id: str, signal_id: str) -> dict[str, Any]:
     raw_id = _instance_id(instance_id)
-    try:
-        raw_signal = ids.from_hex(signal_id)
-    except ValueError:
-        raw_signal = None
+    raw_signal = _signal_id(signal_id)
 
     async def body(cur: Any) -> dict[str, Any]:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        await _exists(cur, ns.id, raw_id)
-        if raw_signal is None:
-            raise SignalNotFound("no such signal of this workflow instance")
-        await cur.execute(f"SELECT {SIGNAL_COLUMNS} FROM weave_signals WHERE namespace_id = %s"
-                          " AND id = %s AND instance_id = %s", (ns.id, raw_signal, raw_id))
-        row = await cur.fetchone()
-        if row is None:
-            raise SignalNotFound("no such signal of this workflow instance")
-        return signal_view(dict(row))
+        return await detail(cur, ns.id, raw_id, raw_signal)
 
     return await db.read("workflows.signals.get", body)
+
+
+async def operator_signals(db: Database, *, namespace: str, instance_id: str,
+                           limit: int = LIST_MAX) -> cursors.Page:
+    """``orbit admin workflows signals list``: an instance's newest signals, by the operator
+    (the database credentials; no grant)."""
+    from orbit_common.weave import operator  # noqa: PLC0415 - operator imports the views
+
+    raw_id = _instance_id(instance_id)
+
+    async def body(cur: Any) -> cursors.Page:
+        ns = await operator.namespace_of(cur, namespace)
+        return await history(cur, ns.id, raw_id, limit, None,
+                             {"namespace": namespace, "workflow_id": raw_id.hex()})
+
+    return await db.read("weave.operator.signals", body)
+
+
+async def operator_signal(db: Database, *, namespace: str, instance_id: str,
+                          signal_id: str) -> dict[str, Any]:
+    """``orbit admin workflows signals get``: one signal of an instance, by the operator."""
+    from orbit_common.weave import operator  # noqa: PLC0415 - operator imports the views
+
+    raw_id = _instance_id(instance_id)
+    raw_signal = _signal_id(signal_id)
+
+    async def body(cur: Any) -> dict[str, Any]:
+        ns = await operator.namespace_of(cur, namespace)
+        return await detail(cur, ns.id, raw_id, raw_signal)
+
+    return await db.read("weave.operator.signal", body)
 
 
 # --- the engine's part --------------------------------------------------------------------------

@@ -891,6 +891,23 @@ def bench_workflows(count: int, workers: int, concurrency: int, as_json: bool) -
     click.echo(json.dumps(result))
 
 
+@bench.command("signals")
+@click.option("--instances", "count", default=2_000, show_default=True,
+              help="Instances signalled (and tasks submitted) in the throughput phases.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON line.")
+def bench_signals(count: int, as_json: bool) -> None:
+    """Signal acceptance vs single task submission (signal_ratio), and signal accepted -> step
+    advanced at half the acceptance rate."""
+    import os
+
+    run = _bench_module("signals").run
+    result = run(os.environ.get("ORBIT_DATABASE_URL"), count)
+    if not as_json:
+        click.echo("signal acceptance vs task submission, signal accepted -> step advanced at"
+                   " half that rate (signal_duplicates must be 0):")
+    click.echo(json.dumps(result))
+
+
 def _register_dev() -> None:
     from orbit_cli.dev import dev
 

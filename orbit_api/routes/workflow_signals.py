@@ -35,7 +35,7 @@ from orbit_common.model import jsondoc, names
 from orbit_common.platform.principals import principal_of
 from orbit_common.service.http.body import int_param, query_params
 from orbit_common.service.http.context import DB
-from orbit_common.weave import instances, signals
+from orbit_common.weave import instances, signals, types
 
 SIGNALS = INSTANCE + "/signals"
 SIGNAL = SIGNALS + "/{signal_id}"
@@ -156,19 +156,24 @@ _SEND_RESPONSES: dict[str, Any] = {
 }
 _SIGNAL_PROPERTIES: dict[str, Any] = {
     "name": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$",
+             "not": {"enum": sorted(types.RESERVED_WORDS)},
              "description": "The SIGNAL step's signal name (an identifier, not a CEL reserved "
                             "word)"},
-    "correlation_key": {"type": "string",
+    "correlation_key": {**nullable({"type": "string"}),
                         "description": f"Exact bytes (UTF-8), at most "
-                                       f"{signals.CORRELATION_MAX_BYTES}; default \"\""},
+                                       f"{signals.CORRELATION_MAX_BYTES}; null or absent: "
+                                       "\"\""},
     "payload": {"description": f"Any JSON, kept byte-exact; at most "
                                f"{signals.PAYLOAD_MAX_BYTES} bytes; default null"},
     "payload_version": {"type": "integer", "minimum": 1,
                         "maximum": signals.PAYLOAD_VERSION_MAX},
-    "evidence_ref": {"type": "string", "minLength": 1, "maxLength": signals.EVIDENCE_MAX},
-    "expires_in_ms": {"type": "integer", "minimum": signals.EXPIRY_MIN_MS,
-                      "maximum": signals.EXPIRY_MAX_MS, "default": signals.EXPIRY_DEFAULT_MS,
-                      "description": "Unconsumed after this long: rejected as expired"},
+    "evidence_ref": nullable({"type": "string", "minLength": 1,
+                              "maxLength": signals.EVIDENCE_MAX}),
+    "expires_in_ms": {**nullable({"type": "integer", "minimum": signals.EXPIRY_MIN_MS,
+                                  "maximum": signals.EXPIRY_MAX_MS}),
+                      "default": signals.EXPIRY_DEFAULT_MS,
+                      "description": "Unconsumed after this long: rejected as expired (null "
+                                     "or absent: the default)"},
 }
 
 OPENAPI_PATHS: dict[str, Any] = {

@@ -149,10 +149,15 @@ async def test_a_signal_to_an_open_wait_advances_it(db: Database, engine: Engine
     flow = await begin(db, tenant, waiting(), {"order": "o-1"})
     await reach_wait(flow, engine)
     assert (await flow.steps())["approve"]["state"] == "WAITING"
+    before = (await flow.instance(), await flow.steps(), await rows(flow, "weave_waits"),
+              await rows(flow, "weave_pending_advances"))
     await send(flow, key="o-2")  # another order's signal
     await send(flow, version=2)  # a version no step accepts
     await send(flow, name="other")  # a name no step waits for
     await drain(engine)
+    # rejected: nothing but the signals themselves changed
+    assert (await flow.instance(), await flow.steps(), await rows(flow, "weave_waits"),
+            await rows(flow, "weave_pending_advances")) == before
     assert (await flow.instance())["state"] == "RUNNING"
     won = await send(flow, payload=7)
     await drain(engine)

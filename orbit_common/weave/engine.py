@@ -1153,7 +1153,7 @@ class Engine:
                 if instance is None or instance["state"] != "RUNNING":
                     for r in rows_of.get(instance_id, []):
                         outcomes[r["id"]] = INSTANCE_ENDED if instance else STALE
-                elif any(instance_id in rows for rows in (rows_of, due_of, received_of)):
+                elif any(instance_id in of for of in (rows_of, due_of, received_of)):
                     running.append(instance_id)
             loaded = await _load_steps(cur, ns, running)
             books = await signals.load(cur, ns, [i for i in running if i in received_of

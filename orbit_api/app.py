@@ -16,6 +16,7 @@ from orbit_api.routes import (
     subscription_stream,
     subscriptions,
     tasks,
+    workflow_signals,
     workflows,
 )
 from orbit_common.db.pool import Database
@@ -40,11 +41,12 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     subscriptions.add_routes(app)
     subscription_stream.add_routes(app)
     workflows.add_routes(app)
+    workflow_signals.add_routes(app)
     return app
 
 
 for _module in (queues, tasks, interventions, applications, schedules, subscriptions,
-                workflows):
+                workflows, workflow_signals):
     openapi.merge(_module.OPENAPI_PATHS, _module.OPENAPI_SCHEMAS)
 openapi.merge(subscription_stream.OPENAPI_PATHS, {})
 

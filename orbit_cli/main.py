@@ -29,6 +29,7 @@ from orbit_common.relay.model import BUDGET_ADD_MAX, SubscriptionState
 from orbit_common.service.config import ConfigError, OrbitConfig, load_config
 from orbit_common.weave import instances as weave_instances
 from orbit_common.weave import operator as weave_operator
+from orbit_common.weave import signals as weave_signals
 
 T = TypeVar("T")
 
@@ -642,6 +643,40 @@ def workflows_instances_get(ctx: click.Context, instance_id: str, namespace: str
     """An instance with its steps, activations and what each task's result has become."""
     _echo_document(_with_db(ctx, lambda db: weave_operator.get_instance(
         db, namespace=namespace, instance_id=instance_id)))
+
+
+@admin_workflows.group("signals")
+def workflows_signals() -> None:
+    """Signals sent to workflow instances, with their dispositions."""
+
+
+@workflows_signals.command("list")
+@click.argument("instance_id")
+@click.option("--namespace", required=True)
+@click.option("--limit", type=click.IntRange(1, weave_signals.LIST_MAX), default=100,
+              show_default=True)
+@click.pass_context
+def workflows_signals_list(ctx: click.Context, instance_id: str, namespace: str,
+                           limit: int) -> None:
+    """One JSON line per signal of the instance, newest first."""
+    page = _with_db(ctx, lambda db: weave_signals.operator_signals(
+        db, namespace=namespace, instance_id=instance_id, limit=limit))
+    for view in page.items:
+        _echo_line({k: view[k] for k in ("id", "name", "correlation_key", "payload_version",
+                                         "state", "disposition", "accepted_at",
+                                         "resolved_at")})
+
+
+@workflows_signals.command("get")
+@click.argument("instance_id")
+@click.argument("signal_id")
+@click.option("--namespace", required=True)
+@click.pass_context
+def workflows_signals_get(ctx: click.Context, instance_id: str, signal_id: str,
+                          namespace: str) -> None:
+    """One signal with its payload, state, disposition and the wait it won."""
+    _echo_document(_with_db(ctx, lambda db: weave_signals.operator_signal(
+        db, namespace=namespace, instance_id=instance_id, signal_id=signal_id)))
 
 
 # --- daemons ---------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ class WeaveService:
             if done.full:
                 delay = poll_min
                 continue
-            if done.inbox or done.advances:
+            if done.inbox or done.advances or done.signals:
                 delay = poll_min
                 await self.pacer.pause(delay)
                 continue

@@ -69,7 +69,7 @@ from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
 from orbit_common.platform.events import EventRecord, append_events
 from orbit_common.pulse import interventions, tasks
-from orbit_common.weave import definitions, expressions, leasing, types
+from orbit_common.weave import definitions, expressions, leasing, signals, types
 from orbit_common.weave.language import (
     ChoiceStep,
     Definition,
@@ -129,11 +129,13 @@ class Round:
     batch: int = 0
     advance_seconds: tuple[float, ...] = ()
     result_latency_seconds: tuple[float, ...] = ()
+    signals: int = 0  # signals leased (the third work source: signals.py)
 
     @property
     def full(self) -> bool:
         """A lease came back full: more work is probably waiting, run again at once."""
-        return self.batch > 0 and (self.inbox >= self.batch or self.advances >= self.batch)
+        return self.batch > 0 and (self.inbox >= self.batch or self.advances >= self.batch
+                                   or self.signals >= min(self.batch, signals.REJECT_BATCH))
 
 
 @attrs.frozen(kw_only=True)
@@ -251,11 +253,12 @@ class _Advance:
         self.completed: list[str] = []
         self.cel_results: dict[str, Any] = {}
         self.input: Any = None
+        self._book: signals.Book | None = None
         if model is not None:
             self.input = types.cel_input(model.definition.input_schema,
                                          jsondoc.loads_strict(instance["input"]))
             for s in steps:
-                if s.state == "SUCCEEDED" and s.kind in ("TASK", "PARALLEL"):
+                if s.state == "SUCCEEDED" and s.kind in ("TASK", "PARALLEL", "SIGNAL"):
                     self._remember(s.name, s.output)
 
     @property
@@ -378,8 +381,97 @@ class _Advance:
     def enter_timer(self, step: TimerStep) -> None:
         raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
 
+    @property
+    def book(self) -> signals.Book:
+        """This instance's SIGNAL waits and unresolved signals (loaded by the advance)."""
+        if self._book is None:
+            raise errors.DatabaseError("an advance without its signals")
+        return self._book
+
+    @book.setter
+    def book(self, value: signals.Book) -> None:
+        self._book = value
+
     def enter_signal(self, step: SignalStep) -> None:
-        raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
+        """The wait opens (with its timeout's pending advance); the oldest signal of the
+        instance that matches it already wins (one sent before its wait existed)."""
+        key = signals.correlation_of(
+            "" if step.correlation is None else self.evaluate(step.correlation))
+        row = self._reach(step, "WAITING")
+        wait = self.book.open_wait(row.id, _live(row).id, name=step.signal, key=key,
+                                   versions=step.payload_versions, timeout_ms=step.timeout_ms)
+        winner = self.book.take(wait)
+        if winner is not None:
+            self._signalled(step, row, wait, winner)
+
+    def _signalled(self, step: SignalStep, row: _Step, wait: signals.Wait,
+                   signal: signals.Signal) -> None:
+        self.book.win(wait, signal)
+        self._complete(row, signal.result())
+        self.run_path(step.next)
+
+    def _wait_open(self, wait: signals.Wait) -> bool:
+        row = self.by_activation.get(wait.activation_id)
+        return (wait.state == "WAITING" and row is not None and row.state == "WAITING"
+                and row.activation is not None and row.activation.state == "LIVE")
+
+    def receive_signal(self, signal: signals.Signal) -> None:
+        """A leased signal: it wins the open wait it matches, stays PENDING (backed off) while
+        a step that may wait for it is still to come, else it is rejected with why it can never
+        win (docs/weave/waits.md § 信号（SIGNAL）)."""
+        if signal.resolved:  # won by a wait this advance opened
+            return
+        if not self.running:
+            signal.disposition = signals.INSTANCE_FINISHED
+            return
+        if signal.expires_at <= self.book.now:
+            signal.disposition = signals.EXPIRED
+            return
+        steps = [s for s in self.definition.all_steps.values()
+                 if isinstance(s, SignalStep) and s.signal == signal.name]
+        if not steps:
+            signal.disposition = signals.UNKNOWN_SIGNAL
+            return
+        if not any(signal.version in s.payload_versions for s in steps):
+            signal.disposition = signals.PAYLOAD_VERSION
+            return
+        waits = sorted((w for w in self.book.waits.values()
+                        if w.name == signal.name and self._wait_open(w)),
+                       key=lambda w: (w.created_at, w.id))
+        for wait in waits:
+            if wait.matches(signal):
+                row = self.by_activation[wait.activation_id]
+                step = self.definition.all_steps[row.name]
+                if not isinstance(step, SignalStep):
+                    raise errors.DatabaseError(f"step {row.name!r} is not a SIGNAL step")
+                self._signalled(step, row, wait, signal)
+                return
+        if any(s.name not in self.steps for s in steps):
+            self.book.later(signal)
+        elif any(w.key == signal.key for w in waits):
+            signal.disposition = signals.PAYLOAD_VERSION
+        elif waits:
+            signal.disposition = signals.CORRELATION_MISMATCH
+        else:
+            signal.disposition = signals.WAIT_CLOSED
+
+    def receive_signals(self) -> None:
+        """The signals this round leased for the instance, then :meth:`settle_signals`."""
+        for signal in self.book.signals:
+            if signal.leased:
+                self.receive_signal(signal)
+        self.settle_signals()
+
+    def settle_signals(self) -> None:
+        """Waits whose step this advance ended otherwise (a closed block, the instance's end)
+        are CANCELLED and their timeout advance DONE."""
+        if self._book is None:
+            return
+        for wait in self._book.waits.values():
+            if wait.state == "WAITING" and not self._wait_open(wait):
+                wait.state = "CANCELLED"
+                wait.dirty = True
+                self._book.done_steps.add(wait.step_id)
 
     def enter_poll(self, step: PollStep) -> None:
         raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
@@ -568,7 +660,28 @@ class _Advance:
         return STALE
 
     def signal_timeout(self, row: dict[str, Any]) -> str:
-        return STALE
+        """A SIGNAL wait's deadline: the wait TIMED_OUT, the step FAILED ``signal_timeout``,
+        then ``on_timeout``. Never early (database time): an early row is re-armed."""
+        if not self.running:
+            return INSTANCE_ENDED
+        wait = self.book.waits.get(row["activation_id"]) if row["activation_id"] else None
+        if wait is None or not self._wait_open(wait):
+            return STALE
+        if wait.deadline_at is None or self.book.now < wait.deadline_at:
+            self.book.rearm.append(row["id"])
+            return STALE
+        step_row = self.by_activation[wait.activation_id]
+        step = self.definition.all_steps[step_row.name]
+        if not isinstance(step, SignalStep):
+            return STALE
+        self.book.time_out(wait)
+        failure = {"error": signals.SIGNAL_TIMEOUT, "step": step.name}
+        self._end(step_row, "FAILED", error=failure)
+        if step.on_timeout is not None:
+            self.run_path(step.on_timeout)
+        else:
+            self.scope_ended(self.frame(step.name), False, failure)
+        return ADVANCED
 
     def next_round(self, row: dict[str, Any]) -> str:
         return STALE
@@ -848,7 +961,28 @@ async def _consume(cur: Any, ns: bytes, outcomes: Mapping[bytes, str], done: Seq
         await cur.execute(DONE.format(ids=placeholders(len(done))), (to_db(now), ns, *done))
 
 
-Item = tuple[bytes, Sequence[dict[str, Any]], Sequence[dict[str, Any]]]
+_Rows = list[dict[str, Any]]
+# (instance id, leased inbox rows, leased pending advances, leased signals)
+Item = tuple[bytes, Sequence[dict[str, Any]], Sequence[dict[str, Any]],
+             Sequence[dict[str, Any]]]
+
+
+async def _write_signals(cur: Any, ns: bytes, runs: Sequence[_Advance],
+                         orphans: Sequence[dict[str, Any]], now: Any) -> dict[str, int]:
+    """The batch's signal changes (after its steps and consumed rows), and how its leased
+    signals ended (``signal_<disposition>``, ``signal_later``)."""
+    signals.sweep((run.book, not run.running) for run in runs)
+    await signals.write(cur, ns, [(run.instance["id"], run.book) for run in runs], now)
+    await signals.reject_orphans(cur, ns, orphans, now)
+    counts: dict[str, int] = {}
+    for run in runs:
+        for signal in run.book.signals:
+            if signal.leased:
+                key = f"signal_{signal.disposition or 'later'}"
+                counts[key] = counts.get(key, 0) + 1
+    if orphans:
+        counts[f"signal_{signals.INSTANCE_FINISHED}"] = len(orphans)
+    return counts
 
 
 def _by_instance(rows: Sequence[dict[str, Any]]) -> dict[bytes, list[dict[str, Any]]]:
@@ -884,25 +1018,33 @@ class Engine:
         self._models: dict[tuple[bytes, bytes, int, bytes], _Model] = {}
 
     async def run_once(self) -> Round:
-        async def lease(cur: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async def lease(cur: Any) -> tuple[_Rows, _Rows, _Rows]:
             inbox = await leasing.lease_inbox(cur, owner=self.owner, lease_ms=self.lease_ms,
                                               limit=self.batch)
             due = await leasing.lease_advances(cur, owner=self.owner, lease_ms=self.lease_ms,
                                                limit=self.batch)
-            return inbox, due
+            # At most REJECT_BATCH signals a round: each may be rejected, and a transaction
+            # rejects at most that many (000025).
+            sent = await leasing.lease_signals(cur, owner=self.owner, lease_ms=self.lease_ms,
+                                               limit=min(self.batch, signals.REJECT_BATCH))
+            return inbox, due, sent
 
-        inbox, due = await self.db.transaction("weave.lease", lease)
-        work: dict[bytes, dict[bytes, tuple[list[dict[str, Any]], list[dict[str, Any]]]]] = {}
+        inbox, due, sent = await self.db.transaction("weave.lease", lease)
+        work: dict[bytes, dict[bytes, tuple[_Rows, _Rows, _Rows]]] = {}
         for row in due:
             work.setdefault(row["namespace_id"], {}).setdefault(
-                row["instance_id"], ([], []))[1].append(row)
+                row["instance_id"], ([], [], []))[1].append(row)
         for row in sorted(inbox, key=lambda r: (r["created_at"], r["id"])):
             work.setdefault(row["namespace_id"], {}).setdefault(
-                row["instance_id"], ([], []))[0].append(row)
+                row["instance_id"], ([], [], []))[0].append(row)
+        for row in sorted(sent, key=lambda r: (r["accepted_at"], r["id"])):
+            work.setdefault(row["namespace_id"], {}).setdefault(
+                row["instance_id"], ([], [], []))[2].append(row)
         chunks: list[tuple[bytes, list[Item]]] = []
         for ns, by_instance in work.items():
-            items: list[Item] = [(instance_id, rows, advances)
-                                 for instance_id, (rows, advances) in by_instance.items()]
+            items: list[Item] = [(instance_id, rows, advances, received)
+                                 for instance_id, (rows, advances, received)
+                                 in by_instance.items()]
             for start in range(0, len(items), self.per_transaction):
                 chunks.append((ns, items[start:start + self.per_transaction]))
         outcomes: dict[str, int] = {}
@@ -920,7 +1062,16 @@ class Engine:
             seconds.append(result.seconds)
             latencies.extend(result.latencies)
         return Round(inbox=len(inbox), advances=len(due), outcomes=outcomes, batch=self.batch,
-                     advance_seconds=tuple(seconds), result_latency_seconds=tuple(latencies))
+                     advance_seconds=tuple(seconds), result_latency_seconds=tuple(latencies),
+                     signals=len(sent))
+
+    def _may_signal(self, instance: dict[str, Any]) -> bool:
+        """Whether the instance's version may have SIGNAL steps (its waits and signals are
+        loaded then): a version not cached yet is assumed to."""
+        model = self._models.get((instance["namespace_id"], instance["definition_id"],
+                                  instance["version"], instance["version_digest"]))
+        return model is None or any(isinstance(step, SignalStep)
+                                    for step in model.definition.all_steps.values())
 
     async def _version(self, cur: Any, instance: dict[str, Any]) -> _Model:
         key = (instance["namespace_id"], instance["definition_id"], instance["version"],
@@ -935,9 +1086,10 @@ class Engine:
         return model
 
     async def advance(self, ns: bytes, instance_id: bytes, inbox: Sequence[dict[str, Any]],
-                      advances: Sequence[dict[str, Any]]) -> _Result:
+                      advances: Sequence[dict[str, Any]],
+                      received: Sequence[dict[str, Any]] = ()) -> _Result:
         """Advance one instance with the rows this engine leased (one transaction)."""
-        return await self.advance_many(ns, [(instance_id, inbox, advances)])
+        return await self.advance_many(ns, [(instance_id, inbox, advances, received)])
 
     async def advance_many(self, ns: bytes, items: Sequence[Item]) -> _Result:
         """Advance the instances of ``items`` (``(instance id, leased inbox rows, leased
@@ -955,7 +1107,7 @@ class Engine:
                         merged[outcome] = merged.get(outcome, 0) + n
                 return _Result(outcomes=merged, seconds=sum(r.seconds for r in results),
                                latencies=tuple(x for r in results for x in r.latencies))
-        ((instance_id, inbox, advances),) = items
+        ((instance_id, inbox, advances, received),) = items
         try:
             return await self._advance(ns, items)
         except _Rejected as exc:
@@ -963,32 +1115,36 @@ class Engine:
             refusal = exc
             counts = await self.db.transaction(
                 "weave.reject", lambda cur: self._reject(cur, ns, instance_id, inbox, advances,
-                                                         refusal))
+                                                         refusal, received))
             return _Result(outcomes=counts, seconds=time.monotonic() - began, latencies=())
         except Exception:
             # One instance's failure does not hold up the others: its rows' leases lapse and
             # a later round leases them again.
             log.exception("advance failed", extra={"instance": instance_id.hex()})
-            return _Result(outcomes={FAILED_ADVANCE: len(inbox) + len(advances)},
+            return _Result(outcomes={FAILED_ADVANCE: len(inbox) + len(advances) + len(received)},
                            seconds=0.0, latencies=())
 
     async def _advance(self, ns: bytes, items: Sequence[Item]) -> _Result:
         began = time.monotonic()
         latencies: list[float] = []
-        leased_rows = [r for _, rows, _ in items for r in rows]
-        leased_due = [r for _, _, due in items for r in due]
+        leased_rows = [r for _, rows, _, _ in items for r in rows]
+        leased_due = [r for _, _, due, _ in items for r in due]
 
         async def body(cur: Any) -> dict[str, int]:
             latencies.clear()
-            instance_ids = sorted(instance_id for instance_id, _, _ in items)
+            instance_ids = sorted(instance_id for instance_id, _, _, _ in items)
             await cur.execute(LOCK_INSTANCES.format(ids=placeholders(len(instance_ids))),
                               (ns, *instance_ids))
             found = {r["id"]: dict(r) for r in await cur.fetchall()}
             rows = await _fence(cur, "weave_inbox", ns, leased_rows, self.owner)
             due = await _fence(cur, "weave_pending_advances", ns, leased_due, self.owner)
-            counts = {FENCED: len(leased_rows) + len(leased_due) - len(rows) - len(due)}
+            received = await signals.fence(cur, ns, [r for *_, sent in items for r in sent],
+                                           self.owner)
+            counts = {FENCED: len(leased_rows) + len(leased_due) - len(rows) - len(due)
+                      + sum(len(sent) for *_, sent in items) - len(received)}
             now = await db_now(cur)
-            rows_of, due_of = _by_instance(rows), _by_instance(due)
+            rows_of, due_of, received_of = (_by_instance(rows), _by_instance(due),
+                                             _by_instance(received))
             outcomes: dict[bytes, str] = {}
             outcomes_due: dict[bytes, str] = {r["id"]: INSTANCE_ENDED for r in due}
             running = []
@@ -997,9 +1153,13 @@ class Engine:
                 if instance is None or instance["state"] != "RUNNING":
                     for r in rows_of.get(instance_id, []):
                         outcomes[r["id"]] = INSTANCE_ENDED if instance else STALE
-                elif instance_id in rows_of or instance_id in due_of:
+                elif any(instance_id in of for of in (rows_of, due_of, received_of)):
                     running.append(instance_id)
             loaded = await _load_steps(cur, ns, running)
+            books = await signals.load(cur, ns, [i for i in running if i in received_of
+                                                 or self._may_signal(found[i])],
+                                       now, [r["id"] for r in received])
+            runs: list[_Advance] = []
             changed: list[_Advance] = []
             for instance_id in running:
                 instance = found[instance_id]
@@ -1009,17 +1169,22 @@ class Engine:
                     raise _Rejected(VERSION_UNUSABLE, str(exc)) from exc
                 steps, made = loaded[instance_id]
                 run = _Advance(instance, model, steps, made)
+                run.book = books.get(instance_id) or signals.Book(now=now)
+                runs.append(run)
                 for row in due_of.get(instance_id, []):
                     outcomes_due[row["id"]] = run.due(row)
                 for row in rows_of.get(instance_id, []):
                     outcome = outcomes[row["id"]] = run.consume(row)
                     if outcome == ADVANCED:
                         latencies.append((now - as_utc(row["created_at"])).total_seconds())
+                run.receive_signals()
                 if run.changed:
                     changed.append(run)
             if changed:
                 await _write(cur, ns, changed, now)
             await _consume(cur, ns, outcomes, [r["id"] for r in due], now)
+            counts.update(await _write_signals(cur, ns, runs, [  # of ended instances
+                r for r in received if r["instance_id"] not in running], now))
             await _insert_tasks(cur, ns, changed, now)
             for outcome in (*outcomes.values(), *outcomes_due.values()):
                 counts[outcome] = counts.get(outcome, 0) + 1
@@ -1031,25 +1196,38 @@ class Engine:
 
     async def _reject(self, cur: Any, ns: bytes, instance_id: bytes,  # noqa: PLR0917
                       inbox: Sequence[dict[str, Any]], advances: Sequence[dict[str, Any]],
-                      refusal: _Rejected) -> dict[str, int]:
-        """The instance fails with the refusal; its rows are consumed as ``rejected``."""
+                      refusal: _Rejected, received: Sequence[dict[str, Any]] = ()
+                      ) -> dict[str, int]:
+        """The instance fails with the refusal; its rows are consumed as ``rejected``, its
+        leased signals rejected as ``instance_finished``."""
         await cur.execute(LOCK_INSTANCE, (ns, instance_id))
         instance = await cur.fetchone()
         rows = await _fence(cur, "weave_inbox", ns, inbox, self.owner)
         due = await _fence(cur, "weave_pending_advances", ns, advances, self.owner)
+        held = await signals.fence(cur, ns, received, self.owner)
         now = await db_now(cur)
         outcome = REJECTED
+        book: signals.Book | None = None
         if instance is None or instance["state"] != "RUNNING":
             outcome = INSTANCE_ENDED if instance else STALE
-        elif rows or due:
+        elif rows or due or held:
             instance = dict(instance)
             steps, made = (await _load_steps(cur, ns, [instance_id]))[instance_id]
             run = _Advance(instance, None, steps, made)
+            book = run.book = (await signals.load(cur, ns, [instance_id], now,
+                                                  [r["id"] for r in held]))[instance_id]
             run.fail(refusal.reason, refusal.cause)
+            run.receive_signals()
+            signals.sweep([(book, True)])
             await _write(cur, ns, [run], now)
         await _consume(cur, ns, {r["id"]: outcome for r in rows}, [r["id"] for r in due], now)
+        if book is not None:
+            await signals.write(cur, ns, [(instance_id, book)], now)
+        else:
+            await signals.reject_orphans(cur, ns, held, now)
         counts = {outcome: len(rows) + len(due),
-                  FENCED: len(inbox) + len(advances) - len(rows) - len(due)}
+                  FENCED: len(inbox) + len(advances) + len(received) - len(rows) - len(due)
+                  - len(held)}
         return {k: v for k, v in counts.items() if v}
 
 

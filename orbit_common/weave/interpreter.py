@@ -9,6 +9,12 @@ task's result. Within an advance, CHOICE, PARALLEL, SUCCEED and FAIL steps are p
 every path stops at a TASK (its task is created) or at the end of its scope. Results are then
 delivered one at a time, by default in the order the tasks were created (``choose`` picks
 another order: the engine sees results in whatever order workers finish).
+
+A SIGNAL step asks ``signals`` (the test decides) when it is entered: a signal that arrived
+(:class:`SignalArrived`, as if it was sent before the wait existed: the engine consumes such a
+signal in the advance that opens the wait) completes the step at once; none means the wait
+times out -- after every task result has been delivered, in its own advance -- and continues at
+``on_timeout`` (a wait without a timeout then waits for ever: the instance stays RUNNING).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from orbit_common.weave.language import (
     Definition,
     FailStep,
     ParallelStep,
+    SignalStep,
     Step,
     SucceedStep,
     TaskStep,
@@ -32,6 +39,8 @@ from orbit_common.weave.language import (
 
 EXPRESSION_FAILED = "expression_failed"
 RESULT_SHAPE = "result_shape_mismatch"
+SIGNAL_TIMEOUT = "signal_timeout"
+CORRELATION_MAX_BYTES = 512
 
 
 class InstanceState(enum.StrEnum):
@@ -72,6 +81,17 @@ Outcome = Succeeded | Failed | NeedsReview
 
 
 @attrs.frozen(kw_only=True)
+class SignalArrived:
+    """A signal that satisfies a SIGNAL step's wait; ``result`` is the step's result
+    (``{"signal_id", "payload", "payload_version", "accepted_at"}``)."""
+
+    result: Any
+
+
+Signals = Callable[[SignalStep, bytes], SignalArrived | None]
+
+
+@attrs.frozen(kw_only=True)
 class Advance:
     """One advance: ``trigger`` is ``0`` for the start, else the ``seq`` of the task whose result
     was consumed; ``created`` the tasks it created; ``ignored`` when the result belonged to a
@@ -80,6 +100,7 @@ class Advance:
     trigger: int
     created: tuple[TaskCall, ...]
     ignored: bool = False
+    timeout: str | None = None  # the SIGNAL step whose wait timed out (trigger 0)
 
 
 @attrs.frozen(kw_only=True)
@@ -130,8 +151,11 @@ class _Frame:
 
 
 class _Instance:
-    def __init__(self, definition: Definition, workflow_input: Any) -> None:
+    def __init__(self, definition: Definition, workflow_input: Any,
+                 signals: Signals | None = None) -> None:
         self.definition = definition
+        self.signals = signals
+        self.timeouts: list[tuple[SignalStep, _Frame]] = []
         self.input = types.cel_input(definition.input_schema, workflow_input)
         self.results: dict[str, Any] = {}
         self.cel_results: dict[str, Any] = {}
@@ -178,8 +202,26 @@ class _Instance:
             cause = None if step.cause is None else self.evaluate(step.cause)
             self.scope_ended(frame, False, {"error": step.error, "cause": cause,
                                             "step": step.name})
+        elif isinstance(step, SignalStep):
+            return self.wait(step, frame)
         else:
             raise NotImplementedError(f"the interpreter does not run {step.kind} steps")
+        return None
+
+    def wait(self, step: SignalStep, frame: _Frame) -> str | None:
+        value = "" if step.correlation is None else self.evaluate(step.correlation)
+        if not isinstance(value, str):
+            raise expressions.ExpressionError("the correlation is not a string")
+        key = value.encode("utf-8", errors="surrogatepass")
+        if len(key) > CORRELATION_MAX_BYTES:
+            raise expressions.ExpressionError(
+                f"the correlation key is {len(key)} bytes; at most {CORRELATION_MAX_BYTES}")
+        arrived = None if self.signals is None else self.signals(step, key)
+        if arrived is not None:
+            self.completed(step.name, arrived.result, None)
+            return step.next
+        if step.on_timeout is not None:
+            self.timeouts.append((step, frame))
         return None
 
     def create_task(self, step: TaskStep, frame: _Frame) -> None:
@@ -262,17 +304,23 @@ def _failure(code: str, message: str, step: str | None = None) -> dict[str, Any]
 
 
 def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall], Outcome],
-        choose: Callable[[Sequence[TaskCall]], int] | None = None) -> Run:
-    """Run an instance to its end (or until only held tasks remain).
+        choose: Callable[[Sequence[TaskCall]], int] | None = None,
+        signals: Signals | None = None) -> Run:
+    """Run an instance to its end (or until only held tasks and waits without a timeout
+    remain).
 
     ``workflow_input`` must match the definition's input schema (:meth:`Definition.input_problems`
     is the check the start does). ``outcome`` says how each task ends; ``choose`` picks the index
-    of the next result to deliver among the tasks still running (default: the oldest)."""
-    instance = _Instance(definition, workflow_input)
+    of the next result to deliver among the tasks still running (default: the oldest);
+    ``signals`` says whether a SIGNAL step's signal arrives (default: none does)."""
+    instance = _Instance(definition, workflow_input, signals)
     instance.run_path(definition.start, _Frame(None))
     advances = [Advance(trigger=0, created=tuple(instance.created))]
     held: list[TaskCall] = []
-    while instance.pending and instance.state is InstanceState.RUNNING:
+    while instance.state is InstanceState.RUNNING and (instance.pending or instance.timeouts):
+        if not instance.pending:
+            advances.append(_time_out(instance))
+            continue
         index = 0 if choose is None else choose([call for call, _, _ in instance.pending])
         call, step, frame = instance.pending.pop(index)
         instance.created = []
@@ -290,3 +338,14 @@ def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall
         advances.append(Advance(trigger=call.seq, created=tuple(instance.created)))
     return Run(state=instance.state, output=instance.output, error=instance.error,
                advances=tuple(advances), results=dict(instance.results))
+
+
+def _time_out(instance: _Instance) -> Advance:
+    """The oldest SIGNAL wait with a timeout times out: ``signal_timeout``, then
+    ``on_timeout`` (ignored when its block has closed)."""
+    step, frame = instance.timeouts.pop(0)
+    instance.created = []
+    if not frame.alive():
+        return Advance(trigger=0, created=(), ignored=True, timeout=step.name)
+    instance.run_path(step.on_timeout, frame)
+    return Advance(trigger=0, created=tuple(instance.created), timeout=step.name)

@@ -1,10 +1,12 @@
-"""The engine's leases on its two work queues: inbox rows (task results to consume) and pending
-advances (ROOT continuations; parts 2 and 3 add clock checkpoints). Any number of engine replicas
-lease concurrently without a leader: each scan reads its index in order with ``FOR UPDATE SKIP
-LOCKED`` (a row another replica is leasing is skipped, never waited for), oldest first, then
-marks the rows LEASED until database time + the lease. A lease that lapsed (the engine died
-between reading a row and committing its advance) is found by the second scan and leased again;
-consuming a row twice is harmless because the advance deduplicates by event identity.
+"""The engine's leases on its three work queues: inbox rows (task results to consume), pending
+advances (ROOT continuations and clock checkpoints) and accepted signals (PENDING and
+available: a new signal at once, one whose wait has not come yet after its back-off). Any number
+of engine replicas lease concurrently without a leader: each scan reads its index in order with
+``FOR UPDATE SKIP LOCKED`` (a row another replica is leasing is skipped, never waited for),
+oldest first, then marks the rows LEASED until database time + the lease. A lease that lapsed
+(the engine died between reading a row and committing its advance) is found by the second scan
+and leased again; consuming a row twice is harmless because the advance deduplicates by event
+identity (a signal's advance re-checks its state: only a LEASED signal of this lease is decided).
 """
 
 from __future__ import annotations
@@ -30,6 +32,16 @@ ADVANCES_DUE = (
 )
 ADVANCES_LAPSED = (
     "SELECT namespace_id, id FROM weave_pending_advances FORCE INDEX (ix_weave_advances_lease)"
+    " WHERE state = 'LEASED' AND lease_expires_at < UTC_TIMESTAMP(6)"
+    " ORDER BY lease_expires_at, namespace_id, id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+SIGNALS_DUE = (
+    "SELECT namespace_id, id FROM weave_signals FORCE INDEX (ix_weave_signals_scan)"
+    " WHERE state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)"
+    " ORDER BY available_at, namespace_id, id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+SIGNALS_LAPSED = (
+    "SELECT namespace_id, id FROM weave_signals FORCE INDEX (ix_weave_signals_lease)"
     " WHERE state = 'LEASED' AND lease_expires_at < UTC_TIMESTAMP(6)"
     " ORDER BY lease_expires_at, namespace_id, id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
@@ -70,3 +82,11 @@ async def lease_advances(cur: Any, *, owner: str, lease_ms: int, limit: int
     """Lease up to ``limit`` due pending advances (PENDING and due, then lapsed LEASED)."""
     return await _lease(cur, "weave_pending_advances", (ADVANCES_DUE, ADVANCES_LAPSED),
                         owner=owner, lease_ms=lease_ms, limit=limit)
+
+
+async def lease_signals(cur: Any, *, owner: str, lease_ms: int, limit: int
+                        ) -> list[dict[str, Any]]:
+    """Lease up to ``limit`` signals (PENDING and available, then lapsed LEASED); CONSUMED and
+    REJECTED signals are never leased."""
+    return await _lease(cur, "weave_signals", (SIGNALS_DUE, SIGNALS_LAPSED), owner=owner,
+                        lease_ms=lease_ms, limit=limit)

@@ -21,6 +21,9 @@ async def _namespace(cur: Any, name: str) -> namespaces.Namespace:
     return found
 
 
+namespace_of = _namespace  # for the operator reads of other weave modules (signals.py)
+
+
 async def list_definitions(db: Database, *, namespace: str, after: str = "",
                            limit: int = definitions.LIST_MAX) -> list[dict[str, Any]]:
     """A namespace's definitions by name (after ``after``)."""

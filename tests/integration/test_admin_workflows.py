@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from orbit_common.db.pool import Database, DatabaseUrl
-from orbit_common.weave import definitions, instances
+from orbit_common.weave import definitions, instances, signals
 from tests.conftest import Tenant
 from tests.integration.test_admin_cli import ok, orbit_admin
 from tests.integration.weave.support import document, principal, published
@@ -73,3 +73,31 @@ async def test_instances_list_and_get(db: Database, db_url: DatabaseUrl,
     bad = await orbit_admin(db_url, "workflows", "instances", "get", "nothex",
                             "--namespace", tenant.namespace)
     assert "workflow_instance_not_found" in bad.err
+
+
+async def test_signals_list_and_get(db: Database, db_url: DatabaseUrl, tenant: Tenant) -> None:
+    _, instance, _ = await workflow_task(db, tenant)
+    who = await principal(db, tenant.api_key)
+    sent = []
+    for n in range(2):
+        request = signals.SignalRequest.check(
+            name="paid", correlation_key=f"o-{n}", payload_text=f'{{"n": {n}}}',
+            payload_version=1, evidence_ref=None, expires_in_ms=None)
+        sent.append((await signals.send_signal(
+            db, who, namespace=tenant.namespace,
+            target=signals.Target(instance_id=instance["id"]), signal=request)).body)
+    listed = await ok(db_url, "workflows", "signals", "list", instance["id"].hex(),
+                      "--namespace", tenant.namespace)
+    lines = [json.loads(line) for line in listed.out.splitlines()]
+    assert [(s["id"], s["correlation_key"], s["state"]) for s in lines] == [
+        (sent[1]["id"], "o-1", "PENDING"), (sent[0]["id"], "o-0", "PENDING")]
+    one = await ok(db_url, "workflows", "signals", "list", instance["id"].hex(),
+                   "--namespace", tenant.namespace, "--limit", "1")
+    assert [json.loads(line)["id"] for line in one.out.splitlines()] == [sent[1]["id"]]
+    got = (await ok(db_url, "workflows", "signals", "get", instance["id"].hex(), sent[0]["id"],
+                    "--namespace", tenant.namespace)).json()
+    assert (got["payload"], got["disposition"]) == ({"n": 0}, None)
+    missing = await orbit_admin(db_url, "workflows", "signals", "get", instance["id"].hex(),
+                                "ab" * 16, "--namespace", tenant.namespace)
+    assert missing.code != 0
+    assert "workflow_signal_not_found" in missing.err

@@ -120,6 +120,9 @@ Invariants (code: what must hold)
     inbox_outcome         (Weave engine) a CONSUMED inbox row has an outcome and no other row
                           has one; a row consumed as ``advanced`` or ``duplicate`` names an
                           activation whose result_event_id is the row's source event
+    wait_winner           (Weave signals) a SIGNALLED wait's winner is a CONSUMED signal of its
+                          instance naming that wait; no two CONSUMED signals name one wait; a
+                          CONSUMED signal is the winner of the SIGNALLED wait it names
 """
 
 from __future__ import annotations
@@ -158,7 +161,7 @@ CODES = (
     "permit_revision", "start_budget", "session_binding", "one_run_per_instant", "task_owner",
     "subscription_backlog", "delivery_unique", "delivery_source", "delivery_lease",
     "delivery_attempts", "scan_position", "delivery_stuck", "live_activation",
-    "workflow_inbox", "instance_state", "inbox_outcome",
+    "workflow_inbox", "instance_state", "inbox_outcome", "wait_winner",
 )
 
 
@@ -993,6 +996,27 @@ WHERE i.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
 GROUP BY i.namespace_id, i.id, i.state"""
 
 
+def _wait_winner_sql(s: Scope) -> str:
+    return f"""
+SELECT w.namespace_id, w.id AS wait_id, w.winner_signal_id AS signal_id,
+  'its winner is not a CONSUMED signal of its instance naming it' AS problem
+FROM weave_waits w
+LEFT JOIN weave_signals g ON g.namespace_id = w.namespace_id AND g.id = w.winner_signal_id
+  AND g.state = 'CONSUMED' AND g.wait_id = w.id AND g.instance_id = w.instance_id
+WHERE w.state = 'SIGNALLED' AND g.id IS NULL{s.ns('w')}
+UNION ALL
+SELECT g.namespace_id, g.wait_id, MIN(g.id), CONCAT(COUNT(*), ' CONSUMED signals name it')
+FROM weave_signals g
+WHERE g.state = 'CONSUMED'{s.ns('g')}
+GROUP BY g.namespace_id, g.wait_id HAVING COUNT(*) > 1
+UNION ALL
+SELECT g.namespace_id, g.wait_id, g.id, 'a CONSUMED signal names it but is not its winner'
+FROM weave_signals g
+LEFT JOIN weave_waits w ON w.namespace_id = g.namespace_id AND w.id = g.wait_id
+  AND w.state = 'SIGNALLED' AND w.winner_signal_id = g.id
+WHERE g.state = 'CONSUMED' AND w.id IS NULL{s.ns('g')}"""
+
+
 def _inbox_outcome_sql(s: Scope) -> str:
     return f"""
 SELECT i.namespace_id, i.task_id, i.source_event_id AS event_id, i.state, i.outcome,
@@ -1162,6 +1186,9 @@ PROBES: tuple[Probe, ...] = (
     Probe("inbox_outcome", _inbox_outcome_sql,
           lambda r, s: f"{_task(r)}: inbox row ({r['state']}, {_h(r['outcome'])}) has"
                        f" {r['problem']} (event {_h(r['event_id'])})"),
+    Probe("wait_winner", _wait_winner_sql,
+          lambda r, s: f"wait {_h(r['namespace_id'])}/{_h(r['wait_id'])}: {r['problem']}"
+                       f" (signal {_h(r['signal_id'])})"),
     Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),
     Probe("delivery_stuck", _delivery_stuck_sql,
           lambda r, s: f"{_delivery(r)} is still LEASED though its lease lapsed at"

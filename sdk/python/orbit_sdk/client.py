@@ -51,6 +51,7 @@ from orbit_sdk.schedules import (
 from orbit_sdk.workflows import (
     WorkflowDefinition,
     WorkflowInstance,
+    WorkflowSignal,
     WorkflowValidation,
     WorkflowVersion,
 )
@@ -752,6 +753,46 @@ class Client:
             params["limit"] = str(page_size)
         async for item in self._pages(self._ns("/workflows"), params):
             yield WorkflowInstance.from_json(item)
+
+    async def send_signal(self, workflow_id: str | None, name: str, payload: Any = None, *,
+                          correlation_key: str | None = None, payload_version: int = 1,
+                          evidence_ref: str | None = None, expires_in_ms: int | None = None,
+                          definition: str | None = None, business_key: str | None = None,
+                          idempotency_key: str | None = None) -> WorkflowSignal:
+        """Send a signal to the instance ``workflow_id``, or (``workflow_id`` None) to the one
+        RUNNING instance of ``definition`` with ``business_key``. Accepted signals are durable
+        even before their wait exists; the engine consumes or rejects them later (read them
+        with :meth:`get_signal`). Retried safely under an idempotency key: a replay answers the
+        original receipt."""
+        body: dict[str, Any] = {"name": name, "payload": payload,
+                                "payload_version": payload_version}
+        for key, value in (("correlation_key", correlation_key),
+                           ("evidence_ref", evidence_ref), ("expires_in_ms", expires_in_ms)):
+            if value is not None:
+                body[key] = value
+        if workflow_id is None:
+            if definition is None or business_key is None:
+                raise ValueError("without workflow_id, give definition and business_key")
+            path = self._ns("/workflow-signals")
+            body = {"definition": definition, "business_key": business_key, **body}
+        else:
+            path = self._ns(f"/workflows/{_seg(workflow_id)}/signals")
+        raw = await self._post(path, body,
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return WorkflowSignal.from_json(raw)
+
+    async def get_signal(self, workflow_id: str, signal_id: str) -> WorkflowSignal:
+        """One signal of an instance, with its state and disposition."""
+        return WorkflowSignal.from_json(await self._get(self._ns(
+            f"/workflows/{_seg(workflow_id)}/signals/{_seg(signal_id)}")))
+
+    async def list_signals(self, workflow_id: str, *, page_size: int | None = None
+                           ) -> AsyncIterator[WorkflowSignal]:
+        """An instance's signals newest first, following ``next_cursor`` through every page."""
+        params = {} if page_size is None else {"limit": str(page_size)}
+        async for item in self._pages(self._ns(f"/workflows/{_seg(workflow_id)}/signals"),
+                                      params):
+            yield WorkflowSignal.from_json(item)
 
     # --- result subscriptions ----------------------------------------------------------------
 

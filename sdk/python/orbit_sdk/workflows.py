@@ -23,6 +23,7 @@ __all__ = [
     "WorkflowActivation",
     "WorkflowDefinition",
     "WorkflowInstance",
+    "WorkflowSignal",
     "WorkflowStep",
     "WorkflowValidation",
     "WorkflowVersion",
@@ -197,3 +198,47 @@ class WorkflowInstance:
     def finished(self) -> bool:
         """True in a final state (SUCCEEDED, FAILED, CANCELLED)."""
         return self.state in {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowSignal:
+    """A signal sent to an instance: the send receipt (``state`` PENDING), a history item or
+    one signal. ``disposition`` says how it ended (``consumed``, or why it can never win:
+    ``payload_version``, ``instance_finished``, ``correlation_mismatch``, ``wait_closed``,
+    ``unknown_signal``, ``expired``); ``wait_id`` names the wait it won."""
+
+    id: str
+    workflow_id: str = ""
+    name: str = ""
+    correlation_key: str = ""
+    payload: Any = None
+    payload_version: int = 0
+    evidence_ref: str | None = None
+    state: str = ""
+    disposition: str | None = None
+    wait_id: str | None = None
+    target_activation_sequence: int | None = None
+    accepted_at: dt.datetime | None = None
+    expires_at: dt.datetime | None = None
+    resolved_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowSignal:
+        return cls(
+            id=_str(raw, "id") or "", workflow_id=_str(raw, "workflow_id") or "",
+            name=_str(raw, "name") or "", correlation_key=_str(raw, "correlation_key") or "",
+            payload=raw.get("payload"), payload_version=_int(raw, "payload_version") or 0,
+            evidence_ref=_str(raw, "evidence_ref"), state=_str(raw, "state") or "",
+            disposition=_str(raw, "disposition"), wait_id=_str(raw, "wait_id"),
+            target_activation_sequence=_int(raw, "target_activation_sequence"),
+            accepted_at=parse_time(raw.get("accepted_at")),
+            expires_at=parse_time(raw.get("expires_at")),
+            resolved_at=parse_time(raw.get("resolved_at")),
+            raw=dict(raw),
+        )
+
+    @property
+    def resolved(self) -> bool:
+        """True once CONSUMED or REJECTED."""
+        return self.state in {"CONSUMED", "REJECTED"}

@@ -79,7 +79,8 @@ class Objects:
     exhausted: str  # an EXHAUSTED delivery of the pull subscription
     definition: str  # a workflow definition with version 1 (a TASK step on the victim's queue)
     definition_revision: int
-    workflow: str  # an instance of it, hex
+    workflow: str  # an instance of it, hex, with the definition's name as its business key
+    signal: str  # a signal sent to it, hex
 
 
 @attrs.frozen(kw_only=True)
@@ -310,6 +311,19 @@ ROUTES: dict[Route, Case] = {
         body=lambda o: {"definition": o.definition, "version": 1, "input": {"n": 1}},
         body2=lambda o: {"definition": o.definition, "version": 1, "input": {"n": 2}}),
     ("GET", WORKFLOWS + "/{workflow_id}"): Case(needs=(one(A.WORKFLOWS_READ),)),
+    ("POST", WORKFLOWS + "/{workflow_id}/signals"): Case(
+        needs=(one(A.WORKFLOWS_SIGNAL),),
+        body=lambda o: {"name": "go", "payload": 1, "payload_version": 1},
+        body2=lambda o: {"name": "go", "payload": 2, "payload_version": 1}),
+    ("GET", WORKFLOWS + "/{workflow_id}/signals"): Case(needs=(one(A.WORKFLOWS_READ),)),
+    ("GET", WORKFLOWS + "/{workflow_id}/signals/{signal_id}"): Case(
+        needs=(one(A.WORKFLOWS_READ),)),
+    ("POST", "/v1/namespaces/{namespace}/workflow-signals"): Case(
+        needs=(one(A.WORKFLOWS_SIGNAL),),
+        body=lambda o: {"definition": o.definition, "business_key": o.definition,
+                        "name": "go", "payload": 1, "payload_version": 1},
+        body2=lambda o: {"definition": o.definition, "business_key": o.definition,
+                         "name": "go", "payload": 2, "payload_version": 1}),
 }
 
 # Routes the router serves that the matrix does not send attacker keys to, with the reason.
@@ -366,7 +380,7 @@ def path_of(route: Route, o: Objects) -> str:
         namespace=o.namespace, application=o.application, queue=QUEUE, schedule=o.schedule,
         task_id=getattr(o, case.task), attempt_id=o.attempt,
         subscription=getattr(o, case.subscription), delivery_id=getattr(o, case.delivery),
-        definition=o.definition, version=1, workflow_id=o.workflow)
+        definition=o.definition, version=1, workflow_id=o.workflow, signal_id=o.signal)
 
 
 async def send(client: TestClient[Any, Any], route: Route, o: Objects, key: str, *,
@@ -449,7 +463,9 @@ async def _objects(db: Database, client: TestClient[Any, Any], tenant: Tenant,
         published = await _ok(client, "POST", f"{ns}/workflow-definitions/{flow}/versions",
                               tenant, {"revision": 1, "document": _flow_document(QUEUE)})
         instance = await _ok(client, "POST", ns + "/workflows", tenant,
-                             {"definition": flow, "input": {}})
+                             {"definition": flow, "input": {}, "business_key": flow})
+        sent = await _ok(client, "POST", f"{ns}/workflows/{instance['id']}/signals", tenant,
+                         {"name": "go", "payload_version": 1})
         found.append(Objects(
             application=tenant.application, namespace=tenant.namespace, schedule=schedule,
             waiting=waiting, review=review, failed=failed,
@@ -458,7 +474,8 @@ async def _objects(db: Database, client: TestClient[Any, Any], tenant: Tenant,
             queue_revision=queue["revision"], pull=pull, hook=hook,
             subscription_revision=sub["revision"], leased=kept["delivery"]["id"],
             token=kept["lease_token"], exhausted=gone["delivery"]["id"], definition=flow,
-            definition_revision=published["revision"], workflow=instance["id"]))
+            definition_revision=published["revision"], workflow=instance["id"],
+            signal=sent["id"]))
     return found
 
 

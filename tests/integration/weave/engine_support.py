@@ -157,7 +157,7 @@ async def drain(engine: Engine) -> list[Round]:
     while True:
         done = await engine.run_once()
         rounds.append(done)
-        if done.inbox == 0 and done.advances == 0:
+        if done.inbox == 0 and done.advances == 0 and done.signals == 0:
             return rounds
 
 
@@ -189,8 +189,10 @@ async def play(flow: Flow, engine: Engine, script: Script) -> None:
         await drain(engine)
 
 
-async def predicted(flow: Flow, script: Script) -> interpreter.Run:
-    """What the reference interpreter predicts, with the engine's frozen task errors."""
+async def predicted(flow: Flow, script: Script,
+                    signals: interpreter.Signals | None = None) -> interpreter.Run:
+    """What the reference interpreter predicts, with the engine's frozen task errors (and, for
+    SIGNAL steps, ``signals``: which signals arrive)."""
     errors_by_step = await frozen_errors(flow)
     by_sequence = {t["sequence"]: t for t in await flow.tasks()}
     parsed = language.validate_document(_queue_names(flow.document, flow.queue.name))
@@ -204,13 +206,14 @@ async def predicted(flow: Flow, script: Script) -> interpreter.Run:
             return interpreter.Failed(error=errors_by_step.get(task_id))
         return interpreter.NeedsReview()
 
-    return interpreter.run(parsed, flow.input, outcome)
+    return interpreter.run(parsed, flow.input, outcome, signals=signals)
 
 
-async def assert_matches(flow: Flow, script: Script) -> interpreter.Run:
+async def assert_matches(flow: Flow, script: Script,
+                         signals: interpreter.Signals | None = None) -> interpreter.Run:
     """The engine made the interpreter's tasks (in order, with the same inputs) and reached its
     final state, output, error and step results."""
-    run = await predicted(flow, script)
+    run = await predicted(flow, script, signals)
     await assert_same(flow, run)
     return run
 
@@ -235,5 +238,5 @@ async def assert_same(flow: Flow, run: interpreter.Run) -> None:
     assert (json.loads(instance["error"]) if instance["error"] else None) == run.error
     steps = await flow.steps()
     results = {name: json.loads(s["output"]) for name, s in steps.items()
-               if s["state"] == "SUCCEEDED" and s["kind"] in ("TASK", "PARALLEL")}
+               if s["state"] == "SUCCEEDED" and s["kind"] in ("TASK", "PARALLEL", "SIGNAL")}
     assert results == run.results

@@ -159,3 +159,58 @@ def test_optional_members_are_tested_with_has() -> None:
     definition = order(**{"steps/done/output": "has(input.express) ? input.express : false"})
     assert wi.run(definition, INPUT, happy).output is False
     assert wi.run(definition, {**INPUT, "express": True}, happy).output is True
+
+
+def _waiting(**signal: Any) -> language.Definition:
+    """approve (SIGNAL "paid", correlation input.order_id) -> ship (TASK) -> done; on timeout:
+    late (FAIL)."""
+    steps: dict[str, Any] = {
+        "approve": {"kind": "SIGNAL", "signal": "paid", "correlation": "input.order_id",
+                    "next": "ship", **signal},
+        "ship": {"kind": "TASK", "queue": "q", "handler": "ship",
+                 "input": "{'amount': steps.approve.result.payload.amount}", "next": "done"},
+        "done": {"kind": "SUCCEED"},
+    }
+    if "on_timeout" in signal:
+        steps["late"] = {"kind": "FAIL", "error": "not_paid"}
+    return language.parse_definition(json.dumps({
+        "format": "orbit.weave/1",
+        "input_schema": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                         "required": ["order_id"]},
+        "start": "approve", "steps": steps}))
+
+
+def test_an_arrived_signal_completes_its_step_with_the_signal_as_result() -> None:
+    seen: list[tuple[str, bytes]] = []
+    result = {"signal_id": "ab" * 16, "payload": {"amount": 5}, "payload_version": 1,
+              "accepted_at": "2026-12-02T06:00:00+00:00"}
+
+    def arrives(step: language.SignalStep, key: bytes) -> wi.SignalArrived:
+        seen.append((step.signal, key))
+        return wi.SignalArrived(result=result)
+
+    run = wi.run(_waiting(), {"order_id": "o-1"}, lambda c: wi.Succeeded(result={}),
+                 signals=arrives)
+    assert seen == [("paid", b"o-1")]
+    assert run.state is wi.InstanceState.SUCCEEDED
+    assert [(c.step, c.input) for c in run.tasks] == [("ship", {"amount": 5})]
+    assert run.results["approve"] == result
+
+
+def test_a_signal_that_never_arrives_times_out_or_waits() -> None:
+    timed = wi.run(_waiting(timeout_ms=1000, on_timeout="late"), {"order_id": "o-1"},
+                   lambda c: wi.Succeeded(result={}))
+    assert timed.state is wi.InstanceState.FAILED
+    assert timed.error == {"error": "not_paid", "cause": None, "step": "late"}
+    assert timed.advances[-1].timeout == "approve"
+    forever = wi.run(_waiting(), {"order_id": "o-1"}, lambda c: wi.Succeeded(result={}))
+    assert forever.state is wi.InstanceState.RUNNING
+    assert forever.tasks == []
+
+
+def test_a_correlation_over_512_bytes_fails_the_step() -> None:
+    run = wi.run(_waiting(), {"order_id": "é" * 257}, lambda c: wi.Succeeded(result={}),
+                 signals=lambda step, key: wi.SignalArrived(result={}))
+    assert run.state is wi.InstanceState.FAILED
+    assert run.error["error"] == "expression_failed"
+    assert run.error["step"] == "approve"

@@ -148,7 +148,7 @@ def _branch_step(branch: int, name: str, **fields: Any) -> Callable[[dict[str, A
     (lambda d: d["steps"].update(wait={"kind": "TIMER"}),
      [("$.steps.wait.kind", "step_kind_not_enabled")]),
     (lambda d: d["steps"].update(wait={"kind": "SIGNAL", "signal": "paid"}),
-     [("$.steps.wait.kind", "step_kind_not_enabled")]),
+     [("$.steps.wait.next", "missing_field")]),  # SIGNAL is enabled: checked as any step
     (lambda d: d["steps"].update(wait={"kind": "POLL"}),
      [("$.steps.wait.kind", "step_kind_not_enabled")]),
     # graph

@@ -1,5 +1,5 @@
-"""The signal phase of ``orbit bench workflows --waits`` (bench/waits.py): signal acceptance against task submission, and signal accepted → step
-advanced (issue 15, "Performance").
+"""The signal phase of ``orbit bench workflows --waits`` (bench/waits.py): signal acceptance
+against task submission, and signal accepted → step advanced (issue 15, "Performance").
 
 One fresh database with its API and dispatcher (bench/tasks.py's ``_Phase``), a definition whose
 instances wait at a SIGNAL step (``wait`` → ``done``):

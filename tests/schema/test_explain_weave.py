@@ -129,9 +129,13 @@ READS: dict[str, tuple[Callable[[WeaveSeed], tuple[str, Any]], str, str, int]] =
                                 "weave_pending_advances", "ix_weave_advances_lease",
                                 INSTANCES * NAMESPACES // 3),
     "workflow_inbox.LINKS": (
-        lambda s: (workflow_inbox.LINKS.format(placeholders(20)),
-                   (s.namespace_id, *s.task_ids)),
+        lambda s: (workflow_inbox.LINKS.format(ids=placeholders(20)),
+                   (s.namespace_id, *s.task_ids, s.namespace_id, *s.task_ids)),
         "a", "uq_weave_activations_task", 40),
+    "workflow_inbox.LINKS_rounds": (
+        lambda s: (workflow_inbox.LINKS.format(ids=placeholders(20)),
+                   (s.namespace_id, *s.task_ids, s.namespace_id, *s.task_ids)),
+        "r", "uq_weave_poll_rounds_task", 40),
     "instances.list": (_list, "i", "ix_weave_instances_created", 2 * INSTANCES),
     "instances.list_by_definition": (
         lambda s: _list(s, definition_id=s.definition_id), "i",

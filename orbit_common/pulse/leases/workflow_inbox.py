@@ -44,7 +44,8 @@ LINKS = (
     " WHERE a.namespace_id = %s AND a.task_id IN ({ids})"
     " UNION ALL"
     " SELECT r.task_id, r.activation_id, r.instance_id, i.gate_id"
-    " FROM weave_poll_rounds r LEFT JOIN weave_instances i"
+    " FROM weave_poll_rounds r FORCE INDEX (uq_weave_poll_rounds_task)"
+    " LEFT JOIN weave_instances i"
     " ON i.namespace_id = r.namespace_id AND i.id = r.instance_id"
     " WHERE r.namespace_id = %s AND r.task_id IN ({ids})"
 )

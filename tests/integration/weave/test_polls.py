@@ -209,7 +209,8 @@ async def test_exhausted_by_the_absolute_deadline(db: Database, engine: Engine) 
     assert made[-1]["ended_at"] + dt.timedelta(milliseconds=final["next_interval_ms"]) >= deadline
     tasks = await rows(db, "SELECT deadline_at FROM pulse_tasks WHERE namespace_id = %s"
                        " AND owner_id = %s", tenant.namespace_id, flow.instance_id)
-    assert tasks and all(t["deadline_at"] <= deadline for t in tasks)
+    assert tasks
+    assert all(t["deadline_at"] <= deadline for t in tasks)
     error = json.loads((await flow.instance())["error"])
     assert (error["error"], error["reason"], error["rounds"]) == (
         "poll_exhausted", "deadline", final["used_rounds"])
@@ -373,7 +374,7 @@ async def test_an_older_rounds_result_is_not_consumed_again(db: Database, engine
     await drain(engine)
     await answer(flow, engine, "ok", {"done": False})
     await next_round(flow, engine)
-    first, second = await flow.tasks()
+    first, _ = await flow.tasks()
     (row,) = await flow.inbox()
     assert row["activation_id"] is not None
     # The first round's row comes back (a commit whose outcome was lost): never advanced.

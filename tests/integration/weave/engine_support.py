@@ -235,5 +235,5 @@ async def assert_same(flow: Flow, run: interpreter.Run) -> None:
     assert (json.loads(instance["error"]) if instance["error"] else None) == run.error
     steps = await flow.steps()
     results = {name: json.loads(s["output"]) for name, s in steps.items()
-               if s["state"] == "SUCCEEDED" and s["kind"] in ("TASK", "PARALLEL")}
+               if s["state"] == "SUCCEEDED" and s["kind"] in ("TASK", "PARALLEL", "POLL")}
     assert results == run.results

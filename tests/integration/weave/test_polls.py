@@ -13,9 +13,19 @@ import pytest
 
 from orbit_common.db.clock import as_utc
 from orbit_common.db.pool import Database, DatabaseUrl, open_database
+from orbit_common.weave import interpreter, language
 from orbit_common.weave.engine import Engine
 from tests.conftest import make_tenant
-from tests.integration.weave.engine_support import Flow, begin, doc, drain, task
+from tests.integration.weave.engine_support import (
+    Flow,
+    _queue_names,
+    assert_same,
+    begin,
+    doc,
+    drain,
+    frozen_errors,
+    task,
+)
 from tests.support import database, invariants
 from tests.support.lease_fixtures import make_queue
 from tests.support.waiting import until
@@ -453,3 +463,83 @@ async def test_round_times_are_database_times(db: Database, engine: Engine) -> N
     (first,) = await rounds(flow)
     assert _ms(entered["deadline_at"] - entered["created_at"]) == 60_000
     assert as_utc(first["created_at"]) == as_utc(entered["created_at"])
+
+
+# --- the engine against the reference interpreter ----------------------------------------------
+
+CHAIN = doc({
+    "a": task("w.a", "check", input="{'n': input.n}"),
+    "check": poll(input="{'n': input.n + 1}", max_rounds=3, on_exhausted="gave_up",
+                  on_failure="mend"),
+    "after": task("w.c", "done", input="{'i': steps.check.result.i}"),
+    "done": {"kind": "SUCCEED", "output": "{'check': steps.check.result}"},
+    "gave_up": {"kind": "FAIL", "error": "gave_up", "cause": "input.n"},
+    "mend": task("w.b", "mended"),
+    "mended": {"kind": "SUCCEED", "output": "'mended'"},
+}, "a")
+CHAIN["steps"]["check"]["next"] = "after"
+
+
+@pytest.mark.parametrize("script", [
+    [("ok", {"done": False, "i": 1}), ("ok", {"done": True, "i": 2})],
+    [("ok", {"done": False})] * 3,
+    [("ok", {"done": False}), ("fail", "broken")],
+    [("ok", {"done": True, "i": 7})],
+])
+async def test_the_engine_polls_as_the_interpreter_predicts(
+        db: Database, engine: Engine, script: list[tuple[str, Any]]) -> None:
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, CHAIN, {"n": 5})
+    await drain(engine)
+    await answer(flow, engine, "ok", {})  # a
+    for n, (kind, result) in enumerate(script):
+        if n:
+            await next_round(flow, engine)
+        await answer(flow, engine, kind, result)
+    for t in await flow.tasks():
+        if t["step"] in ("after", "mend") and t["state"] == "WAITING":
+            await answer(flow, engine, "ok", {"after": True})
+    frozen = await frozen_errors(flow)
+    by_sequence = {t["sequence"]: t["id"].hex() for t in await flow.tasks()}
+
+    def outcome(call: interpreter.TaskCall) -> interpreter.Outcome:
+        if call.step != "check":
+            return interpreter.Succeeded(result={} if call.step == "a" else {"after": True})
+        kind, result = script[call.round - 1]
+        if kind == "fail":
+            return interpreter.Failed(error=frozen[by_sequence[call.seq]])
+        return interpreter.Succeeded(result=result)
+
+    run = interpreter.run(language.validate_document(_queue_names(CHAIN, flow.queue.name)),
+                          {"n": 5}, outcome)
+    await assert_same(flow, run)
+    assert run.state is not interpreter.InstanceState.RUNNING
+    assert [c.round for c in run.tasks if c.step == "check"] == list(
+        range(1, len(script) + 1))
+    await clean(db, tenant.namespace_id)
+
+
+async def test_a_refused_next_round_fails_the_instance_instead_of_looping(
+        db: Database, engine: Engine) -> None:
+    """The next round's task is refused (its queue is gone): the advance is rejected once, the
+    instance fails with task_rejected, the query is cancelled and its advance is done."""
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, flow_doc())
+    await drain(engine)
+    await answer(flow, engine, "ok", {"done": False})
+    await db.transaction("test.drop_queue", lambda cur: cur.execute(
+        "UPDATE pulse_queues SET name = CONCAT(name, '-gone') WHERE namespace_id = %s"
+        " AND id = %s", (tenant.namespace_id, flow.queue.id)))
+
+    async def ended() -> bool:
+        await engine.run_once()
+        return bool((await flow.instance())["state"] != "RUNNING")
+
+    await until(ended, timeout=10, interval=0.02, message="the instance to fail")
+    instance = await flow.instance()
+    assert json.loads(instance["error"])["error"] == "task_rejected"
+    assert (await state(flow))["state"] == "CANCELLED"
+    assert (await state(flow))["used_rounds"] == 1
+    assert (await advance_row(flow))["state"] == "DONE"
+    assert len(await flow.tasks()) == 1
+    await clean(db, tenant.namespace_id)

@@ -865,13 +865,15 @@ async def _load_polls(cur: Any, ns: bytes, instances: Mapping[bytes, Mapping[str
 def _cancelled_tasks(advance: _Advance) -> tuple[list[bytes], list[bytes]]:
     """The tasks of the activations this advance cancelled: those of activations that were
     LIVE before it, and those it created and cancelled itself (a branch's task made before
-    another branch closed the block)."""
+    another branch closed the block; a POLL round's task made in the query's existing
+    activation)."""
     before, made = [], []
+    created = {t.item.task_id for t in advance.new_tasks}
     for row in advance.rows():
         activation = row.activation
         if activation is None or activation.task_id is None or activation.state != "CANCELLED":
             continue
-        if activation.new:
+        if activation.new or activation.task_id in created:
             made.append(activation.task_id)
         elif activation.dirty:  # only _end changes a loaded activation's state (LIVE -> ...)
             before.append(activation.task_id)

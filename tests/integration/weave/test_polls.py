@@ -543,3 +543,42 @@ async def test_a_refused_next_round_fails_the_instance_instead_of_looping(
     assert (await advance_row(flow))["state"] == "DONE"
     assert len(await flow.tasks()) == 1
     await clean(db, tenant.namespace_id)
+
+
+async def test_a_round_made_and_cancelled_in_one_advance_is_cancelled_at_once(
+        db: Database, engine: Engine) -> None:
+    """The POLL advance is due and the other branch's failure arrives in the same engine round:
+    the next round is made, then the block closes in the same advance -- the new round's task
+    (in the query's existing activation) is cancelled before any worker sees it."""
+    tenant = await make_tenant(db)
+    side = await make_queue(db, tenant, name="side", max_attempts=1)
+    flow = await begin(db, tenant, fail_fast_poll(side.name))
+    flow.more_queues.append(side)
+    await drain(engine)
+    first, t_b = await flow.tasks()
+    await flow.end(first["id"], "ok", {"done": False})
+    await drain(engine)
+    waiting = await state(flow)
+    assert waiting["state"] == "WAITING"
+
+    async def due() -> bool:
+        found = await rows(db, "SELECT UTC_TIMESTAMP(6) >= %s AS due", waiting["next_round_at"])
+        return bool(found[0]["due"])
+
+    await until(due, timeout=10, interval=0.02, message="the next round to be due")
+    await flow.end(t_b["id"], "fail", "no")
+    done = await engine.run_once()
+    assert (done.inbox, done.advances) == (1, 1)
+    made = await flow.tasks()
+    assert [t["step"] for t in made] == ["check", "t_b", "check"]
+    (task_row,) = await rows(db, "SELECT state, cancel_reason FROM pulse_tasks"
+                             " WHERE namespace_id = %s AND id = %s",
+                             tenant.namespace_id, made[2]["id"])
+    assert (task_row["state"], task_row["cancel_reason"]) == ("CANCELLED",
+                                                              "workflow instance ended")
+    assert [r["state"] for r in await rounds(flow)] == ["NOT_MET", "CANCELLED"]
+    assert (await state(flow))["state"] == "CANCELLED"
+    await drain(engine)
+    assert [r["outcome"] for r in await flow.inbox() if r["task_id"] == made[2]["id"]] == [
+        "instance_ended"]
+    await clean(db, tenant.namespace_id)

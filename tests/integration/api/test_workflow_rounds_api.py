@@ -20,6 +20,7 @@ from tests.conftest import Tenant, make_key, make_tenant
 from tests.integration.api.conftest import assert_problem
 from tests.integration.weave.engine_support import Flow, begin, doc, drain
 from tests.support import database
+from tests.support.contract import assert_documented
 from tests.support.waiting import until
 
 
@@ -81,6 +82,8 @@ async def test_rounds_in_order_with_the_query(api: TestClient[Any, Any], db: Dat
     response = await api.get(path(tenant, flow), headers=tenant.auth)
     assert response.status == 200, await response.text()
     body = await response.json()
+    assert_documented("/v1/namespaces/{namespace}/workflows/{workflow_id}/steps/{step}/rounds",
+                      "GET", 200, body)
     assert (body["workflow_id"], body["step"], body["next_cursor"]) == (
         flow.instance_id.hex(), "check", None)
     poll = body["poll"]
@@ -97,6 +100,7 @@ async def test_rounds_in_order_with_the_query(api: TestClient[Any, Any], db: Dat
     # The instance detail shows the same query on the step.
     detail = await (await api.get(f"/v1/namespaces/{tenant.namespace}/workflows/"
                                   f"{flow.instance_id.hex()}", headers=tenant.auth)).json()
+    assert_documented("/v1/namespaces/{namespace}/workflows/{workflow_id}", "GET", 200, detail)
     (step,) = [s for s in detail["steps"] if s["name"] == "check"]
     assert step["poll"] == poll
     assert step["activations"][0]["task_id"] == made[2]["id"].hex()  # the current round's

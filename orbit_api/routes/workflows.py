@@ -50,6 +50,7 @@ VERSION = VERSIONS + "/{version}"
 VALIDATIONS = "/v1/namespaces/{namespace}/workflow-validations"
 INSTANCES = "/v1/namespaces/{namespace}/workflows"
 INSTANCE = INSTANCES + "/{workflow_id}"
+ROUNDS = INSTANCE + "/steps/{step}/rounds"
 PAGE_MAX = definitions.LIST_MAX
 PUBLISH_FIELDS = frozenset({"revision", "document"})
 VALIDATE_FIELDS = frozenset({"document"})
@@ -280,6 +281,30 @@ async def list_workflows(request: web.Request) -> web.Response:
     return json_response({"items": page.items, "next_cursor": page.next_cursor})
 
 
+async def list_rounds(request: web.Request) -> web.Response:
+    """A POLL step's query and its rounds (docs/api/workflows.md § 有界查询的轮次)."""
+    namespace, workflow_id = _namespace(request), request.match_info["workflow_id"]
+    step = request.match_info["step"]
+    params = query_params(request, {"limit", "cursor"})
+    limit = int_param(params, "limit", default=instances.ROUNDS_MAX, low=1,
+                      high=instances.ROUNDS_MAX)
+    filters = {"namespace": namespace, "workflow": workflow_id, "step": step}
+    after = 0
+    if "cursor" in params:
+        position = cursors.decode(params["cursor"], "workflow_rounds", filters)
+        if (len(position) != 1 or isinstance(position[0], bool)
+                or not isinstance(position[0], int) or position[0] < 1):
+            raise errors.InvalidCursor()
+        after = position[0]
+    view = await instances.get_rounds(
+        request.app[DB], principal_of(request), namespace=namespace, instance_id=workflow_id,
+        step=step, after=after, limit=limit)
+    items = view["items"]
+    view["next_cursor"] = (cursors.encode("workflow_rounds", filters, [items[-1]["round"]])
+                           if len(items) == limit else None)
+    return json_response(view)
+
+
 def add_routes(app: web.Application) -> None:
     """Register the workflow routes."""
     app.router.add_post(DEFINITIONS, create_definition)
@@ -291,6 +316,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(INSTANCES, start_workflow)
     app.router.add_get(INSTANCES, list_workflows)
     app.router.add_get(INSTANCE, get_workflow)
+    app.router.add_get(ROUNDS, list_rounds)
 
 
 # --- OpenAPI ------------------------------------------------------------------------------------
@@ -434,6 +460,26 @@ OPENAPI_PATHS: dict[str, Any] = {
                                           "workflow_instance_not_found")},
         },
     },
+    ROUNDS: {
+        "parameters": [_NAMESPACE_PARAM, _WORKFLOW_PARAM,
+                       path_param("step", {"type": "string", "minLength": 1,
+                                           "maxLength": 128})],
+        "get": {
+            "summary": "A POLL step's bounded query and its rounds, in round order",
+            "operationId": "listWorkflowPollRounds",
+            "parameters": [
+                {**_LIMIT_PARAM, "schema": {"type": "integer", "minimum": 1,
+                                            "maximum": instances.ROUNDS_MAX,
+                                            "default": instances.ROUNDS_MAX}},
+                _CURSOR_PARAM,
+            ],
+            "responses": {"200": _json("WorkflowPollRounds", "The query and a page of rounds"),
+                          **_ERRORS,
+                          "404": _problem("namespace_not_found, workflow_instance_not_found, "
+                                          "or workflow_step_not_found (no POLL step of this "
+                                          "name has run)")},
+        },
+    },
 }
 
 _JSON_ANY: dict[str, Any] = {}
@@ -534,6 +580,46 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "revision": {"type": "integer", "minimum": 1}, "output": _JSON_ANY,
             "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
             "activations": {"type": "array", "items": ref("WorkflowActivation")},
+            "poll": {**nullable(ref("WorkflowPollState")),
+                     "description": "POLL steps in GET of one instance: the bounded query"},
+        },
+    },
+    "WorkflowPollState": {
+        "type": "object",
+        "required": ["state", "used_rounds", "max_rounds", "next_interval_ms", "next_round_at",
+                     "deadline_at", "activation_id"],
+        "properties": {
+            "state": {"enum": ["ROUND", "WAITING", "SATISFIED", "EXHAUSTED", "FAILED",
+                               "CANCELLED"]},
+            "used_rounds": {"type": "integer", "minimum": 0},
+            "max_rounds": {"type": "integer", "minimum": 1},
+            "next_interval_ms": {"type": "integer", "minimum": 1},
+            "next_round_at": {**nullable(TIME), "description": "Set while WAITING"},
+            "deadline_at": {**nullable(TIME),
+                            "description": "The query's absolute deadline, fixed when the step "
+                                           "started; null without query_deadline_ms"},
+            "activation_id": ID,
+        },
+    },
+    "WorkflowPollRound": {
+        "type": "object",
+        "required": ["round", "activation_id", "task_id", "state", "task_state", "result",
+                     "created_at", "ended_at"],
+        "properties": {
+            "round": {"type": "integer", "minimum": 1}, "activation_id": ID, "task_id": ID,
+            "state": {"enum": ["RUNNING", "MET", "NOT_MET", "FAILED", "CANCELLED"]},
+            "task_state": nullable({"enum": [s.value for s in TaskState]}),
+            "result": {**_JSON_ANY, "description": "The round's task result (succeeded)"},
+            "created_at": TIME, "ended_at": nullable(TIME),
+        },
+    },
+    "WorkflowPollRounds": {
+        "type": "object", "required": ["workflow_id", "step", "poll", "items", "next_cursor"],
+        "properties": {
+            "workflow_id": ID, "step": {"type": "string"},
+            "poll": ref("WorkflowPollState"),
+            "items": {"type": "array", "items": ref("WorkflowPollRound")},
+            "next_cursor": {"type": ["string", "null"]},
         },
     },
     "Workflow": {

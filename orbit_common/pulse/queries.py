@@ -362,14 +362,22 @@ LEFT JOIN pulse_schedule_versions v
 WHERE s.namespace_id = %s AND s.id = %s
 """
 SELECT_SOURCE_PARENT = "SELECT id FROM pulse_tasks WHERE namespace_id = %s AND id = %s"
-# A workflow's task: the activation that references it (uq_weave_activations_task) with its
-# step, then the owner instance with its definition's name.
+# A workflow's task: the activation that references it (uq_weave_activations_task), or whose
+# POLL round does (uq_weave_poll_rounds_task: a query's activation names only its current
+# round's task), with its step, then the owner instance with its definition's name.
 SELECT_SOURCE_ACTIVATION = """
 SELECT a.instance_id, a.id, a.sequence, s.name AS step
 FROM weave_activations a
 LEFT JOIN weave_steps s
   ON s.namespace_id = a.namespace_id AND s.instance_id = a.instance_id AND s.id = a.step_id
 WHERE a.namespace_id = %s AND a.task_id = %s
+UNION
+SELECT a.instance_id, a.id, a.sequence, s.name AS step
+FROM weave_poll_rounds r
+JOIN weave_activations a ON a.namespace_id = r.namespace_id AND a.id = r.activation_id
+LEFT JOIN weave_steps s
+  ON s.namespace_id = a.namespace_id AND s.instance_id = a.instance_id AND s.id = a.step_id
+WHERE r.namespace_id = %s AND r.task_id = %s
 """
 SELECT_SOURCE_INSTANCE = """
 SELECT i.version, d.name AS definition
@@ -443,7 +451,7 @@ async def _workflow_source(cur: Any, namespace_id: bytes, task: Task, instance_i
         raise _missing(task, f"its workflow instance {instance_id.hex()} is gone")
     if instance["definition"] is None:
         raise _missing(task, "its workflow instance's definition is gone")
-    await cur.execute(SELECT_SOURCE_ACTIVATION, (namespace_id, task.id))
+    await cur.execute(SELECT_SOURCE_ACTIVATION, (namespace_id, task.id, namespace_id, task.id))
     activation = await cur.fetchone()
     if activation is None:
         raise _missing(task, "no workflow activation references it")

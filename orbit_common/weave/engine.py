@@ -55,6 +55,7 @@ advanced.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -69,7 +70,7 @@ from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
 from orbit_common.platform.events import EventRecord, append_events
 from orbit_common.pulse import interventions, tasks
-from orbit_common.weave import definitions, expressions, leasing, signals, types
+from orbit_common.weave import definitions, expressions, leasing, polls, signals, types
 from orbit_common.weave.language import (
     ChoiceStep,
     Definition,
@@ -177,6 +178,14 @@ def _model(definition: Definition) -> _Model:
     return _Model(definition=definition, frames=frames, inside=inside)
 
 
+class _RoundFailed(Exception):
+    """A POLL round's result cannot be judged (its shape, its condition): the step fails."""
+
+    def __init__(self, failure: dict[str, Any]) -> None:
+        super().__init__(failure["error"])
+        self.failure = failure
+
+
 class _Rejected(errors.OrbitError):
     """A deterministic refusal inside an advance. Internal: an OrbitError only so that the
     transaction runner re-raises it as it is; it never reaches an API (no code of its own)."""
@@ -254,11 +263,12 @@ class _Advance:
         self.cel_results: dict[str, Any] = {}
         self.input: Any = None
         self._book: signals.Book | None = None
+        self.polls = polls.Book()
         if model is not None:
             self.input = types.cel_input(model.definition.input_schema,
                                          jsondoc.loads_strict(instance["input"]))
             for s in steps:
-                if s.state == "SUCCEEDED" and s.kind in ("TASK", "PARALLEL", "SIGNAL"):
+                if s.state == "SUCCEEDED" and s.kind in ("TASK", "PARALLEL", "SIGNAL", "POLL"):
                     self._remember(s.name, s.output)
 
     @property
@@ -279,7 +289,7 @@ class _Advance:
 
     def _remember(self, name: str, result: Any) -> None:
         step = self.definition.all_steps[name]
-        schema = step.result_schema if isinstance(step, TaskStep) else None
+        schema = step.result_schema if isinstance(step, TaskStep | PollStep) else None
         self.cel_results[name] = {"result": types.cel_input(schema, result)}
 
     def _reach(self, step: Step, state: str, *, task_id: bytes | None = None,
@@ -341,7 +351,7 @@ class _Advance:
                 failure = {"error": EXPRESSION_FAILED, "cause": exc.message, "step": step.name}
                 # Every expression is evaluated before its step's row is made.
                 self._reach(step, "FAILED", error=failure)
-                if isinstance(step, TaskStep):
+                if isinstance(step, TaskStep | PollStep):
                     self.task_failed(step, failure)
                 else:
                     self.scope_ended(self.frame(step.name), False, failure)
@@ -474,7 +484,19 @@ class _Advance:
                 self._book.done_steps.add(wait.step_id)
 
     def enter_poll(self, step: PollStep) -> None:
-        raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
+        """Round 1 starts with the step (RUNNING): its task, the poll state (the query
+        deadline fixed from now, forever) and the round."""
+        now = self.polls.time
+        deadline_at = (None if step.query_deadline_ms is None
+                       else now + dt.timedelta(milliseconds=step.query_deadline_ms))
+        item = self._task_item(step, polls.round_deadline_ms(step.options.deadline_ms,
+                                                             step.query_deadline_ms))
+        row = self._reach(step, "RUNNING", task_id=item.task_id)
+        activation = _live(row)
+        polls.entered(self.instance["id"], row.id, activation.id, task_id=item.task_id,
+                      max_rounds=step.max_rounds, interval_ms=step.interval_ms,
+                      deadline_at=deadline_at, book=self.polls)
+        self._add_task(item, step.name, activation.id)
 
     def _fail_step(self, step: FailStep) -> None:
         cause = None if step.cause is None else self.evaluate(step.cause)
@@ -492,6 +514,13 @@ class _Advance:
         return step.default
 
     def _create_task(self, step: TaskStep) -> None:
+        item = self._task_item(step, step.options.deadline_ms)
+        row = self._reach(step, "RUNNING", task_id=item.task_id)
+        self._add_task(item, step.name, _live(row).id)
+
+    def _task_item(self, step: TaskStep | PollStep, deadline_ms: int | None) -> tasks.Item:
+        """The task a TASK step (or a POLL step's round) submits: its input evaluated now,
+        its options, ``deadline_ms`` as its deadline."""
         task_input = {} if step.input is None else self.evaluate(step.input)
         if not isinstance(task_input, dict):
             raise expressions.ExpressionError("the task input is not an object")
@@ -499,19 +528,18 @@ class _Advance:
         spec = tasks.TaskSpec(
             queue=step.queue, handler=step.handler, input=task_input, delay_ms=None,
             not_before=None, priority=options.priority, business_key=None,
-            deadline_ms=options.deadline_ms, start_deadline_ms=options.start_deadline_ms,
+            deadline_ms=deadline_ms, start_deadline_ms=options.start_deadline_ms,
             attempt_timeout_ms=options.attempt_timeout_ms, retry=options.retry,
             rerun_safe=options.rerun_safe, offer_lease_ms=options.offer_lease_ms,
             execution_lease_ms=options.execution_lease_ms,
             concurrency_key=options.concurrency_key)
-        item = tasks.Item(spec=spec, path=step.path, owner_kind="WORKFLOW",
+        return tasks.Item(spec=spec, path=step.path, owner_kind="WORKFLOW",
                           owner_id=self.instance["id"],
                           workflow_gate_id=self.instance["gate_id"])
-        row = self._reach(step, "RUNNING", task_id=item.task_id)
-        activation = _live(row)
+
+    def _add_task(self, item: tasks.Item, step: str, activation_id: bytes) -> None:
         self.task_count += 1
-        self.new_tasks.append(_NewTask(item=item, step=step.name,
-                                       activation_id=activation.id,
+        self.new_tasks.append(_NewTask(item=item, step=step, activation_id=activation_id,
                                        sequence=self.task_count))
 
     def _complete(self, row: _Step, result: Any) -> None:
@@ -533,7 +561,7 @@ class _Advance:
         self._complete(row, result)
         self.run_path(step.next)
 
-    def task_failed(self, step: TaskStep | ParallelStep, error: Any) -> None:
+    def task_failed(self, step: TaskStep | ParallelStep | PollStep, error: Any) -> None:
         """``step`` failed (its row already FAILED): its failure transition, else its scope
         ends with the error."""
         if isinstance(error, dict) and "step" not in error:
@@ -605,7 +633,7 @@ class _Advance:
 
     # --- the events ----------------------------------------------------------------------------
 
-    def consume(self, row: dict[str, Any]) -> str:
+    def consume(self, row: dict[str, Any]) -> str:  # noqa: PLR0912 - one guard per outcome
         """One inbox row's outcome (and its effect on the rows in memory)."""
         if not self.running:
             return INSTANCE_ENDED
@@ -619,6 +647,8 @@ class _Advance:
             return STALE
         if activation.state == "CANCELLED" and step.state == "CANCELLED":
             return CLOSED_BLOCK
+        if activation.state == "LIVE" and step.kind == "POLL":
+            return self.poll_result(row, step)
         if activation.state != "LIVE" or step.kind != "TASK":
             return STALE
         definition_step = self.definition.all_steps.get(step.name)
@@ -683,8 +713,151 @@ class _Advance:
             self.scope_ended(self.frame(step.name), False, failure)
         return ADVANCED
 
+    # --- POLL (docs/weave/waits.md § 有界查询（POLL）; rows and decisions: polls.py)
+
+    def poll_result(self, row: dict[str, Any], step: _Step) -> str:
+        """A POLL round's task ended: the round is decided, then the query."""
+        definition_step = self.definition.all_steps.get(step.name)
+        state = self.polls.states.get(step.id)
+        if not isinstance(definition_step, PollStep) or state is None:
+            return STALE
+        if not self.alive(self.frame(step.name)):
+            return CLOSED_BLOCK
+        current = self.polls.rounds.get(row["task_id"])
+        if current is None or current.state != polls.RUNNING or state.state != polls.ROUND:
+            return STALE  # an older round's, or one already decided
+        if row["task_state"] == "NEEDS_REVIEW":
+            if step.state != "WAITING":
+                step.state = "WAITING"
+                step.dirty = True
+                self.changed = True
+            return HELD
+        activation = _live(step)
+        activation.result_event_id = row["source_event_id"]
+        activation.dirty = True
+        self.changed = True
+        state.dirty = True
+        snapshot = jsondoc.loads_strict(row["snapshot"])
+        if row["task_state"] != "SUCCEEDED":
+            polls.end_round(current, polls.CANCELLED if row["task_state"] == "CANCELLED"
+                            else polls.FAILED)
+            self._poll_failed(definition_step, step, state, {
+                "error": TASK_FAILED, "cause": snapshot.get("error"), "step": step.name})
+            return ADVANCED
+        result = snapshot.get("result")
+        state.last_result = result
+        try:
+            met = self._until(definition_step, result)
+        except _RoundFailed as exc:
+            polls.end_round(current, polls.FAILED, result)
+            self._poll_failed(definition_step, step, state, exc.failure)
+            return ADVANCED
+        polls.end_round(current, polls.MET if met else polls.NOT_MET, result)
+        if met:
+            state.state = polls.SATISFIED
+            self._complete(step, result)
+            self.run_path(definition_step.next)
+            return ADVANCED
+        now = self.polls.time
+        interval = state.next_interval_ms
+        at = now + dt.timedelta(milliseconds=interval)
+        if state.used_rounds >= state.max_rounds:
+            self._poll_exhausted(definition_step, step, state, "max_rounds")
+        elif state.deadline_at is not None and at >= state.deadline_at:
+            self._poll_exhausted(definition_step, step, state, "deadline")
+        else:
+            state.state = polls.WAITING
+            state.next_round_at = state.arm_at = at
+            state.next_interval_ms = polls.grown(interval, definition_step.backoff)
+            step.state = "WAITING"
+            step.dirty = True
+        return ADVANCED
+
+    def _until(self, step: PollStep, result: Any) -> bool:
+        """The round's result checked against the result schema, then ``until`` on it."""
+        if step.result_schema is not None:
+            found: list[dict[str, str]] = []
+            types.value_problems(step.result_schema, result, "$.result", found)
+            if found:
+                raise _RoundFailed({"error": RESULT_SHAPE,
+                                    "cause": f"{found[0]['path']}: {found[0]['message']}",
+                                    "step": step.name})
+        try:
+            holds = expressions.evaluate(step.until, {
+                "input": self.input, "steps": self.cel_results,
+                "round": {"result": types.cel_input(step.result_schema, result)}})
+        except expressions.ExpressionError as exc:
+            raise _RoundFailed({"error": EXPRESSION_FAILED, "cause": exc.message,
+                                "step": step.name}) from exc
+        if not isinstance(holds, bool):
+            raise _RoundFailed({"error": EXPRESSION_FAILED,
+                                "cause": "the condition is not a bool", "step": step.name})
+        return holds
+
+    def _poll_failed(self, step: PollStep, row: _Step, state: polls.PollState,
+                     failure: dict[str, Any]) -> None:
+        state.state = polls.FAILED
+        state.dirty = True
+        self._end(row, "FAILED", error=failure)
+        self.task_failed(step, failure)
+
+    def _poll_exhausted(self, step: PollStep, row: _Step, state: polls.PollState,
+                        reason: str) -> None:
+        """The query ends without its condition: ``on_exhausted``, else ``on_failure``, else
+        the scope fails."""
+        state.state = polls.EXHAUSTED
+        state.next_round_at = state.arm_at = None
+        state.dirty = True
+        failure = polls.exhausted_error(step.name, state, reason)
+        self._end(row, "FAILED", error=failure)
+        target = step.on_exhausted or step.on_failure
+        if target is not None:
+            self.run_path(target)
+        else:
+            self.scope_ended(self.frame(step.name), False, failure)
+
     def next_round(self, row: dict[str, Any]) -> str:
-        return STALE
+        """The POLL advance is due: re-check the activation, the query, the time, the gate,
+        the budget and the deadline, then count and start the next round."""
+        if not self.running:
+            return INSTANCE_ENDED
+        step = self.by_activation.get(row["activation_id"]) if row["activation_id"] else None
+        state = self.polls.states.get(step.id) if step is not None else None
+        definition_step = self.definition.all_steps.get(step.name) if step else None
+        if (step is None or state is None or step.activation is None
+                or step.activation.state != "LIVE" or state.state != polls.WAITING
+                or not isinstance(definition_step, PollStep)
+                or state.activation_id != step.activation.id):
+            return STALE
+        now = self.polls.time
+        if state.next_round_at is not None and now < state.next_round_at:
+            state.arm_at = state.next_round_at  # never early: back to PENDING unchanged
+            return HELD
+        if not self.polls.gate_open:
+            state.arm_at = now + dt.timedelta(milliseconds=state.next_interval_ms)
+            return HELD
+        left = polls.remaining_ms(state.deadline_at, now)
+        if state.used_rounds >= state.max_rounds:
+            self._poll_exhausted(definition_step, step, state, "max_rounds")
+            return ADVANCED
+        if left is not None and left < 1:
+            self._poll_exhausted(definition_step, step, state, "deadline")
+            return ADVANCED
+        try:
+            item = self._task_item(definition_step, polls.round_deadline_ms(
+                definition_step.options.deadline_ms, left))
+        except expressions.ExpressionError as exc:
+            self._poll_failed(definition_step, step, state, {
+                "error": EXPRESSION_FAILED, "cause": exc.message, "step": step.name})
+            return ADVANCED
+        polls.next_round(state, item.task_id, self.polls)
+        activation = step.activation
+        activation.task_id = item.task_id
+        step.state = "RUNNING"
+        step.dirty = True
+        self.changed = True
+        self._add_task(item, step.name, activation.id)
+        return ADVANCED
 
     def root(self) -> str:
         if not self.running:
@@ -697,6 +870,12 @@ class _Advance:
 
     def rows(self) -> Iterator[_Step]:
         return iter(self.steps.values())
+
+    def adopt(self, book: polls.Book) -> None:
+        """The instance's poll rows and the advance's database time; each earlier round of a
+        query made a task the activations do not count."""
+        self.polls = book
+        self.task_count += sum(s.used_rounds - 1 for s in book.states.values())
 
 
 # --- SQL ----------------------------------------------------------------------------------------
@@ -786,16 +965,28 @@ async def _load_steps(cur: Any, ns: bytes, instance_ids: Sequence[bytes]
     return {instance_id: (steps[instance_id], made[instance_id]) for instance_id in instance_ids}
 
 
+async def _load_polls(cur: Any, ns: bytes, instances: Mapping[bytes, Mapping[str, Any]],
+                      loaded: Mapping[bytes, tuple[list[_Step], int]], now: Any
+                      ) -> dict[bytes, polls.Book]:
+    """Each loaded instance's poll book (rows only where it has POLL steps)."""
+    return await polls.load(cur, ns, {
+        instance_id: (instances[instance_id]["gate_id"],
+                      any(s.kind == "POLL" for s in steps))
+        for instance_id, (steps, _) in loaded.items()}, now)
+
+
 def _cancelled_tasks(advance: _Advance) -> tuple[list[bytes], list[bytes]]:
     """The tasks of the activations this advance cancelled: those of activations that were
     LIVE before it, and those it created and cancelled itself (a branch's task made before
-    another branch closed the block)."""
+    another branch closed the block; a POLL round's task made in the query's existing
+    activation)."""
     before, made = [], []
+    created = {t.item.task_id for t in advance.new_tasks}
     for row in advance.rows():
         activation = row.activation
         if activation is None or activation.task_id is None or activation.state != "CANCELLED":
             continue
-        if activation.new:
+        if activation.new or activation.task_id in created:
             made.append(activation.task_id)
         elif activation.dirty:  # only _end changes a loaded activation's state (LIVE -> ...)
             before.append(activation.task_id)
@@ -848,6 +1039,9 @@ async def _write(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any) ->
     first (task rows, then the counters their endings update)."""
     await _cancel(cur, ns, advances, now, made=False)
     await _write_rows(cur, ns, advances, to_db(now))
+    for advance in advances:
+        polls.cancel_closed(advance.polls, {r.id: r.state for r in advance.rows()})
+    await polls.write(cur, ns, [advance.polls for advance in advances], now)
     await append_events(cur, [EventRecord(
         namespace_id=ns, id=ids.new_id(), aggregate_type="workflow_instance",
         aggregate_id=adv.instance["id"], aggregate_revision=adv.instance["revision"] + 1,
@@ -1159,6 +1353,7 @@ class Engine:
             books = await signals.load(cur, ns, [i for i in running if i in received_of
                                                  or self._may_signal(found[i])],
                                        now, [r["id"] for r in received])
+            poll_books = await _load_polls(cur, ns, found, loaded, now)
             runs: list[_Advance] = []
             changed: list[_Advance] = []
             for instance_id in running:
@@ -1170,6 +1365,7 @@ class Engine:
                 steps, made = loaded[instance_id]
                 run = _Advance(instance, model, steps, made)
                 run.book = books.get(instance_id) or signals.Book(now=now)
+                run.adopt(poll_books[instance_id])
                 runs.append(run)
                 for row in due_of.get(instance_id, []):
                     outcomes_due[row["id"]] = run.due(row)
@@ -1185,6 +1381,7 @@ class Engine:
             await _consume(cur, ns, outcomes, [r["id"] for r in due], now)
             counts.update(await _write_signals(cur, ns, runs, [  # of ended instances
                 r for r in received if r["instance_id"] not in running], now))
+            await polls.rearm(cur, ns, [run.polls for run in runs])
             await _insert_tasks(cur, ns, changed, now)
             for outcome in (*outcomes.values(), *outcomes_due.values()):
                 counts[outcome] = counts.get(outcome, 0) + 1
@@ -1212,10 +1409,13 @@ class Engine:
             outcome = INSTANCE_ENDED if instance else STALE
         elif rows or due or held:
             instance = dict(instance)
-            steps, made = (await _load_steps(cur, ns, [instance_id]))[instance_id]
+            loaded = await _load_steps(cur, ns, [instance_id])
+            books = await _load_polls(cur, ns, {instance_id: instance}, loaded, now)
+            steps, made = loaded[instance_id]
             run = _Advance(instance, None, steps, made)
             book = run.book = (await signals.load(cur, ns, [instance_id], now,
                                                   [r["id"] for r in held]))[instance_id]
+            run.adopt(books[instance_id])
             run.fail(refusal.reason, refusal.cause)
             run.receive_signals()
             signals.sweep([(book, True)])

@@ -28,7 +28,7 @@ from orbit_common.platform.audit import AuditRecord, append_audit
 from orbit_common.platform.events import append_event
 from orbit_common.platform.idempotency import Replay
 from orbit_common.pulse import tasks
-from orbit_common.weave import definitions
+from orbit_common.weave import definitions, polls
 
 ROOT_STEP = "$root"
 BUSINESS_KEY_MAX_BYTES = 512
@@ -40,6 +40,11 @@ STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PAUSED", "STOPPING")
 class InstanceNotFound(errors.NotFound):
     code = "workflow_instance_not_found"
     title = "Workflow instance not found"
+
+
+class PollStepNotFound(errors.NotFound):
+    code = "workflow_step_not_found"
+    title = "Workflow step not found"
 
 
 class DefinitionNotPublished(errors.Conflict):
@@ -270,7 +275,44 @@ async def detail(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[str,
             task_ids.append(a["task_id"])
     results = await task_results(cur, namespace_id, task_ids)
     view["steps"] = [step_view(s, by_step.get(s["id"], []), results) for s in steps]
+    if any(s["kind"] == "POLL" for s in steps):
+        # A POLL step's query: used / max rounds, deadline, next round (polls.state_view).
+        queries = await polls.states_of(cur, namespace_id, instance_id)
+        for step, shown in zip(steps, view["steps"], strict=True):
+            if step["kind"] == "POLL":
+                shown["poll"] = queries.get(step["id"])
     return view
+
+
+ROUNDS_MAX = 100
+
+
+async def get_rounds(db: Database, principal: credentials.Principal, *, namespace: str,
+                     instance_id: str, step: str, after: int = 0, limit: int = ROUNDS_MAX
+                     ) -> dict[str, Any]:
+    """A POLL step's query state and its rounds in order (those after round ``after``, at most
+    ``limit``): ``workflow_instance_not_found`` for an instance of another namespace,
+    ``workflow_step_not_found`` for a step that is not an entered POLL step."""
+    try:
+        raw_id = ids.from_hex(instance_id)
+    except ValueError as exc:
+        raise InstanceNotFound("no such workflow instance in this namespace") from exc
+
+    async def body(cur: Any) -> dict[str, Any]:
+        ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
+        await _instance(cur, ns.id, raw_id)
+        await cur.execute("SELECT id, kind FROM weave_steps WHERE namespace_id = %s"
+                          " AND instance_id = %s AND name = %s", (ns.id, raw_id, step))
+        row = await cur.fetchone()
+        if row is None or row["kind"] != "POLL":
+            raise PollStepNotFound("no POLL step of this name has run in this instance")
+        query, rounds = await polls.rounds_of(cur, ns.id, raw_id, row["id"], after=after,
+                                              limit=limit)
+        if query is None:
+            raise PollStepNotFound("no POLL step of this name has run in this instance")
+        return {"workflow_id": raw_id.hex(), "step": step, "poll": query, "items": rounds}
+
+    return await db.read("workflows.rounds", body)
 
 
 async def task_results(cur: Any, namespace_id: bytes, task_ids: list[bytes]

@@ -6,15 +6,22 @@ advance creates and the instance's final state and output. Tests compare the eng
 
 An *advance* is what the engine does in one transaction: the start, or the consumption of one
 task's result. Within an advance, CHOICE, PARALLEL, SUCCEED and FAIL steps are passed at once;
-every path stops at a TASK (its task is created) or at the end of its scope. Results are then
-delivered one at a time, by default in the order the tasks were created (``choose`` picks
-another order: the engine sees results in whatever order workers finish).
+every path stops at a TASK (its task is created), a POLL (its first round's task is created)
+or at the end of its scope. Results are then delivered one at a time, by default in the order
+the tasks were created (``choose`` picks another order: the engine sees results in whatever
+order workers finish).
 
 A SIGNAL step asks ``signals`` (the test decides) when it is entered: a signal that arrived
 (:class:`SignalArrived`, as if it was sent before the wait existed: the engine consumes such a
 signal in the advance that opens the wait) completes the step at once; none means the wait
 times out -- after every task result has been delivered, in its own advance -- and continues at
 ``on_timeout`` (a wait without a timeout then waits for ever: the instance stays RUNNING).
+
+A POLL step's rounds are tasks too (``TaskCall.round`` numbers them): ``outcome`` says how each
+round ends, so a test gives a sequence of round results. A round whose result does not satisfy
+``until`` makes the next round at once, in the same advance (the engine makes it in an advance
+of its own once the interval has passed); the interpreter has no clock, so it never exhausts a
+query by its deadline -- only by ``max_rounds``.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from orbit_common.weave.language import (
     Definition,
     FailStep,
     ParallelStep,
+    PollStep,
     SignalStep,
     Step,
     SucceedStep,
@@ -41,6 +49,7 @@ EXPRESSION_FAILED = "expression_failed"
 RESULT_SHAPE = "result_shape_mismatch"
 SIGNAL_TIMEOUT = "signal_timeout"
 CORRELATION_MAX_BYTES = 512
+POLL_EXHAUSTED = "poll_exhausted"
 
 
 class InstanceState(enum.StrEnum):
@@ -52,7 +61,8 @@ class InstanceState(enum.StrEnum):
 @attrs.frozen(kw_only=True)
 class TaskCall:
     """A task the instance creates: ``seq`` counts tasks of the instance from 1; ``branch`` is the
-    path of PARALLEL branches it runs in (``("fulfil.pay",)``), empty at the top level."""
+    path of PARALLEL branches it runs in (``("fulfil.pay",)``), empty at the top level;
+    ``round`` the POLL round it runs (from 1; 0 for a TASK step's task)."""
 
     seq: int
     step: str
@@ -60,6 +70,7 @@ class TaskCall:
     handler: str
     input: Any
     branch: tuple[str, ...]
+    round: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -163,7 +174,7 @@ class _Instance:
         self.output: Any = None
         self.error: Any = None
         self.seq = 0
-        self.pending: list[tuple[TaskCall, TaskStep, _Frame]] = []
+        self.pending: list[tuple[TaskCall, TaskStep | PollStep, _Frame]] = []
         self.created: list[TaskCall] = []
 
     def evaluate(self, source: str) -> Any:
@@ -177,7 +188,7 @@ class _Instance:
                 name = self._pass(step, frame)
             except expressions.ExpressionError as exc:
                 failure = _failure(EXPRESSION_FAILED, exc.message, step.name)
-                if isinstance(step, TaskStep):
+                if isinstance(step, TaskStep | PollStep):
                     self.task_failed(step, frame, failure)
                 else:
                     self.scope_ended(frame, False, failure)
@@ -189,6 +200,8 @@ class _Instance:
             return self.choose(step)
         if isinstance(step, TaskStep):
             self.create_task(step, frame)
+        elif isinstance(step, PollStep):
+            self.create_task(step, frame, 1)
         elif isinstance(step, ParallelStep):
             block = _Block(step=step, frame=frame)
             for branch in step.branches:
@@ -224,13 +237,13 @@ class _Instance:
             self.timeouts.append((step, frame))
         return None
 
-    def create_task(self, step: TaskStep, frame: _Frame) -> None:
+    def create_task(self, step: TaskStep | PollStep, frame: _Frame, round_: int = 0) -> None:
         task_input = {} if step.input is None else self.evaluate(step.input)
         if not isinstance(task_input, dict):
             raise expressions.ExpressionError("the task input is not an object")
         self.seq += 1
         call = TaskCall(seq=self.seq, step=step.name, queue=step.queue, handler=step.handler,
-                        input=task_input, branch=frame.labels())
+                        input=task_input, branch=frame.labels(), round=round_)
         self.created.append(call)
         self.pending.append((call, step, frame))
 
@@ -258,7 +271,49 @@ class _Instance:
         self.completed(step.name, result, step.result_schema)
         self.run_path(step.next, frame)
 
-    def task_failed(self, step: TaskStep | ParallelStep, frame: _Frame, error: Any) -> None:
+    def round_succeeded(self, step: PollStep, frame: _Frame, call: TaskCall,
+                        result: Any) -> None:
+        """A POLL round's task succeeded: the condition decides; not yet, the next round (or
+        the query is exhausted by its rounds)."""
+        if step.result_schema is not None:
+            found: list[dict[str, str]] = []
+            types.value_problems(step.result_schema, result, "$.result", found)
+            if found:
+                self.task_failed(step, frame, _failure(
+                    RESULT_SHAPE, f"{found[0]['path']}: {found[0]['message']}", step.name))
+                return
+        try:
+            holds = expressions.evaluate(step.until, {
+                "input": self.input, "steps": self.cel_results,
+                "round": {"result": types.cel_input(step.result_schema, result)}})
+        except expressions.ExpressionError as exc:
+            self.task_failed(step, frame, _failure(EXPRESSION_FAILED, exc.message, step.name))
+            return
+        if not isinstance(holds, bool):
+            self.task_failed(step, frame, _failure(
+                EXPRESSION_FAILED, "the condition is not a bool", step.name))
+            return
+        if holds:
+            self.completed(step.name, result, step.result_schema)
+            self.run_path(step.next, frame)
+            return
+        if call.round < step.max_rounds:
+            try:
+                self.create_task(step, frame, call.round + 1)
+            except expressions.ExpressionError as exc:
+                self.task_failed(step, frame, _failure(EXPRESSION_FAILED, exc.message,
+                                                       step.name))
+            return
+        failure = {"error": POLL_EXHAUSTED, "rounds": call.round, "reason": "max_rounds",
+                   "step": step.name}
+        target = step.on_exhausted or step.on_failure
+        if target is not None:
+            self.run_path(target, frame)
+        else:
+            self.scope_ended(frame, False, failure)
+
+    def task_failed(self, step: TaskStep | ParallelStep | PollStep, frame: _Frame,
+                    error: Any) -> None:
         if isinstance(error, dict) and "step" not in error:
             error = {**error, "step": step.name}
         if step.on_failure is not None:
@@ -331,10 +386,12 @@ def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall
         if isinstance(ended, NeedsReview):
             held.append(call)
             continue
-        if isinstance(ended, Succeeded):
-            instance.task_succeeded(step, frame, ended.result)
-        else:
+        if isinstance(ended, Failed):
             instance.task_failed(step, frame, {"error": "task_failed", "cause": ended.error})
+        elif isinstance(step, PollStep):
+            instance.round_succeeded(step, frame, call, ended.result)
+        else:
+            instance.task_succeeded(step, frame, ended.result)
         advances.append(Advance(trigger=call.seq, created=tuple(instance.created)))
     return Run(state=instance.state, output=instance.output, error=instance.error,
                advances=tuple(advances), results=dict(instance.results))

@@ -1266,5 +1266,7 @@ def test_every_code_has_a_corruption_test() -> None:
                   "delivery_stuck", "live_activation", "workflow_inbox", "instance_state",
                   "inbox_outcome",
                   # tests/integration/weave/test_signals.py (real signals through the engine)
-                  "wait_winner"})
+                  "wait_winner",
+                  # tests/integration/weave/test_polls.py
+                  "poll_rounds"})
     assert covered == set(CODES)

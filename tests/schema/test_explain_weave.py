@@ -20,7 +20,7 @@ from orbit_common.db.clock import to_db
 from orbit_common.db.pool import DatabaseUrl
 from orbit_common.model import cursors
 from orbit_common.pulse.leases import workflow_inbox
-from orbit_common.weave import instances, leasing
+from orbit_common.weave import instances, leasing, polls
 from tests.schema.test_explain import explain
 from tests.support import migrations
 
@@ -38,6 +38,7 @@ class WeaveSeed:
     namespace_id: bytes
     definition_id: bytes
     task_ids: tuple[bytes, ...]
+    instance_ids: tuple[bytes, ...] = ()
 
 
 def seed(cur: Any) -> WeaveSeed:
@@ -46,7 +47,7 @@ def seed(cur: Any) -> WeaveSeed:
         ns = secrets.token_bytes(16)
         definition_ids = [secrets.token_bytes(16) for _ in range(DEFINITIONS)]
         instance_rows, step_rows, activation_rows, advance_rows, inbox_rows = [], [], [], [], []
-        task_ids = []
+        task_ids, instance_ids = [], []
         for n in range(INSTANCES):
             at = to_db(BASE + dt.timedelta(milliseconds=n))
             state = STATES[n % len(STATES)]
@@ -56,6 +57,7 @@ def seed(cur: Any) -> WeaveSeed:
                                   None if state == "RUNNING" else at))
             activation_id, task_id = secrets.token_bytes(16), secrets.token_bytes(16)
             task_ids.append(task_id)
+            instance_ids.append(instance_id)
             step_rows.append((ns, instance_id, step_id, at, at))
             activation_rows.append((ns, instance_id, step_id, activation_id, task_id, at, at))
             done = n % 4 != 0
@@ -92,7 +94,8 @@ def seed(cur: Any) -> WeaveSeed:
             " 'SUCCEEDED', %s, '{}', %s, %s, %s, %s, %s)", inbox_rows)
         if first is None:
             first = WeaveSeed(namespace_id=ns, definition_id=definition_ids[0],
-                              task_ids=tuple(task_ids[:20]))
+                              task_ids=tuple(task_ids[:20]),
+                              instance_ids=tuple(instance_ids[:20]))
     cur.execute("ANALYZE TABLE weave_instances, weave_activations, weave_pending_advances,"
                 " weave_inbox")
     assert first is not None
@@ -129,9 +132,17 @@ READS: dict[str, tuple[Callable[[WeaveSeed], tuple[str, Any]], str, str, int]] =
                                 "weave_pending_advances", "ix_weave_advances_lease",
                                 INSTANCES * NAMESPACES // 3),
     "workflow_inbox.LINKS": (
-        lambda s: (workflow_inbox.LINKS.format(placeholders(20)),
-                   (s.namespace_id, *s.task_ids)),
+        lambda s: (workflow_inbox.LINKS.format(ids=placeholders(20)),
+                   (s.namespace_id, *s.task_ids, s.namespace_id, *s.task_ids)),
         "a", "uq_weave_activations_task", 40),
+    "workflow_inbox.LINKS_rounds": (
+        lambda s: (workflow_inbox.LINKS.format(ids=placeholders(20)),
+                   (s.namespace_id, *s.task_ids, s.namespace_id, *s.task_ids)),
+        "r", "uq_weave_poll_rounds_task", 40),
+    "polls.LOAD_ADVANCES": (
+        lambda s: (polls.LOAD_ADVANCES.format(ids=placeholders(20)),
+                   (s.namespace_id, *s.instance_ids)),
+        "weave_pending_advances", "uq_weave_advances_step", 40),
     "instances.list": (_list, "i", "ix_weave_instances_created", 2 * INSTANCES),
     "instances.list_by_definition": (
         lambda s: _list(s, definition_id=s.definition_id), "i",

@@ -119,10 +119,14 @@ Invariants (code: what must hold)
                           advance
     inbox_outcome         (Weave engine) a CONSUMED inbox row has an outcome and no other row
                           has one; a row consumed as ``advanced`` or ``duplicate`` names an
-                          activation whose result_event_id is the row's source event
+                          activation whose result_event_id is the row's source event (or, a
+                          POLL round's result, the activation of its decided round)
     wait_winner           (Weave signals) a SIGNALLED wait's winner is a CONSUMED signal of its
                           instance naming that wait; no two CONSUMED signals name one wait; a
                           CONSUMED signal is the winner of the SIGNALLED wait it names
+    poll_rounds           (Weave POLL) a query's rounds number 1..used_rounds without gaps and
+                          never more than its max_rounds; every WAITING query has its POLL
+                          pending advance (PENDING or LEASED, for the query's activation)
 """
 
 from __future__ import annotations
@@ -161,7 +165,7 @@ CODES = (
     "permit_revision", "start_budget", "session_binding", "one_run_per_instant", "task_owner",
     "subscription_backlog", "delivery_unique", "delivery_source", "delivery_lease",
     "delivery_attempts", "scan_position", "delivery_stuck", "live_activation",
-    "workflow_inbox", "instance_state", "inbox_outcome", "wait_winner",
+    "workflow_inbox", "instance_state", "inbox_outcome", "wait_winner", "poll_rounds",
 )
 
 
@@ -1029,8 +1033,39 @@ SELECT i.namespace_id, i.task_id, i.source_event_id, i.state, i.outcome,
 FROM weave_inbox i
 LEFT JOIN weave_activations a ON a.namespace_id = i.namespace_id AND a.id = i.activation_id
   AND a.result_event_id = i.source_event_id
+LEFT JOIN weave_poll_rounds pr ON pr.namespace_id = i.namespace_id AND pr.task_id = i.task_id
+  AND pr.activation_id = i.activation_id AND pr.state <> 'RUNNING'
 WHERE i.state = 'CONSUMED' AND i.outcome IN ('advanced', 'duplicate')
-  AND a.id IS NULL{s.ns('i')}"""
+  AND a.id IS NULL AND pr.task_id IS NULL{s.ns('i')}"""
+
+
+def _poll_rounds_sql(s: Scope) -> str:
+    return f"""
+SELECT ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds, ps.max_rounds,
+  COUNT(r.round) AS n, MIN(r.round) AS lo, MAX(r.round) AS hi, 'rounds' AS problem
+FROM weave_poll_states ps
+LEFT JOIN weave_poll_rounds r ON r.namespace_id = ps.namespace_id
+  AND r.instance_id = ps.instance_id AND r.step_id = ps.step_id
+WHERE TRUE{s.ns('ps')}
+GROUP BY ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds, ps.max_rounds
+HAVING COUNT(r.round) > ps.max_rounds OR COUNT(r.round) <> ps.used_rounds
+  OR (COUNT(r.round) > 0 AND (MIN(r.round) <> 1 OR MAX(r.round) <> COUNT(r.round)))
+UNION ALL
+SELECT ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds, ps.max_rounds,
+  0, NULL, NULL, 'no pending advance'
+FROM weave_poll_states ps
+LEFT JOIN weave_pending_advances p ON p.namespace_id = ps.namespace_id
+  AND p.instance_id = ps.instance_id AND p.step_id = ps.step_id AND p.kind = 'POLL'
+  AND p.state IN ('PENDING', 'LEASED') AND p.activation_id = ps.activation_id
+WHERE ps.state = 'WAITING' AND p.id IS NULL{s.ns('ps')}"""
+
+
+def _poll_rounds_render(row: dict[str, Any], _s: Scope) -> str:
+    where = f"POLL step {_h(row['namespace_id'])}/{_h(row['instance_id'])}/{_h(row['step_id'])}"
+    if row["problem"] == "no pending advance":
+        return f"{where} is WAITING without its PENDING or LEASED pending advance"
+    return (f"{where} ({row['state']}) used {row['used_rounds']} of {row['max_rounds']} rounds"
+            f" but has {row['n']} round rows numbered {_h(row['lo'])}..{_h(row['hi'])}")
 
 
 def _stuck_sql(s: Scope) -> str:
@@ -1189,6 +1224,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("wait_winner", _wait_winner_sql,
           lambda r, s: f"wait {_h(r['namespace_id'])}/{_h(r['wait_id'])}: {r['problem']}"
                        f" (signal {_h(r['signal_id'])})"),
+    Probe("poll_rounds", _poll_rounds_sql, _poll_rounds_render),
     Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),
     Probe("delivery_stuck", _delivery_stuck_sql,
           lambda r, s: f"{_delivery(r)} is still LEASED though its lease lapsed at"

@@ -12,9 +12,9 @@ A row whose workflow links are incomplete — no instance, no workflow gate, no 
 names the task, an instance that does not exist, or links that disagree — is written
 QUARANTINED with the reason, never advanced on a guess.
 
-The links are read by a plain (non-locking) read: an activation and its task are created in one
-transaction, committed before the task could be claimed, so the ending's snapshot sees them; no
-lock on workflow rows is taken from inside the task lock order.
+The links are read by a plain (non-locking) read: an activation (or a POLL round) and its task
+are created in one transaction, committed before the task could be claimed, so the ending's
+snapshot sees them; no lock on workflow rows is taken from inside the task lock order.
 """
 
 from __future__ import annotations
@@ -35,11 +35,19 @@ INSERT_INBOX = (
     " quarantine_reason, created_at)"
 )
 INBOX_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))"
+# The activation that names the task, or (a POLL step's earlier round, whose activation has
+# moved on to a later round's task) the round that does (uq_weave_poll_rounds_task).
 LINKS = (
     "SELECT a.task_id, a.id AS activation_id, a.instance_id, i.gate_id"
     " FROM weave_activations a LEFT JOIN weave_instances i"
     " ON i.namespace_id = a.namespace_id AND i.id = a.instance_id"
-    " WHERE a.namespace_id = %s AND a.task_id IN ({})"
+    " WHERE a.namespace_id = %s AND a.task_id IN ({ids})"
+    " UNION ALL"
+    " SELECT r.task_id, r.activation_id, r.instance_id, i.gate_id"
+    " FROM weave_poll_rounds r FORCE INDEX (uq_weave_poll_rounds_task)"
+    " LEFT JOIN weave_instances i"
+    " ON i.namespace_id = r.namespace_id AND i.id = r.instance_id"
+    " WHERE r.namespace_id = %s AND r.task_id IN ({ids})"
 )
 
 
@@ -78,7 +86,8 @@ async def record(cur: Any, namespace_id: bytes, sources: Sequence[Source]) -> No
     if not sources:
         return
     task_ids = [s.task_id for s in sources]
-    await cur.execute(LINKS.format(placeholders(len(task_ids))), (namespace_id, *task_ids))
+    await cur.execute(LINKS.format(ids=placeholders(len(task_ids))),
+                      (namespace_id, *task_ids, namespace_id, *task_ids))
     links = {r["task_id"]: r for r in await cur.fetchall()}
     rows = []
     for s in sources:

@@ -52,6 +52,9 @@ from orbit_sdk.workflows import (
     WorkflowDefinition,
     WorkflowInstance,
     WorkflowSignal,
+    WorkflowPollRound,
+    WorkflowPollRounds,
+    WorkflowPollState,
     WorkflowValidation,
     WorkflowVersion,
 )
@@ -727,6 +730,26 @@ class Client:
         task, the task's state and whether the engine has consumed its result)."""
         return WorkflowInstance.from_json(await self._get(self._ns(
             f"/workflows/{_seg(workflow_id)}")))
+
+    async def get_poll_rounds(self, workflow_id: str, step: str, *,
+                              page_size: int | None = None) -> WorkflowPollRounds:
+        """A POLL step's bounded query (rounds used of the maximum, the fixed deadline, the
+        next round's time) and all its rounds in order, following ``next_cursor`` through
+        every page. :class:`~orbit_sdk.NotFound` for an instance of another namespace and
+        for a step that is not a POLL step that has run (``workflow_step_not_found``)."""
+        path = self._ns(f"/workflows/{_seg(workflow_id)}/steps/{_seg(step)}/rounds")
+        query: dict[str, str] = {} if page_size is None else {"limit": str(page_size)}
+        page = await self._get(path, query)
+        poll = WorkflowPollState.from_json(page.get("poll") or {})
+        rounds = [WorkflowPollRound.from_json(r) for r in page.get("items") or []]
+        cursor = page.get("next_cursor")
+        while isinstance(cursor, str):
+            page = await self._get(path, {**query, "cursor": cursor})
+            rounds += [WorkflowPollRound.from_json(r) for r in page.get("items") or []]
+            cursor = page.get("next_cursor")
+        return WorkflowPollRounds(workflow_id=str(page.get("workflow_id") or workflow_id),
+                                  step=str(page.get("step") or step), poll=poll,
+                                  rounds=tuple(rounds))
 
     async def list_workflows(
         self,

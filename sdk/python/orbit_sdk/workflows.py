@@ -24,6 +24,9 @@ __all__ = [
     "WorkflowDefinition",
     "WorkflowInstance",
     "WorkflowSignal",
+    "WorkflowPollRound",
+    "WorkflowPollRounds",
+    "WorkflowPollState",
     "WorkflowStep",
     "WorkflowValidation",
     "WorkflowVersion",
@@ -129,6 +132,69 @@ class WorkflowActivation:
 
 
 @attrs.frozen(kw_only=True)
+class WorkflowPollState:
+    """A POLL step's bounded query: ``state`` (ROUND, WAITING, SATISFIED, EXHAUSTED, FAILED,
+    CANCELLED), rounds used of ``max_rounds``, the stored next interval, the next round's time
+    (while WAITING) and the absolute ``deadline_at`` fixed when the step started."""
+
+    state: str = ""
+    used_rounds: int = 0
+    max_rounds: int = 0
+    next_interval_ms: int = 0
+    next_round_at: dt.datetime | None = None
+    deadline_at: dt.datetime | None = None
+    activation_id: str = ""
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowPollState:
+        return cls(
+            state=_str(raw, "state") or "", used_rounds=_int(raw, "used_rounds") or 0,
+            max_rounds=_int(raw, "max_rounds") or 0,
+            next_interval_ms=_int(raw, "next_interval_ms") or 0,
+            next_round_at=parse_time(raw.get("next_round_at")),
+            deadline_at=parse_time(raw.get("deadline_at")),
+            activation_id=_str(raw, "activation_id") or "", raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowPollRound:
+    """One round of a query: its task, ``state`` (RUNNING, MET, NOT_MET, FAILED, CANCELLED),
+    the task's state now and the round's result (when its task succeeded)."""
+
+    round: int
+    activation_id: str = ""
+    task_id: str = ""
+    state: str = ""
+    task_state: str | None = None
+    result: Any = None
+    created_at: dt.datetime | None = None
+    ended_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowPollRound:
+        return cls(
+            round=_int(raw, "round") or 0, activation_id=_str(raw, "activation_id") or "",
+            task_id=_str(raw, "task_id") or "", state=_str(raw, "state") or "",
+            task_state=_str(raw, "task_state"), result=raw.get("result"),
+            created_at=parse_time(raw.get("created_at")),
+            ended_at=parse_time(raw.get("ended_at")), raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowPollRounds:
+    """A POLL step's query and its rounds in round order."""
+
+    workflow_id: str
+    step: str
+    poll: WorkflowPollState
+    rounds: tuple[WorkflowPollRound, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
 class WorkflowStep:
     """A step of an instance (``$root`` is the internal first one) and its activations."""
 
@@ -142,10 +208,12 @@ class WorkflowStep:
     created_at: dt.datetime | None = None
     updated_at: dt.datetime | None = None
     activations: tuple[WorkflowActivation, ...] = ()
+    poll: WorkflowPollState | None = None  # a POLL step's query
     raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> WorkflowStep:
+        poll = raw.get("poll")
         return cls(
             id=_str(raw, "id") or "", name=_str(raw, "name") or "",
             kind=_str(raw, "kind") or "", state=_str(raw, "state") or "",
@@ -154,6 +222,7 @@ class WorkflowStep:
             updated_at=parse_time(raw.get("updated_at")),
             activations=tuple(WorkflowActivation.from_json(a)
                               for a in _objects(raw, "activations")),
+            poll=WorkflowPollState.from_json(poll) if isinstance(poll, Mapping) else None,
             raw=dict(raw),
         )
 

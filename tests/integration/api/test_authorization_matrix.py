@@ -148,9 +148,35 @@ NO_TASKS = {"format": "orbit.weave/1", "start": "done", "steps": {"done": {"kind
 
 
 def _flow_document(queue: str) -> dict[str, Any]:
+    """A POLL step (its rounds are a route of their own) on ``queue``."""
     return {"format": "orbit.weave/1", "start": "a",
-            "steps": {"a": {"kind": "TASK", "queue": queue, "handler": "noop", "next": "done"},
+            "steps": {"a": {"kind": "POLL", "queue": queue, "handler": "noop",
+                            "until": "round.result == 1", "interval_ms": 1000,
+                            "max_rounds": 2, "next": "done"},
                       "done": {"kind": "SUCCEED"}}}
+
+
+async def _enter(db: Database, tenant: Tenant, instance_id: str) -> None:
+    """Advance this one instance's start (its POLL step's first round) with the engine, without
+    an engine scan over the shared database: its ROOT row leased here, then advanced."""
+    from orbit_common.weave.engine import Engine
+
+    owner, raw_id = "matrix-engine", bytes.fromhex(instance_id)
+
+    async def lease(cur: Any) -> list[dict[str, Any]]:
+        await cur.execute(
+            "UPDATE weave_pending_advances SET state = 'LEASED', lease_owner = %s,"
+            " lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, attempts = attempts + 1"
+            " WHERE namespace_id = %s AND instance_id = %s AND kind = 'ROOT'",
+            (owner, tenant.namespace_id, raw_id))
+        await cur.execute("SELECT * FROM weave_pending_advances WHERE namespace_id = %s"
+                          " AND instance_id = %s AND kind = 'ROOT'",
+                          (tenant.namespace_id, raw_id))
+        return [dict(r) for r in await cur.fetchall()]
+
+    rows = await db.transaction("test.lease_root", lease)
+    done = await Engine(db, owner=owner).advance(tenant.namespace_id, raw_id, [], rows)
+    assert done.outcomes == {"advanced": 1}, done
 
 
 def _submit(o: Objects) -> dict[str, Any]:
@@ -324,6 +350,8 @@ ROUTES: dict[Route, Case] = {
                         "name": "go", "payload": 1, "payload_version": 1},
         body2=lambda o: {"definition": o.definition, "business_key": o.definition,
                          "name": "go", "payload": 2, "payload_version": 1}),
+    ("GET", WORKFLOWS + "/{workflow_id}/steps/{step}/rounds"): Case(
+        needs=(one(A.WORKFLOWS_READ),)),
 }
 
 # Routes the router serves that the matrix does not send attacker keys to, with the reason.
@@ -380,7 +408,8 @@ def path_of(route: Route, o: Objects) -> str:
         namespace=o.namespace, application=o.application, queue=QUEUE, schedule=o.schedule,
         task_id=getattr(o, case.task), attempt_id=o.attempt,
         subscription=getattr(o, case.subscription), delivery_id=getattr(o, case.delivery),
-        definition=o.definition, version=1, workflow_id=o.workflow, signal_id=o.signal)
+        definition=o.definition, version=1, workflow_id=o.workflow, signal_id=o.signal,
+        step="a")
 
 
 async def send(client: TestClient[Any, Any], route: Route, o: Objects, key: str, *,
@@ -464,6 +493,7 @@ async def _objects(db: Database, client: TestClient[Any, Any], tenant: Tenant,
                               tenant, {"revision": 1, "document": _flow_document(QUEUE)})
         instance = await _ok(client, "POST", ns + "/workflows", tenant,
                              {"definition": flow, "input": {}, "business_key": flow})
+        await _enter(db, tenant, instance["id"])
         sent = await _ok(client, "POST", f"{ns}/workflows/{instance['id']}/signals", tenant,
                          {"name": "go", "payload_version": 1})
         found.append(Objects(

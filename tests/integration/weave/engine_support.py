@@ -238,5 +238,6 @@ async def assert_same(flow: Flow, run: interpreter.Run) -> None:
     assert (json.loads(instance["error"]) if instance["error"] else None) == run.error
     steps = await flow.steps()
     results = {name: json.loads(s["output"]) for name, s in steps.items()
-               if s["state"] == "SUCCEEDED" and s["kind"] in ("TASK", "PARALLEL", "SIGNAL")}
+               if s["state"] == "SUCCEEDED"
+               and s["kind"] in ("TASK", "PARALLEL", "SIGNAL", "POLL")}
     assert results == run.results

@@ -149,8 +149,10 @@ def _branch_step(branch: int, name: str, **fields: Any) -> Callable[[dict[str, A
      [("$.steps.wait.kind", "step_kind_not_enabled")]),
     (lambda d: d["steps"].update(wait={"kind": "SIGNAL", "signal": "paid"}),
      [("$.steps.wait.next", "missing_field")]),  # SIGNAL is enabled: checked as any step
-    (lambda d: d["steps"].update(wait={"kind": "POLL"}),
-     [("$.steps.wait.kind", "step_kind_not_enabled")]),
+    (lambda d: d["steps"].update(wait={"kind": "POLL"}),  # enabled: its fields are required
+     [("$.steps.wait.queue", "missing_field"), ("$.steps.wait.handler", "missing_field"),
+      ("$.steps.wait.until", "missing_field"), ("$.steps.wait.interval_ms", "missing_field"),
+      ("$.steps.wait.max_rounds", "missing_field"), ("$.steps.wait.next", "missing_field")]),
     # graph
     (_step("check", default="nowhere"), [("$.steps.check.default", "missing_target")]),
     (lambda d: d.update(start="nowhere"), [("$.start", "missing_target")]),

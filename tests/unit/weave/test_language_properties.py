@@ -98,7 +98,7 @@ def _mutations(definition: language.Definition) -> list[tuple[str, Any, str]]:
             if isinstance(step, language.ChoiceStep):
                 found.append((f"{step.path}.choices[0].when", "input.n + 1", "expression_type"))
             if name != start:
-                found.append((f"{step.path}.kind", "POLL", "step_kind_not_enabled"))
+                found.append((f"{step.path}.kind", "LOOP", "invalid_value"))
     return found
 
 

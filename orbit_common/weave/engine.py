@@ -1349,24 +1349,13 @@ class Engine:
                         outcomes[r["id"]] = INSTANCE_ENDED if instance else STALE
                 elif any(instance_id in of for of in (rows_of, due_of, received_of)):
                     running.append(instance_id)
-            loaded = await _load_steps(cur, ns, running)
-            books = await signals.load(cur, ns, [i for i in running if i in received_of
-                                                 or self._may_signal(found[i])],
-                                       now, [r["id"] for r in received])
-            poll_books = await _load_polls(cur, ns, found, loaded, now)
-            runs: list[_Advance] = []
+            runs = await self._prepare(cur, ns, running, found, now,
+                                       [i for i in running if i in received_of
+                                        or self._may_signal(found[i])],
+                                       [r["id"] for r in received])
             changed: list[_Advance] = []
-            for instance_id in running:
-                instance = found[instance_id]
-                try:
-                    model = await self._version(cur, instance)
-                except DETERMINISTIC as exc:
-                    raise _Rejected(VERSION_UNUSABLE, str(exc)) from exc
-                steps, made = loaded[instance_id]
-                run = _Advance(instance, model, steps, made)
-                run.book = books.get(instance_id) or signals.Book(now=now)
-                run.adopt(poll_books[instance_id])
-                runs.append(run)
+            for run in runs:
+                instance_id = run.instance["id"]
                 for row in due_of.get(instance_id, []):
                     outcomes_due[row["id"]] = run.due(row)
                 for row in rows_of.get(instance_id, []):
@@ -1390,6 +1379,30 @@ class Engine:
         counts = await self.db.transaction("weave.advance", body)
         return _Result(outcomes=counts, seconds=time.monotonic() - began,
                        latencies=tuple(latencies))
+
+    async def _prepare(self, cur: Any, ns: bytes, running: Sequence[bytes],  # noqa: PLR0917
+                       found: Mapping[bytes, dict[str, Any]], now: Any,
+                       signalled: Sequence[bytes], received: Sequence[bytes]
+                       ) -> list[_Advance]:
+        """The advances of the ``running`` instances (locked, in id order) with their rows,
+        pinned versions, signal books (for ``signalled``; ``received``: the leased signals)
+        and poll books, before any row or event is applied."""
+        loaded = await _load_steps(cur, ns, running)
+        books = await signals.load(cur, ns, signalled, now, received)
+        poll_books = await _load_polls(cur, ns, found, loaded, now)
+        runs: list[_Advance] = []
+        for instance_id in running:
+            instance = found[instance_id]
+            try:
+                model = await self._version(cur, instance)
+            except DETERMINISTIC as exc:
+                raise _Rejected(VERSION_UNUSABLE, str(exc)) from exc
+            steps, made = loaded[instance_id]
+            run = _Advance(instance, model, steps, made)
+            run.book = books.get(instance_id) or signals.Book(now=now)
+            run.adopt(poll_books[instance_id])
+            runs.append(run)
+        return runs
 
     async def _reject(self, cur: Any, ns: bytes, instance_id: bytes,  # noqa: PLR0917
                       inbox: Sequence[dict[str, Any]], advances: Sequence[dict[str, Any]],

@@ -51,10 +51,10 @@ from orbit_sdk.schedules import (
 from orbit_sdk.workflows import (
     WorkflowDefinition,
     WorkflowInstance,
-    WorkflowSignal,
     WorkflowPollRound,
     WorkflowPollRounds,
     WorkflowPollState,
+    WorkflowSignal,
     WorkflowValidation,
     WorkflowVersion,
 )

@@ -69,7 +69,7 @@ from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
 from orbit_common.platform.events import EventRecord, append_events
 from orbit_common.pulse import interventions, tasks
-from orbit_common.weave import definitions, expressions, leasing, types
+from orbit_common.weave import definitions, expressions, leasing, timers, types
 from orbit_common.weave.language import (
     ChoiceStep,
     Definition,
@@ -208,6 +208,7 @@ class _Step:
     activation: _Activation | None
     new: bool = False
     dirty: bool = False
+    wait: timers.Wait | None = None  # the WAITING wait of its LIVE activation, or one it made
 
 
 @attrs.frozen
@@ -251,11 +252,12 @@ class _Advance:
         self.completed: list[str] = []
         self.cel_results: dict[str, Any] = {}
         self.input: Any = None
+        self.now: Any = None  # the advance's database time (set before any step runs)
         if model is not None:
             self.input = types.cel_input(model.definition.input_schema,
                                          jsondoc.loads_strict(instance["input"]))
             for s in steps:
-                if s.state == "SUCCEEDED" and s.kind in ("TASK", "PARALLEL"):
+                if s.state == "SUCCEEDED" and s.kind in ("TASK", "PARALLEL", "TIMER"):
                     self._remember(s.name, s.output)
 
     @property
@@ -376,7 +378,13 @@ class _Advance:
     # the validator, so a version never reaches these without its support
 
     def enter_timer(self, step: TimerStep) -> None:
-        raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
+        """The step WAITING, its wait and its TIMER pending advance (timers.py)."""
+        if self.now is None:
+            raise errors.DatabaseError("an advance without its database time")
+        due = timers.due_at(step, self.now, self.evaluate)
+        row = self._reach(step, "WAITING")
+        activation = _live(row)
+        row.wait = timers.enter(row.id, activation.id, due)
 
     def enter_signal(self, step: SignalStep) -> None:
         raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
@@ -565,7 +573,28 @@ class _Advance:
         return STALE
 
     def fire_timer(self, row: dict[str, Any]) -> str:
-        return STALE
+        """A due TIMER row (timers.py): re-checked against the rows and database time; the
+        wait FIRED, the step SUCCEEDED with its result, its ``next`` runs."""
+        if not self.running:
+            return INSTANCE_ENDED
+        if (row["namespace_id"] != self.instance["namespace_id"]
+                or row["instance_id"] != self.instance["id"] or row["activation_id"] is None):
+            return STALE
+        step = self.by_activation.get(row["activation_id"])
+        activation = step.activation if step is not None else None
+        wait = step.wait if step is not None else None
+        definition_step = self.definition.all_steps.get(step.name) if step else None
+        if (step is None or activation is None or activation.state != "LIVE"
+                or step.state != "WAITING" or step.id != row["step_id"] or wait is None
+                or wait.kind != "TIMER" or wait.state != "WAITING"
+                or wait.activation_id != activation.id
+                or not isinstance(definition_step, TimerStep)):
+            return STALE
+        if self.now is None or timers.late_ms(wait, self.now) is None:
+            return timers.EARLY
+        self._complete(step, timers.fire(wait, self.now))
+        self.run_path(definition_step.next)
+        return ADVANCED
 
     def signal_timeout(self, row: dict[str, Any]) -> str:
         return STALE
@@ -663,13 +692,16 @@ async def _load_steps(cur: Any, ns: bytes, instance_ids: Sequence[bytes]
             activations[a["step_id"]] = _Activation(
                 id=a["id"], step_id=a["step_id"], state=a["state"], task_id=a["task_id"],
                 result_event_id=a["result_event_id"])
+    waits = await timers.load(cur, ns, instance_ids)
     await cur.execute(STEPS.format(ids=marks), (ns, *instance_ids))
     steps: dict[bytes, list[_Step]] = {instance_id: [] for instance_id in instance_ids}
     for r in await cur.fetchall():
+        activation = activations.get(r["id"])
         steps[r["instance_id"]].append(_Step(
             id=r["id"], name=r["name"], kind=r["kind"], state=r["state"],
             output=_text(r["output"]), error=_text(r["error"]), join=_text(r["join_state"]),
-            activation=activations.get(r["id"])))
+            activation=activation,
+            wait=waits[r["instance_id"]].get(activation.id) if activation else None))
     return {instance_id: (steps[instance_id], made[instance_id]) for instance_id in instance_ids}
 
 
@@ -834,6 +866,23 @@ async def _write_rows(cur: Any, ns: bytes, advances: Sequence[_Advance], when: A
         "completed": [(adv.instance["id"], when if adv.state != "RUNNING" else None)
                       for adv in advances],
     }, (when, ns), ids=[adv.instance["id"] for adv in advances])
+    await timers.write(cur, ns, _timer_waits(advances), when)
+
+
+def _timer_waits(advances: Sequence[_Advance]) -> list[tuple[bytes, timers.Wait]]:
+    """The batch's TIMER waits to write: those entered, fired, or whose step this advance
+    cancelled (its block closed, its instance ended: the wait is CANCELLED now)."""
+    found = []
+    for advance in advances:
+        for row in advance.rows():
+            wait = row.wait
+            if wait is None or wait.kind != "TIMER":
+                continue
+            if wait.state == "WAITING" and row.state == "CANCELLED":
+                timers.cancel(wait)
+            if wait.new or wait.dirty:
+                found.append((advance.instance["id"], wait))
+    return found
 
 
 async def _consume(cur: Any, ns: bytes, outcomes: Mapping[bytes, str], done: Sequence[bytes],
@@ -1009,6 +1058,7 @@ class Engine:
                     raise _Rejected(VERSION_UNUSABLE, str(exc)) from exc
                 steps, made = loaded[instance_id]
                 run = _Advance(instance, model, steps, made)
+                run.now = now
                 for row in due_of.get(instance_id, []):
                     outcomes_due[row["id"]] = run.due(row)
                 for row in rows_of.get(instance_id, []):
@@ -1019,7 +1069,10 @@ class Engine:
                     changed.append(run)
             if changed:
                 await _write(cur, ns, changed, now)
-            await _consume(cur, ns, outcomes, [r["id"] for r in due], now)
+            early = [r["id"] for r in due if outcomes_due[r["id"]] == timers.EARLY]
+            await _consume(cur, ns, outcomes, [r["id"] for r in due if r["id"] not in early],
+                           now)
+            await timers.release(cur, ns, early)
             await _insert_tasks(cur, ns, changed, now)
             for outcome in (*outcomes.values(), *outcomes_due.values()):
                 counts[outcome] = counts.get(outcome, 0) + 1
@@ -1045,6 +1098,7 @@ class Engine:
             instance = dict(instance)
             steps, made = (await _load_steps(cur, ns, [instance_id]))[instance_id]
             run = _Advance(instance, None, steps, made)
+            run.now = now
             run.fail(refusal.reason, refusal.cause)
             await _write(cur, ns, [run], now)
         await _consume(cur, ns, {r["id"]: outcome for r in rows}, [r["id"] for r in due], now)

@@ -6,20 +6,25 @@ advance creates and the instance's final state and output. Tests compare the eng
 
 An *advance* is what the engine does in one transaction: the start, or the consumption of one
 task's result. Within an advance, CHOICE, PARALLEL, SUCCEED and FAIL steps are passed at once;
-every path stops at a TASK (its task is created) or at the end of its scope. Results are then
-delivered one at a time, by default in the order the tasks were created (``choose`` picks
-another order: the engine sees results in whatever order workers finish).
+every path stops at a TASK (its task is created), a TIMER (its timer is set) or at the end of its
+scope. Timers always fire: each set timer fires as an advance of its own, oldest first, before
+the next task result is delivered (tests give them short durations, so that the engine, whose
+timers fire when due, sees them in that order). Results are then delivered one at a time, by
+default in the order the tasks were created (``choose`` picks another order: the engine sees
+results in whatever order workers finish).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
-from orbit_common.weave import expressions, types
+from orbit_common.pulse.tasks import iso
+from orbit_common.weave import expressions, timers, types
 from orbit_common.weave.language import (
     ChoiceStep,
     Definition,
@@ -28,6 +33,7 @@ from orbit_common.weave.language import (
     Step,
     SucceedStep,
     TaskStep,
+    TimerStep,
 )
 
 EXPRESSION_FAILED = "expression_failed"
@@ -72,14 +78,25 @@ Outcome = Succeeded | Failed | NeedsReview
 
 
 @attrs.frozen(kw_only=True)
+class TimerCall:
+    """A timer the instance sets: its step, due time and branch path (as ``TaskCall``'s)."""
+
+    step: str
+    due_at: dt.datetime
+    branch: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
 class Advance:
-    """One advance: ``trigger`` is ``0`` for the start, else the ``seq`` of the task whose result
-    was consumed; ``created`` the tasks it created; ``ignored`` when the result belonged to a
-    branch that a FAIL_FAST join had already closed (kept, never advanced)."""
+    """One advance: ``trigger`` is ``0`` for the start and for a timer's firing (``timer``: its
+    step), else the ``seq`` of the task whose result was consumed; ``created`` the tasks it
+    created; ``ignored`` when the result belonged to a branch that a FAIL_FAST join had already
+    closed (kept, never advanced)."""
 
     trigger: int
     created: tuple[TaskCall, ...]
     ignored: bool = False
+    timer: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -141,6 +158,8 @@ class _Instance:
         self.seq = 0
         self.pending: list[tuple[TaskCall, TaskStep, _Frame]] = []
         self.created: list[TaskCall] = []
+        self.timers: list[tuple[TimerCall, TimerStep, _Frame]] = []
+        self.now = dt.datetime.now(dt.UTC)
 
     def evaluate(self, source: str) -> Any:
         return expressions.evaluate(source, {"input": self.input, "steps": self.cel_results})
@@ -178,6 +197,10 @@ class _Instance:
             cause = None if step.cause is None else self.evaluate(step.cause)
             self.scope_ended(frame, False, {"error": step.error, "cause": cause,
                                             "step": step.name})
+        elif isinstance(step, TimerStep):
+            due = timers.due_at(step, self.now, self.evaluate)
+            self.timers.append((TimerCall(step=step.name, due_at=due, branch=frame.labels()),
+                                step, frame))
         else:
             raise NotImplementedError(f"the interpreter does not run {step.kind} steps")
         return None
@@ -200,6 +223,12 @@ class _Instance:
             if holds:
                 return choice.next
         return step.default
+
+    def timer_fired(self, call: TimerCall, step: TimerStep, frame: _Frame) -> None:
+        """The timer fires on time (``late_ms`` 0): its result, then its ``next``."""
+        when = iso(call.due_at)
+        self.completed(step.name, {"due_at": when, "fired_at": when, "late_ms": 0}, None)
+        self.run_path(step.next, frame)
 
     def completed(self, name: str, result: Any, schema: types.Schema | None) -> None:
         self.results[name] = result
@@ -272,10 +301,17 @@ def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall
     instance.run_path(definition.start, _Frame(None))
     advances = [Advance(trigger=0, created=tuple(instance.created))]
     held: list[TaskCall] = []
-    while instance.pending and instance.state is InstanceState.RUNNING:
+    while (instance.pending or instance.timers) and instance.state is InstanceState.RUNNING:
+        instance.created = []
+        if instance.timers:
+            timer, timer_step, timer_frame = instance.timers.pop(0)
+            if timer_frame.alive():  # else its block closed: the timer was cancelled
+                instance.timer_fired(timer, timer_step, timer_frame)
+                advances.append(Advance(trigger=0, created=tuple(instance.created),
+                                        timer=timer.step))
+            continue
         index = 0 if choose is None else choose([call for call, _, _ in instance.pending])
         call, step, frame = instance.pending.pop(index)
-        instance.created = []
         if not frame.alive():
             advances.append(Advance(trigger=call.seq, created=(), ignored=True))
             continue

@@ -45,7 +45,7 @@ KINDS = ("TASK", "CHOICE", "PARALLEL", "SUCCEED", "FAIL", "TIMER", "SIGNAL", "PO
 WAIT_KINDS = ("TIMER", "SIGNAL", "POLL")
 # The wait kinds the engine runs; a kind not listed parses but is refused with
 # ``step_kind_not_enabled`` (each is enabled with its engine support).
-ENABLED_WAIT_KINDS: frozenset[str] = frozenset()
+ENABLED_WAIT_KINDS: frozenset[str] = frozenset(("TIMER",))
 MAX_WAIT_MS = 366 * 24 * 3600 * 1000  # a TIMER's duration, a SIGNAL's timeout, a POLL's deadline
 MAX_INTERVAL_MS = 24 * 3600 * 1000
 MIN_INTERVAL_MS = 100

@@ -1264,5 +1264,5 @@ def test_every_code_has_a_corruption_test() -> None:
                | {code for code, _ in RELAY_CORRUPTIONS}
                | {"stuck", "missing_task", "one_run_per_instant", "task_owner",
                   "delivery_stuck", "live_activation", "workflow_inbox", "instance_state",
-                  "inbox_outcome"})
+                  "inbox_outcome", "wait_pending_advance"})
     assert covered == set(CODES)

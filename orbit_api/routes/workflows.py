@@ -41,7 +41,7 @@ from orbit_common.pulse import tasks
 from orbit_common.pulse.model import TaskState
 from orbit_common.service.http.body import int_param, query_params, read_document, read_json
 from orbit_common.service.http.context import DB, request_id_of
-from orbit_common.weave import definitions, instances
+from orbit_common.weave import definitions, instances, waits
 
 DEFINITIONS = "/v1/namespaces/{namespace}/workflow-definitions"
 DEFINITION = DEFINITIONS + "/{definition}"
@@ -50,6 +50,7 @@ VERSION = VERSIONS + "/{version}"
 VALIDATIONS = "/v1/namespaces/{namespace}/workflow-validations"
 INSTANCES = "/v1/namespaces/{namespace}/workflows"
 INSTANCE = INSTANCES + "/{workflow_id}"
+WAITS = INSTANCE + "/waits"
 PAGE_MAX = definitions.LIST_MAX
 PUBLISH_FIELDS = frozenset({"revision", "document"})
 VALIDATE_FIELDS = frozenset({"document"})
@@ -243,6 +244,14 @@ async def get_workflow(request: web.Request) -> web.Response:
     return json_response(view)
 
 
+async def list_waits(request: web.Request) -> web.Response:
+    query_params(request, ())
+    items = await waits.list_waits(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"])
+    return json_response({"items": items})
+
+
 async def list_workflows(request: web.Request) -> web.Response:
     params = query_params(request, {"definition", "state", "business_key", "created_from",
                                     "created_to", "limit", "cursor"})
@@ -291,6 +300,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(INSTANCES, start_workflow)
     app.router.add_get(INSTANCES, list_workflows)
     app.router.add_get(INSTANCE, get_workflow)
+    app.router.add_get(WAITS, list_waits)
 
 
 # --- OpenAPI ------------------------------------------------------------------------------------
@@ -434,6 +444,17 @@ OPENAPI_PATHS: dict[str, Any] = {
                                           "workflow_instance_not_found")},
         },
     },
+    WAITS: {
+        "parameters": [_NAMESPACE_PARAM, _WORKFLOW_PARAM],
+        "get": {
+            "summary": "The instance's waits (TIMER and SIGNAL steps), oldest first; not paged "
+                       "(at most one wait per activation)",
+            "operationId": "listWorkflowWaits",
+            "responses": {"200": _json("WorkflowWaitList", "The waits"), **_ERRORS,
+                          "404": _problem("namespace_not_found, or "
+                                          "workflow_instance_not_found")},
+        },
+    },
 }
 
 _JSON_ANY: dict[str, Any] = {}
@@ -522,6 +543,44 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                                       "quarantined"},
         },
     },
+    "WorkflowWait": {
+        "type": "object",
+        "required": ["id", "step", "step_id", "activation_id", "activation_sequence", "kind",
+                     "state", "generation", "first_deadline_at", "deadline_at", "signal_name",
+                     "correlation_key", "correlation_key_encoding", "payload_versions",
+                     "winner_signal_id", "fired_at", "late_ms", "created_at", "updated_at"],
+        "properties": {
+            "id": ID, "step": {"type": ["string", "null"]}, "step_id": ID,
+            "activation_id": ID,
+            "activation_sequence": {"type": ["integer", "null"], "minimum": 1},
+            "kind": {"enum": ["TIMER", "SIGNAL"]},
+            "state": {"enum": ["WAITING", "FIRED", "SIGNALLED", "TIMED_OUT", "CANCELLED"]},
+            "generation": {"type": "integer", "minimum": 1},
+            "first_deadline_at": {**nullable(TIME),
+                                  "description": "TIMER: the due time; SIGNAL: the first "
+                                                 "timeout (null without one); never moves"},
+            "deadline_at": {**nullable(TIME),
+                            "description": "The current generation's deadline"},
+            "signal_name": {"type": ["string", "null"]},
+            "correlation_key": {"type": ["string", "null"],
+                                "description": "Exact bytes: UTF-8 text, or base64 when they "
+                                               "are not UTF-8 (correlation_key_encoding)"},
+            "correlation_key_encoding": {"enum": ["utf8", "base64", None]},
+            "payload_versions": {"type": ["array", "null"],
+                                 "items": {"type": "integer", "minimum": 1}},
+            "winner_signal_id": nullable(ID),
+            "fired_at": {**nullable(TIME),
+                         "description": "Database time the wait was satisfied or timed out"},
+            "late_ms": {"type": ["integer", "null"], "minimum": 0,
+                        "description": "How late it fired past its deadline (a timer whose "
+                                       "engine was down fires late and says so)"},
+            "created_at": TIME, "updated_at": TIME,
+        },
+    },
+    "WorkflowWaitList": {
+        "type": "object", "required": ["items"],
+        "properties": {"items": {"type": "array", "items": ref("WorkflowWait")}},
+    },
     "WorkflowStep": {
         "type": "object",
         "required": ["id", "name", "kind", "state", "revision", "activations"],
@@ -534,6 +593,9 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "revision": {"type": "integer", "minimum": 1}, "output": _JSON_ANY,
             "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
             "activations": {"type": "array", "items": ref("WorkflowActivation")},
+            "waits": {"type": "array", "items": ref("WorkflowWait"),
+                      "description": "In GET of one instance: the step's waits (TIMER and "
+                                     "SIGNAL steps; empty for others)"},
         },
     },
     "Workflow": {

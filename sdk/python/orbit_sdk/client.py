@@ -53,6 +53,7 @@ from orbit_sdk.workflows import (
     WorkflowInstance,
     WorkflowValidation,
     WorkflowVersion,
+    WorkflowWait,
 )
 
 __all__ = ["UNSET", "Client", "DeliveryReport", "TaskRequest", "new_idempotency_key"]
@@ -726,6 +727,13 @@ class Client:
         task, the task's state and whether the engine has consumed its result)."""
         return WorkflowInstance.from_json(await self._get(self._ns(
             f"/workflows/{_seg(workflow_id)}")))
+
+    async def list_workflow_waits(self, workflow_id: str) -> list[WorkflowWait]:
+        """The instance's waits (TIMER and SIGNAL steps), oldest first: deadlines, state,
+        when each fired and how late (docs/weave/waits.md)."""
+        answer = await self._get(self._ns(f"/workflows/{_seg(workflow_id)}/waits"))
+        items = answer.get("items") if isinstance(answer, dict) else None
+        return [WorkflowWait.from_json(w) for w in items or [] if isinstance(w, dict)]
 
     async def list_workflows(
         self,

@@ -310,6 +310,7 @@ ROUTES: dict[Route, Case] = {
         body=lambda o: {"definition": o.definition, "version": 1, "input": {"n": 1}},
         body2=lambda o: {"definition": o.definition, "version": 1, "input": {"n": 2}}),
     ("GET", WORKFLOWS + "/{workflow_id}"): Case(needs=(one(A.WORKFLOWS_READ),)),
+    ("GET", WORKFLOWS + "/{workflow_id}/waits"): Case(needs=(one(A.WORKFLOWS_READ),)),
 }
 
 # Routes the router serves that the matrix does not send attacker keys to, with the reason.

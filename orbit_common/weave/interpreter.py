@@ -291,12 +291,15 @@ def _failure(code: str, message: str, step: str | None = None) -> dict[str, Any]
 
 
 def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall], Outcome],
-        choose: Callable[[Sequence[TaskCall]], int] | None = None) -> Run:
+        choose: Callable[[Sequence[TaskCall]], int] | None = None,
+        fire: Callable[[Sequence[TimerCall]], int] | None = None) -> Run:
     """Run an instance to its end (or until only held tasks remain).
 
     ``workflow_input`` must match the definition's input schema (:meth:`Definition.input_problems`
     is the check the start does). ``outcome`` says how each task ends; ``choose`` picks the index
-    of the next result to deliver among the tasks still running (default: the oldest)."""
+    of the next result to deliver among the tasks still running (default: the oldest); ``fire``
+    the index of the next timer to fire among those set (default: the oldest; timers set by one
+    advance are due at the same instant, and the engine fires those in its own order)."""
     instance = _Instance(definition, workflow_input)
     instance.run_path(definition.start, _Frame(None))
     advances = [Advance(trigger=0, created=tuple(instance.created))]
@@ -304,7 +307,8 @@ def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall
     while (instance.pending or instance.timers) and instance.state is InstanceState.RUNNING:
         instance.created = []
         if instance.timers:
-            timer, timer_step, timer_frame = instance.timers.pop(0)
+            timer, timer_step, timer_frame = instance.timers.pop(
+                0 if fire is None else fire([t for t, _, _ in instance.timers]))
             if timer_frame.alive():  # else its block closed: the timer was cancelled
                 instance.timer_fired(timer, timer_step, timer_frame)
                 advances.append(Advance(trigger=0, created=tuple(instance.created),

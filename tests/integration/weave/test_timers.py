@@ -19,7 +19,16 @@ from orbit_common.db.pool import Database, DatabaseUrl, open_database
 from orbit_common.weave import leasing
 from orbit_common.weave.engine import Engine
 from tests.conftest import make_tenant
-from tests.integration.weave.engine_support import Flow, begin, doc, drain, play, task
+from tests.integration.weave.engine_support import (
+    Flow,
+    assert_matches,
+    begin,
+    doc,
+    drain,
+    fire_due_timers,
+    play,
+    task,
+)
 from tests.support import database, invariants
 from tests.support.lease_fixtures import db_time, wait_db_time_past
 
@@ -346,3 +355,40 @@ async def test_wait_pending_advance_probe_finds_a_waiting_timer_without_its_adva
     assert len(found) == 2, found
     assert invariants.codes(found) == {"wait_pending_advance"}, found
     assert any("no WAITING wait" in f for f in found)
+
+
+TIMED_BLOCK = doc({
+    "fan": {"kind": "PARALLEL", "join": {"policy": "ALL_SUCCEED"}, "next": "settle",
+            "branches": [
+                {"name": "a", "start": "pause", "steps": {
+                    "pause": timed({"duration_ms": 200}, then="t_a"),
+                    "t_a": task("w.a", "ok_a",
+                                input="{'on_time': steps.pause.result.late_ms >= 0}"),
+                    "ok_a": {"kind": "SUCCEED", "output": "steps.t_a.result"}}},
+                {"name": "b", "start": "t_b", "steps": {
+                    "t_b": task("w.b", "ok_b"), "ok_b": {"kind": "SUCCEED"}}}]},
+    "settle": timed({"duration_ms": 1}, then="done"),
+    "done": {"kind": "SUCCEED", "output": "steps.fan.result"},
+}, "fan")
+
+
+async def test_timers_in_a_block_advance_as_the_interpreter_predicts(
+        db: Database, engine: Engine) -> None:
+    """The interpreter fires each timer as an advance of its own before the next task result;
+    with the engine's timers fired as they come due, the tasks (order, inputs), the final
+    state and output are the interpreter's."""
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, TIMED_BLOCK)
+    await drain(engine)
+    await fire_due_timers(flow, engine)
+    script = {"w.a": ("ok", {"a": 1}), "w.b": ("ok", {"b": 2})}
+    await play(flow, engine, script)
+    await fire_due_timers(flow, engine)
+    run = await assert_matches(flow, script)
+    assert run.state.value == "SUCCEEDED"
+    assert [a.timer for a in run.advances if a.timer] == ["pause", "settle"]
+    assert [t["step"] for t in await flow.tasks()] == ["t_b", "t_a"]
+    assert json.loads((await flow.instance())["output"]) == {"a": {"a": 1}, "b": None}
+    waits = await rows(db, "weave_waits", flow)
+    assert [w["state"] for w in waits] == ["FIRED", "FIRED"]
+    await clean(db, flow)

@@ -41,7 +41,7 @@ from orbit_common.pulse import tasks
 from orbit_common.pulse.model import TaskState
 from orbit_common.service.http.body import int_param, query_params, read_document, read_json
 from orbit_common.service.http.context import DB, request_id_of
-from orbit_common.weave import definitions, instances, waits
+from orbit_common.weave import definitions, instances
 
 DEFINITIONS = "/v1/namespaces/{namespace}/workflow-definitions"
 DEFINITION = DEFINITIONS + "/{definition}"
@@ -246,7 +246,7 @@ async def get_workflow(request: web.Request) -> web.Response:
 
 async def list_waits(request: web.Request) -> web.Response:
     query_params(request, ())
-    items = await waits.list_waits(
+    items = await instances.list_waits(
         request.app[DB], principal_of(request), namespace=_namespace(request),
         instance_id=request.match_info["workflow_id"])
     return json_response({"items": items})

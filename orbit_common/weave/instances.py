@@ -255,6 +255,23 @@ async def get_instance(db: Database, principal: credentials.Principal, *, namesp
     return await db.read("workflows.instances.get", body)
 
 
+async def list_waits(db: Database, principal: credentials.Principal, *, namespace: str,
+                     instance_id: str) -> list[dict[str, Any]]:
+    """Every wait of the instance (TIMER and SIGNAL, ``waits.wait_view``), oldest first; not
+    paged: an instance has at most one wait per activation."""
+    try:
+        raw_id = ids.from_hex(instance_id)
+    except ValueError as exc:
+        raise InstanceNotFound("no such workflow instance in this namespace") from exc
+
+    async def body(cur: Any) -> list[dict[str, Any]]:
+        ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
+        await _instance(cur, ns.id, raw_id)
+        return await waits.waits_of(cur, ns.id, raw_id)
+
+    return await db.read("workflows.waits.list", body)
+
+
 async def detail(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[str, Any]:
     """An instance's view with its steps, their activations and what each activation's task
     result has become (:func:`task_results`); ``InstanceNotFound`` when there is none."""

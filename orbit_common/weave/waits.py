@@ -1,6 +1,6 @@
-"""Reading an instance's waits (docs/api/workflows.md § 等待): the ``weave_waits`` rows of its
-TIMER and SIGNAL steps, with their deadlines, state and outcome. Reads need ``workflows.read``;
-another namespace's instance is not found.
+"""The views of an instance's waits (docs/api/workflows.md § 等待): the ``weave_waits`` rows of
+its TIMER and SIGNAL steps, with their deadlines, state and outcome (read through
+``instances.list_waits`` and the instance detail).
 
 A correlation key is exact bytes: it is shown as its UTF-8 text (``correlation_key_encoding``
 ``"utf8"``) when it is valid UTF-8, else base64 (``"base64"``).
@@ -12,9 +12,7 @@ import base64
 from typing import Any
 
 from orbit_common.db.clock import as_utc
-from orbit_common.db.pool import Database
-from orbit_common.model import ids, jsondoc
-from orbit_common.platform import authz, credentials
+from orbit_common.model import jsondoc
 
 WAITS = ("SELECT w.*, st.name AS step_name, a.sequence AS activation_sequence"
          " FROM weave_waits w"
@@ -62,25 +60,3 @@ async def waits_of(cur: Any, namespace_id: bytes, instance_id: bytes) -> list[di
     """The views of an instance's waits, oldest first (at most one per activation)."""
     await cur.execute(WAITS, (namespace_id, instance_id))
     return [wait_view(dict(r)) for r in await cur.fetchall()]
-
-
-async def list_waits(db: Database, principal: credentials.Principal, *, namespace: str,
-                     instance_id: str) -> list[dict[str, Any]]:
-    """Every wait of the instance (TIMER and SIGNAL), oldest first; not paged: an instance
-    has at most one wait per activation."""
-    from orbit_common.weave import instances  # noqa: PLC0415 - instances' detail reads waits
-
-    try:
-        raw_id = ids.from_hex(instance_id)
-    except ValueError as exc:
-        raise instances.InstanceNotFound("no such workflow instance in this namespace") from exc
-
-    async def body(cur: Any) -> list[dict[str, Any]]:
-        ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        await cur.execute("SELECT id FROM weave_instances WHERE namespace_id = %s AND id = %s",
-                          (ns.id, raw_id))
-        if await cur.fetchone() is None:
-            raise instances.InstanceNotFound("no such workflow instance in this namespace")
-        return await waits_of(cur, ns.id, raw_id)
-
-    return await db.read("workflows.waits.list", body)

@@ -77,7 +77,7 @@ def timed(wait: dict[str, Any], *, then: str = "after") -> dict[str, Any]:
 
 
 READS_RESULT = doc({
-    "pause": timed({"duration_ms": 300}),
+    "pause": timed({"duration_ms": 1000}),
     "after": task("w.a", "done", input="{'late': steps.pause.result.late_ms,"
                                        " 'due': steps.pause.result.due_at}"),
     "done": {"kind": "SUCCEED", "output": "steps.pause.result"},
@@ -94,7 +94,7 @@ async def test_a_timer_waits_its_duration_then_fires_once_and_its_next_step_runs
     (wait,) = await rows(db, "weave_waits", flow)
     (advance,) = await timer_advances(db, flow)
     entered = as_utc(steps["pause"]["created_at"])
-    due = entered + dt.timedelta(milliseconds=300)
+    due = entered + dt.timedelta(milliseconds=1000)
     assert (wait["kind"], wait["state"], wait["generation"]) == ("TIMER", "WAITING", 1)
     assert as_utc(wait["deadline_at"]) == as_utc(wait["first_deadline_at"]) == due
     assert (wait["activation_id"], wait["step_id"]) == (steps["pause"]["live_activation_id"],

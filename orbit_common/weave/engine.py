@@ -31,7 +31,9 @@ moved its step), ``held`` (NEEDS_REVIEW: the step waits, its activation stays LI
 ``duplicate`` (the activation was already advanced by this very event), ``stale`` (the event's
 activation is not the task's current LIVE activation), ``closed_block`` (a FAIL_FAST block
 closed its branch), ``instance_ended``, ``rejected`` (see below). Only ``advanced``, ``held``
-and ``rejected`` change the instance.
+and ``rejected`` change the instance. A pending advance is dispatched by its ``kind`` (``due``):
+a TIMER row fires its wait (``timers.py``); one leased before its due time (database time) goes
+back to PENDING unchanged (``timers.EARLY``, counted, not an outcome).
 
 Deterministic refusals inside an advance -- the pinned version no longer verifies, a queue a
 step names is gone, a task the step creates is refused (its options, a queue or application

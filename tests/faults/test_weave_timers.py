@@ -5,8 +5,9 @@
   test holds one instance's row lock, so the engine is provably inside an advance, with rows
   leased, when it dies; that instance's timer is in the middle of the lease order): two fresh
   engines finish the burst and every timer fires exactly once -- 1,000 FIRED waits, 1,000
-  SUCCEEDED TIMER steps, one advance event completing each, every pending advance DONE, the
-  invariant checker green;
+  SUCCEEDED TIMER steps, one advance event completing each, the survivors' ``advanced``
+  outcomes equal to the timers the killed engine had not fired, every pending advance DONE,
+  the invariant checker green;
 * timers that came due while no engine ran fire when one returns: once, late, and recorded as
   late (``late_ms`` at least the time they waited past their due time).
 """
@@ -190,13 +191,14 @@ async def test_kill_9_during_a_burst_of_1000_due_timers_fires_each_once(
     try:
         wait_until(lambda: blocked_in_advance(url) and leased_by(url, "burst-1") > 0,
                    timeout=60, interval=0.02, message="the engine inside an advance mid-burst")
-        fired_before = waits(url, ns, "FIRED")
         first.kill()
-        assert 0 < fired_before < BURST
     finally:
         first.stop()
         lock.rollback()
         lock.close()
+    # What the killed engine committed (its advance in flight died with it).
+    fired_before = waits(url, ns, "FIRED")
+    assert 0 < fired_before < BURST
     survivors = [WeaveDaemon(url, tmp_path / f"burst-{i}.log", f"burst-{i}") for i in (2, 3)]
     try:
         wait_until(lambda: waits(url, ns, "FIRED") == BURST, timeout=90, interval=0.2,
@@ -204,6 +206,10 @@ async def test_kill_9_during_a_burst_of_1000_due_timers_fires_each_once(
         wait_until(lambda: scalar(url, "SELECT COUNT(*) FROM weave_pending_advances"
                                        " WHERE namespace_id = %s AND state <> 'DONE'", ns) == 0,
                    timeout=30, message="every pending advance done")
+        # Each of the rest was advanced once by a survivor: no advanced outcome twice.
+        advanced = sum(s.metric("orbit_weave_advances_total", outcome="advanced")
+                       for s in survivors)
+        assert advanced == BURST - fired_before
     finally:
         for s in survivors:
             s.stop()

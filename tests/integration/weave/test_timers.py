@@ -30,7 +30,7 @@ from tests.integration.weave.engine_support import (
     task,
 )
 from tests.support import database, invariants
-from tests.support.lease_fixtures import db_time, wait_db_time_past
+from tests.support.lease_fixtures import db_time, make_queue, wait_db_time_past
 
 
 @pytest.fixture(scope="module")
@@ -391,4 +391,32 @@ async def test_timers_in_a_block_advance_as_the_interpreter_predicts(
     assert json.loads((await flow.instance())["output"]) == {"a": {"a": 1}, "b": None}
     waits = await rows(db, "weave_waits", flow)
     assert [w["state"] for w in waits] == ["FIRED", "FIRED"]
+    await clean(db, flow)
+
+
+async def test_an_instance_failed_by_a_refusal_cancels_its_waiting_timer(
+        db: Database, engine: Engine) -> None:
+    """The instance fails with task_rejected (the queue of the step after branch b's task is
+    gone) while branch a's timer waits: the failing transaction cancels the wait and makes its
+    pending advance DONE."""
+    tenant = await make_tenant(db)
+    side = await make_queue(db, tenant, name="side", max_attempts=1)
+    document = racing(fail_now=False)
+    branch_b = document["steps"]["fan"]["branches"][1]["steps"]
+    branch_b["t_b"]["next"] = "elsewhere"
+    branch_b["elsewhere"] = {**task("w.c", "ok_b"), "queue": side.name}
+    flow = await begin(db, tenant, document)
+    await drain(engine)
+    (t_b,) = await flow.tasks()
+    await db.transaction("test.drop_queue", lambda cur: cur.execute(
+        "UPDATE pulse_queues SET name = 'side-gone' WHERE namespace_id = %s AND id = %s",
+        (tenant.namespace_id, side.id)))
+    await flow.end(t_b["id"], "ok", 1)
+    rounds = await drain(engine)
+    assert rounds[0].outcomes == {"rejected": 1}
+    assert json.loads((await flow.instance())["error"])["error"] == "task_rejected"
+    (wait,) = await rows(db, "weave_waits", flow)
+    (advance,) = await timer_advances(db, flow)
+    assert (wait["state"], advance["state"]) == ("CANCELLED", "DONE")
+    assert (await flow.steps())["pause"]["state"] == "CANCELLED"
     await clean(db, flow)

@@ -206,7 +206,7 @@ async def test_a_timer_row_leased_before_its_due_time_goes_back_unchanged(
     """Never early: the lease scan never offers a row before its due time; a row leased
     anyway (here by hand) is re-checked against database time and goes back to PENDING."""
     tenant = await make_tenant(db)
-    flow = await begin(db, tenant, doc({"pause": timed({"duration_ms": 60_000}, then="done"),
+    flow = await begin(db, tenant, doc({"pause": timed({"duration_ms": 3_600_000}, then="done"),
                                         "done": {"kind": "SUCCEED"}}, "pause"))
     await drain(engine)
     (advance,) = await timer_advances(db, flow)
@@ -262,7 +262,7 @@ async def test_a_lapsed_lease_on_a_timer_is_fired_by_the_next_holder_once(
 
 
 def racing(*, fail_now: bool) -> dict[str, Any]:
-    """A FAIL_FAST block: branch a waits a minute; branch b fails at once (``fail_now``) or
+    """A FAIL_FAST block: branch a waits an hour; branch b fails at once (``fail_now``) or
     after its task fails."""
     branch_b: dict[str, Any] = (
         {"name": "b", "start": "stop", "steps": {"stop": {"kind": "FAIL", "error": "stopped"}}}
@@ -272,7 +272,7 @@ def racing(*, fail_now: bool) -> dict[str, Any]:
     return doc({
         "fan": {"kind": "PARALLEL", "join": {"policy": "FAIL_FAST"}, "next": "done",
                 "branches": [{"name": "a", "start": "pause", "steps": {
-                    "pause": timed({"duration_ms": 60_000}, then="ok_a"),
+                    "pause": timed({"duration_ms": 3_600_000}, then="ok_a"),
                     "ok_a": {"kind": "SUCCEED"}}}, branch_b]},
         "done": {"kind": "SUCCEED"}}, "fan")
 
@@ -334,7 +334,7 @@ async def test_a_timer_whose_row_was_leased_before_its_block_closed_is_stale(
 async def test_wait_pending_advance_probe_finds_a_waiting_timer_without_its_advance(
         db: Database, engine: Engine) -> None:
     tenant = await make_tenant(db)
-    flow = await begin(db, tenant, doc({"pause": timed({"duration_ms": 60_000}, then="done"),
+    flow = await begin(db, tenant, doc({"pause": timed({"duration_ms": 3_600_000}, then="done"),
                                         "done": {"kind": "SUCCEED"}}, "pause"))
     await drain(engine)
     await clean(db, flow)

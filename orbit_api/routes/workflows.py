@@ -51,6 +51,7 @@ VALIDATIONS = "/v1/namespaces/{namespace}/workflow-validations"
 INSTANCES = "/v1/namespaces/{namespace}/workflows"
 INSTANCE = INSTANCES + "/{workflow_id}"
 ROUNDS = INSTANCE + "/steps/{step}/rounds"
+WAITS = INSTANCE + "/waits"
 PAGE_MAX = definitions.LIST_MAX
 PUBLISH_FIELDS = frozenset({"revision", "document"})
 VALIDATE_FIELDS = frozenset({"document"})
@@ -244,6 +245,14 @@ async def get_workflow(request: web.Request) -> web.Response:
     return json_response(view)
 
 
+async def list_waits(request: web.Request) -> web.Response:
+    query_params(request, ())
+    items = await instances.list_waits(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"])
+    return json_response({"items": items})
+
+
 async def list_workflows(request: web.Request) -> web.Response:
     params = query_params(request, {"definition", "state", "business_key", "created_from",
                                     "created_to", "limit", "cursor"})
@@ -317,6 +326,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(INSTANCES, list_workflows)
     app.router.add_get(INSTANCE, get_workflow)
     app.router.add_get(ROUNDS, list_rounds)
+    app.router.add_get(WAITS, list_waits)
 
 
 # --- OpenAPI ------------------------------------------------------------------------------------
@@ -480,6 +490,17 @@ OPENAPI_PATHS: dict[str, Any] = {
                                           "name has run)")},
         },
     },
+    WAITS: {
+        "parameters": [_NAMESPACE_PARAM, _WORKFLOW_PARAM],
+        "get": {
+            "summary": "The instance's waits (TIMER and SIGNAL steps), oldest first; not paged "
+                       "(at most one wait per activation)",
+            "operationId": "listWorkflowWaits",
+            "responses": {"200": _json("WorkflowWaitList", "The waits"), **_ERRORS,
+                          "404": _problem("namespace_not_found, or "
+                                          "workflow_instance_not_found")},
+        },
+    },
 }
 
 _JSON_ANY: dict[str, Any] = {}
@@ -568,6 +589,44 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                                       "quarantined"},
         },
     },
+    "WorkflowWait": {
+        "type": "object",
+        "required": ["id", "step", "step_id", "activation_id", "activation_sequence", "kind",
+                     "state", "generation", "first_deadline_at", "deadline_at", "signal_name",
+                     "correlation_key", "correlation_key_encoding", "payload_versions",
+                     "winner_signal_id", "fired_at", "late_ms", "created_at", "updated_at"],
+        "properties": {
+            "id": ID, "step": {"type": ["string", "null"]}, "step_id": ID,
+            "activation_id": ID,
+            "activation_sequence": {"type": ["integer", "null"], "minimum": 1},
+            "kind": {"enum": ["TIMER", "SIGNAL"]},
+            "state": {"enum": ["WAITING", "FIRED", "SIGNALLED", "TIMED_OUT", "CANCELLED"]},
+            "generation": {"type": "integer", "minimum": 1},
+            "first_deadline_at": {**nullable(TIME),
+                                  "description": "TIMER: the due time; SIGNAL: the first "
+                                                 "timeout (null without one); never moves"},
+            "deadline_at": {**nullable(TIME),
+                            "description": "The current generation's deadline"},
+            "signal_name": {"type": ["string", "null"]},
+            "correlation_key": {"type": ["string", "null"],
+                                "description": "Exact bytes: UTF-8 text, or base64 when they "
+                                               "are not UTF-8 (correlation_key_encoding)"},
+            "correlation_key_encoding": {"enum": ["utf8", "base64", None]},
+            "payload_versions": {"type": ["array", "null"],
+                                 "items": {"type": "integer", "minimum": 1}},
+            "winner_signal_id": nullable(ID),
+            "fired_at": {**nullable(TIME),
+                         "description": "Database time the wait was satisfied or timed out"},
+            "late_ms": {"type": ["integer", "null"], "minimum": 0,
+                        "description": "How late it fired past its deadline (a timer whose "
+                                       "engine was down fires late and says so)"},
+            "created_at": TIME, "updated_at": TIME,
+        },
+    },
+    "WorkflowWaitList": {
+        "type": "object", "required": ["items"],
+        "properties": {"items": {"type": "array", "items": ref("WorkflowWait")}},
+    },
     "WorkflowStep": {
         "type": "object",
         "required": ["id", "name", "kind", "state", "revision", "activations"],
@@ -580,6 +639,9 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "revision": {"type": "integer", "minimum": 1}, "output": _JSON_ANY,
             "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
             "activations": {"type": "array", "items": ref("WorkflowActivation")},
+            "waits": {"type": "array", "items": ref("WorkflowWait"),
+                      "description": "In GET of one instance: the step's waits (TIMER and "
+                                     "SIGNAL steps; empty for others)"},
             "poll": {**nullable(ref("WorkflowPollState")),
                      "description": "POLL steps in GET of one instance: the bounded query"},
         },

@@ -31,7 +31,9 @@ moved its step), ``held`` (NEEDS_REVIEW: the step waits, its activation stays LI
 ``duplicate`` (the activation was already advanced by this very event), ``stale`` (the event's
 activation is not the task's current LIVE activation), ``closed_block`` (a FAIL_FAST block
 closed its branch), ``instance_ended``, ``rejected`` (see below). Only ``advanced``, ``held``
-and ``rejected`` change the instance.
+and ``rejected`` change the instance. A pending advance is dispatched by its ``kind`` (``due``):
+a TIMER row fires its wait (``timers.py``); one leased before its due time (database time) goes
+back to PENDING unchanged (``timers.EARLY``, counted, not an outcome).
 
 Deterministic refusals inside an advance -- the pinned version no longer verifies, a queue a
 step names is gone, a task the step creates is refused (its options, a queue or application
@@ -70,7 +72,15 @@ from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
 from orbit_common.platform.events import EventRecord, append_events
 from orbit_common.pulse import interventions, tasks
-from orbit_common.weave import definitions, expressions, leasing, polls, signals, types
+from orbit_common.weave import (
+    definitions,
+    expressions,
+    leasing,
+    polls,
+    signals,
+    timers,
+    types,
+)
 from orbit_common.weave.language import (
     ChoiceStep,
     Definition,
@@ -219,6 +229,7 @@ class _Step:
     activation: _Activation | None
     new: bool = False
     dirty: bool = False
+    wait: timers.Wait | None = None  # the WAITING wait of its LIVE activation, or one it made
 
 
 @attrs.frozen
@@ -264,11 +275,13 @@ class _Advance:
         self.input: Any = None
         self._book: signals.Book | None = None
         self.polls = polls.Book()
+        self.now: Any = None  # the advance's database time (set before any step runs)
         if model is not None:
             self.input = types.cel_input(model.definition.input_schema,
                                          jsondoc.loads_strict(instance["input"]))
             for s in steps:
-                if s.state == "SUCCEEDED" and s.kind in ("TASK", "PARALLEL", "SIGNAL", "POLL"):
+                if s.state == "SUCCEEDED" and s.kind in ("TASK", "PARALLEL", "TIMER", "SIGNAL",
+                                                         "POLL"):
                     self._remember(s.name, s.output)
 
     @property
@@ -385,11 +398,16 @@ class _Advance:
             self.enter_poll(step)
         return None
 
-    # --- waits (docs/weave/waits.md); a kind not in language.ENABLED_WAIT_KINDS is refused by
-    # the validator, so a version never reaches these without its support
+    # --- waits (docs/weave/waits.md) ---------------------------------------------------------
 
     def enter_timer(self, step: TimerStep) -> None:
-        raise _Rejected(VERSION_UNUSABLE, f"{step.kind} steps are not enabled")
+        """The step WAITING, its wait and its TIMER pending advance (timers.py)."""
+        if self.now is None:
+            raise errors.DatabaseError("an advance without its database time")
+        due = timers.due_at(step, self.now, self.evaluate)
+        row = self._reach(step, "WAITING")
+        activation = _live(row)
+        row.wait = timers.enter(row.id, activation.id, due)
 
     @property
     def book(self) -> signals.Book:
@@ -687,7 +705,28 @@ class _Advance:
         return STALE
 
     def fire_timer(self, row: dict[str, Any]) -> str:
-        return STALE
+        """A due TIMER row (timers.py): re-checked against the rows and database time; the
+        wait FIRED, the step SUCCEEDED with its result, its ``next`` runs."""
+        if not self.running:
+            return INSTANCE_ENDED
+        if (row["namespace_id"] != self.instance["namespace_id"]
+                or row["instance_id"] != self.instance["id"] or row["activation_id"] is None):
+            return STALE
+        step = self.by_activation.get(row["activation_id"])
+        activation = step.activation if step is not None else None
+        wait = step.wait if step is not None else None
+        definition_step = self.definition.all_steps.get(step.name) if step else None
+        if (step is None or activation is None or activation.state != "LIVE"
+                or step.state != "WAITING" or step.id != row["step_id"] or wait is None
+                or wait.kind != "TIMER" or wait.state != "WAITING"
+                or wait.activation_id != activation.id
+                or not isinstance(definition_step, TimerStep)):
+            return STALE
+        if self.now is None or timers.late_ms(wait, self.now) is None:
+            return timers.EARLY
+        self._complete(step, timers.fire(wait, self.now))
+        self.run_path(definition_step.next)
+        return ADVANCED
 
     def signal_timeout(self, row: dict[str, Any]) -> str:
         """A SIGNAL wait's deadline: the wait TIMED_OUT, the step FAILED ``signal_timeout``,
@@ -955,13 +994,16 @@ async def _load_steps(cur: Any, ns: bytes, instance_ids: Sequence[bytes]
             activations[a["step_id"]] = _Activation(
                 id=a["id"], step_id=a["step_id"], state=a["state"], task_id=a["task_id"],
                 result_event_id=a["result_event_id"])
+    waits = await timers.load(cur, ns, instance_ids)
     await cur.execute(STEPS.format(ids=marks), (ns, *instance_ids))
     steps: dict[bytes, list[_Step]] = {instance_id: [] for instance_id in instance_ids}
     for r in await cur.fetchall():
+        activation = activations.get(r["id"])
         steps[r["instance_id"]].append(_Step(
             id=r["id"], name=r["name"], kind=r["kind"], state=r["state"],
             output=_text(r["output"]), error=_text(r["error"]), join=_text(r["join_state"]),
-            activation=activations.get(r["id"])))
+            activation=activation,
+            wait=waits[r["instance_id"]].get(activation.id) if activation else None))
     return {instance_id: (steps[instance_id], made[instance_id]) for instance_id in instance_ids}
 
 
@@ -1141,6 +1183,23 @@ async def _write_rows(cur: Any, ns: bytes, advances: Sequence[_Advance], when: A
         "completed": [(adv.instance["id"], when if adv.state != "RUNNING" else None)
                       for adv in advances],
     }, (when, ns), ids=[adv.instance["id"] for adv in advances])
+    await timers.write(cur, ns, _timer_waits(advances), when)
+
+
+def _timer_waits(advances: Sequence[_Advance]) -> list[tuple[bytes, timers.Wait]]:
+    """The batch's TIMER waits to write: those entered, fired, or whose step this advance
+    cancelled (its block closed, its instance ended: the wait is CANCELLED now)."""
+    found = []
+    for advance in advances:
+        for row in advance.rows():
+            wait = row.wait
+            if wait is None or wait.kind != "TIMER":
+                continue
+            if wait.state == "WAITING" and row.state == "CANCELLED":
+                timers.cancel(wait)
+            if wait.new or wait.dirty:
+                found.append((advance.instance["id"], wait))
+    return found
 
 
 async def _consume(cur: Any, ns: bytes, outcomes: Mapping[bytes, str], done: Sequence[bytes],
@@ -1367,7 +1426,10 @@ class Engine:
                     changed.append(run)
             if changed:
                 await _write(cur, ns, changed, now)
-            await _consume(cur, ns, outcomes, [r["id"] for r in due], now)
+            early = [r["id"] for r in due if outcomes_due[r["id"]] == timers.EARLY]
+            await _consume(cur, ns, outcomes, [r["id"] for r in due if r["id"] not in early],
+                           now)
+            await timers.release(cur, ns, early)
             counts.update(await _write_signals(cur, ns, runs, [  # of ended instances
                 r for r in received if r["instance_id"] not in running], now))
             await polls.rearm(cur, ns, [run.polls for run in runs])
@@ -1399,6 +1461,7 @@ class Engine:
                 raise _Rejected(VERSION_UNUSABLE, str(exc)) from exc
             steps, made = loaded[instance_id]
             run = _Advance(instance, model, steps, made)
+            run.now = now
             run.book = books.get(instance_id) or signals.Book(now=now)
             run.adopt(poll_books[instance_id])
             runs.append(run)
@@ -1429,6 +1492,7 @@ class Engine:
             book = run.book = (await signals.load(cur, ns, [instance_id], now,
                                                   [r["id"] for r in held]))[instance_id]
             run.adopt(books[instance_id])
+            run.now = now
             run.fail(refusal.reason, refusal.cause)
             run.receive_signals()
             signals.sweep([(book, True)])

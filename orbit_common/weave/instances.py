@@ -28,7 +28,7 @@ from orbit_common.platform.audit import AuditRecord, append_audit
 from orbit_common.platform.events import append_event
 from orbit_common.platform.idempotency import Replay
 from orbit_common.pulse import tasks
-from orbit_common.weave import definitions, polls
+from orbit_common.weave import definitions, polls, waits
 
 ROOT_STEP = "$root"
 BUSINESS_KEY_MAX_BYTES = 512
@@ -97,9 +97,11 @@ class TaskResult:
 
 
 def step_view(row: dict[str, Any], activations: list[dict[str, Any]],
-              results: dict[bytes, TaskResult] | None = None) -> dict[str, Any]:
+              results: dict[bytes, TaskResult] | None = None,
+              step_waits: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A step with its activations; with ``results``, each activation with a task also says
-    the task's state and what its result has become (``task_state``, ``result``)."""
+    the task's state and what its result has become (``task_state``, ``result``); with
+    ``step_waits``, the step's waits (``waits``: TIMER and SIGNAL steps)."""
     def task_fields(task_id: bytes | None) -> dict[str, Any]:
         if results is None:
             return {}
@@ -120,6 +122,7 @@ def step_view(row: dict[str, Any], activations: list[dict[str, Any]],
             "created_at": _iso(a["created_at"]), "ended_at": _iso(a["ended_at"]),
             **task_fields(a["task_id"]),
         } for a in activations],
+        **({} if step_waits is None else {"waits": step_waits}),
     }
 
 
@@ -257,6 +260,23 @@ async def get_instance(db: Database, principal: credentials.Principal, *, namesp
     return await db.read("workflows.instances.get", body)
 
 
+async def list_waits(db: Database, principal: credentials.Principal, *, namespace: str,
+                     instance_id: str) -> list[dict[str, Any]]:
+    """Every wait of the instance (TIMER and SIGNAL, ``waits.wait_view``), oldest first; not
+    paged: an instance has at most one wait per activation."""
+    try:
+        raw_id = ids.from_hex(instance_id)
+    except ValueError as exc:
+        raise InstanceNotFound("no such workflow instance in this namespace") from exc
+
+    async def body(cur: Any) -> list[dict[str, Any]]:
+        ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
+        await _instance(cur, ns.id, raw_id)
+        return await waits.waits_of(cur, ns.id, raw_id)
+
+    return await db.read("workflows.waits.list", body)
+
+
 async def detail(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[str, Any]:
     """An instance's view with its steps, their activations and what each activation's task
     result has become (:func:`task_results`); ``InstanceNotFound`` when there is none."""
@@ -274,7 +294,11 @@ async def detail(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[str,
         if a["task_id"] is not None:
             task_ids.append(a["task_id"])
     results = await task_results(cur, namespace_id, task_ids)
-    view["steps"] = [step_view(s, by_step.get(s["id"], []), results) for s in steps]
+    by_wait_step: dict[str, list[dict[str, Any]]] = {}
+    for w in await waits.waits_of(cur, namespace_id, instance_id):
+        by_wait_step.setdefault(w["step_id"], []).append(w)
+    view["steps"] = [step_view(s, by_step.get(s["id"], []), results,
+                               by_wait_step.get(s["id"].hex(), [])) for s in steps]
     if any(s["kind"] == "POLL" for s in steps):
         # A POLL step's query: used / max rounds, deadline, next round (polls.state_view).
         queries = await polls.states_of(cur, namespace_id, instance_id)

@@ -6,16 +6,19 @@ advance creates and the instance's final state and output. Tests compare the eng
 
 An *advance* is what the engine does in one transaction: the start, or the consumption of one
 task's result. Within an advance, CHOICE, PARALLEL, SUCCEED and FAIL steps are passed at once;
-every path stops at a TASK (its task is created), a POLL (its first round's task is created)
-or at the end of its scope. Results are then delivered one at a time, by default in the order
-the tasks were created (``choose`` picks another order: the engine sees results in whatever
-order workers finish).
+every path stops at a TASK (its task is created), a POLL (its first round's task is created),
+a TIMER (its timer is set) or at the end of its scope. Timers always fire: each set timer fires
+as an advance of its own, oldest first, before the next task result is delivered (tests give
+them short durations, so that the engine, whose timers fire when due, sees them in that order).
+Results are then delivered one at a time, by default in the order the tasks were created
+(``choose`` picks another order: the engine sees results in whatever order workers finish).
 
 A SIGNAL step asks ``signals`` (the test decides) when it is entered: a signal that arrived
 (:class:`SignalArrived`, as if it was sent before the wait existed: the engine consumes such a
 signal in the advance that opens the wait) completes the step at once; none means the wait
-times out -- after every task result has been delivered, in its own advance -- and continues at
-``on_timeout`` (a wait without a timeout then waits for ever: the instance stays RUNNING).
+times out -- after every task result has been delivered and every timer has fired, in its own
+advance -- and continues at ``on_timeout`` (a wait without a timeout then waits for ever: the
+instance stays RUNNING).
 
 A POLL step's rounds are tasks too (``TaskCall.round`` numbers them): ``outcome`` says how each
 round ends, so a test gives a sequence of round results. A round whose result does not satisfy
@@ -26,13 +29,15 @@ query by its deadline -- only by ``max_rounds``.
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
-from orbit_common.weave import expressions, types
+from orbit_common.pulse.tasks import iso
+from orbit_common.weave import expressions, timers, types
 from orbit_common.weave.language import (
     ChoiceStep,
     Definition,
@@ -43,6 +48,7 @@ from orbit_common.weave.language import (
     Step,
     SucceedStep,
     TaskStep,
+    TimerStep,
 )
 
 EXPRESSION_FAILED = "expression_failed"
@@ -103,15 +109,26 @@ Signals = Callable[[SignalStep, bytes], SignalArrived | None]
 
 
 @attrs.frozen(kw_only=True)
+class TimerCall:
+    """A timer the instance sets: its step, due time and branch path (as ``TaskCall``'s)."""
+
+    step: str
+    due_at: dt.datetime
+    branch: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
 class Advance:
-    """One advance: ``trigger`` is ``0`` for the start, else the ``seq`` of the task whose result
-    was consumed; ``created`` the tasks it created; ``ignored`` when the result belonged to a
-    branch that a FAIL_FAST join had already closed (kept, never advanced)."""
+    """One advance: ``trigger`` is ``0`` for the start and for a timer's firing (``timer``: its
+    step), else the ``seq`` of the task whose result was consumed; ``created`` the tasks it
+    created; ``ignored`` when the result belonged to a branch that a FAIL_FAST join had already
+    closed (kept, never advanced)."""
 
     trigger: int
     created: tuple[TaskCall, ...]
     ignored: bool = False
     timeout: str | None = None  # the SIGNAL step whose wait timed out (trigger 0)
+    timer: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -176,6 +193,8 @@ class _Instance:
         self.seq = 0
         self.pending: list[tuple[TaskCall, TaskStep | PollStep, _Frame]] = []
         self.created: list[TaskCall] = []
+        self.timers: list[tuple[TimerCall, TimerStep, _Frame]] = []
+        self.now = dt.datetime.now(dt.UTC)
 
     def evaluate(self, source: str) -> Any:
         return expressions.evaluate(source, {"input": self.input, "steps": self.cel_results})
@@ -217,6 +236,10 @@ class _Instance:
                                             "step": step.name})
         elif isinstance(step, SignalStep):
             return self.wait(step, frame)
+        elif isinstance(step, TimerStep):
+            due = timers.due_at(step, self.now, self.evaluate)
+            self.timers.append((TimerCall(step=step.name, due_at=due, branch=frame.labels()),
+                                step, frame))
         else:
             raise NotImplementedError(f"the interpreter does not run {step.kind} steps")
         return None
@@ -255,6 +278,12 @@ class _Instance:
             if holds:
                 return choice.next
         return step.default
+
+    def timer_fired(self, call: TimerCall, step: TimerStep, frame: _Frame) -> None:
+        """The timer fires on time (``late_ms`` 0): its result, then its ``next``."""
+        when = iso(call.due_at)
+        self.completed(step.name, {"due_at": when, "fired_at": when, "late_ms": 0}, None)
+        self.run_path(step.next, frame)
 
     def completed(self, name: str, result: Any, schema: types.Schema | None) -> None:
         self.results[name] = result
@@ -360,25 +389,37 @@ def _failure(code: str, message: str, step: str | None = None) -> dict[str, Any]
 
 def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall], Outcome],
         choose: Callable[[Sequence[TaskCall]], int] | None = None,
-        signals: Signals | None = None) -> Run:
+        signals: Signals | None = None,
+        fire: Callable[[Sequence[TimerCall]], int] | None = None) -> Run:
     """Run an instance to its end (or until only held tasks and waits without a timeout
     remain).
 
     ``workflow_input`` must match the definition's input schema (:meth:`Definition.input_problems`
     is the check the start does). ``outcome`` says how each task ends; ``choose`` picks the index
     of the next result to deliver among the tasks still running (default: the oldest);
-    ``signals`` says whether a SIGNAL step's signal arrives (default: none does)."""
+    ``signals`` says whether a SIGNAL step's signal arrives (default: none does); ``fire`` the
+    index of the next timer to fire among those set (default: the oldest; timers set by one
+    advance are due at the same instant, and the engine fires those in its own order)."""
     instance = _Instance(definition, workflow_input, signals)
     instance.run_path(definition.start, _Frame(None))
     advances = [Advance(trigger=0, created=tuple(instance.created))]
     held: list[TaskCall] = []
-    while instance.state is InstanceState.RUNNING and (instance.pending or instance.timeouts):
+    while instance.state is InstanceState.RUNNING and (instance.pending or instance.timers
+                                                       or instance.timeouts):
+        instance.created = []
+        if instance.timers:
+            timer, timer_step, timer_frame = instance.timers.pop(
+                0 if fire is None else fire([t for t, _, _ in instance.timers]))
+            if timer_frame.alive():  # else its block closed: the timer was cancelled
+                instance.timer_fired(timer, timer_step, timer_frame)
+                advances.append(Advance(trigger=0, created=tuple(instance.created),
+                                        timer=timer.step))
+            continue
         if not instance.pending:
             advances.append(_time_out(instance))
             continue
         index = 0 if choose is None else choose([call for call, _, _ in instance.pending])
         call, step, frame = instance.pending.pop(index)
-        instance.created = []
         if not frame.alive():
             advances.append(Advance(trigger=call.seq, created=(), ignored=True))
             continue

@@ -43,9 +43,6 @@ MAX_PARALLEL_DEPTH = 4
 MAX_DESCRIPTION_CHARS = 1024
 KINDS = ("TASK", "CHOICE", "PARALLEL", "SUCCEED", "FAIL", "TIMER", "SIGNAL", "POLL")
 WAIT_KINDS = ("TIMER", "SIGNAL", "POLL")
-# The wait kinds the engine runs; a kind not listed parses but is refused with
-# ``step_kind_not_enabled`` (each is enabled with its engine support).
-ENABLED_WAIT_KINDS: frozenset[str] = frozenset({"SIGNAL", "POLL"})
 MAX_WAIT_MS = 366 * 24 * 3600 * 1000  # a TIMER's duration, a SIGNAL's timeout, a POLL's deadline
 MAX_INTERVAL_MS = 24 * 3600 * 1000
 MIN_INTERVAL_MS = 100
@@ -370,10 +367,6 @@ class _Parser:
             problem(path, "invalid_value", "expected a JSON object (a step)")
             return None
         kind = raw.get("kind")
-        if kind in WAIT_KINDS and kind not in ENABLED_WAIT_KINDS:
-            problem(f"{path}.kind", "step_kind_not_enabled",
-                    f"{kind} steps are not enabled in this release")
-            return None
         if kind not in KINDS:
             problem(f"{path}.kind", "invalid_value", f"one of {', '.join(KINDS)}")
             return None

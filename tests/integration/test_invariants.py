@@ -1264,7 +1264,7 @@ def test_every_code_has_a_corruption_test() -> None:
                | {code for code, _ in RELAY_CORRUPTIONS}
                | {"stuck", "missing_task", "one_run_per_instant", "task_owner",
                   "delivery_stuck", "live_activation", "workflow_inbox", "instance_state",
-                  "inbox_outcome",
+                  "inbox_outcome", "wait_pending_advance",
                   # tests/integration/weave/test_signals.py (real signals through the engine)
                   "wait_winner",
                   # tests/integration/weave/test_polls.py

@@ -127,6 +127,9 @@ Invariants (code: what must hold)
     poll_rounds           (Weave POLL) a query's rounds number 1..used_rounds without gaps and
                           never more than its max_rounds; every WAITING query has its POLL
                           pending advance (PENDING or LEASED, for the query's activation)
+    wait_pending_advance  (Weave waits) every WAITING TIMER step has a WAITING wait and a
+                          PENDING/LEASED TIMER pending advance for its LIVE activation; every
+                          WAITING SIGNAL wait with a deadline has its SIGNAL pending advance
 """
 
 from __future__ import annotations
@@ -165,7 +168,8 @@ CODES = (
     "permit_revision", "start_budget", "session_binding", "one_run_per_instant", "task_owner",
     "subscription_backlog", "delivery_unique", "delivery_source", "delivery_lease",
     "delivery_attempts", "scan_position", "delivery_stuck", "live_activation",
-    "workflow_inbox", "instance_state", "inbox_outcome", "wait_winner", "poll_rounds",
+    "workflow_inbox", "instance_state", "inbox_outcome", "wait_pending_advance", "wait_winner",
+    "poll_rounds",
 )
 
 
@@ -1068,6 +1072,39 @@ def _poll_rounds_render(row: dict[str, Any], _s: Scope) -> str:
             f" but has {row['n']} round rows numbered {_h(row['lo'])}..{_h(row['hi'])}")
 
 
+def _wait_pending_advance_sql(s: Scope) -> str:
+    """Every WAITING TIMER step has a WAITING wait and a PENDING / LEASED TIMER advance for its
+    LIVE activation; every WAITING SIGNAL wait with a deadline has its SIGNAL advance
+    (docs/weave/waits.md)."""
+    return f"""
+SELECT st.namespace_id, st.instance_id, st.name, st.live_activation_id AS activation_id,
+  'TIMER' AS kind, 'no PENDING or LEASED TIMER pending advance' AS problem
+FROM weave_steps st
+LEFT JOIN weave_pending_advances p ON p.namespace_id = st.namespace_id
+  AND p.instance_id = st.instance_id AND p.step_id = st.id AND p.kind = 'TIMER'
+  AND p.activation_id = st.live_activation_id AND p.state IN ('PENDING', 'LEASED')
+WHERE st.kind = 'TIMER' AND st.state = 'WAITING' AND p.id IS NULL{s.ns('st')}
+UNION ALL
+SELECT st.namespace_id, st.instance_id, st.name, st.live_activation_id, 'TIMER',
+  'no WAITING wait'
+FROM weave_steps st
+LEFT JOIN weave_waits w ON w.namespace_id = st.namespace_id
+  AND w.activation_id = st.live_activation_id AND w.kind = 'TIMER' AND w.state = 'WAITING'
+  AND w.step_id = st.id
+WHERE st.kind = 'TIMER' AND st.state = 'WAITING' AND w.id IS NULL{s.ns('st')}
+UNION ALL
+SELECT w.namespace_id, w.instance_id, st.name, w.activation_id, w.kind,
+  'no PENDING or LEASED SIGNAL pending advance for its deadline'
+FROM weave_waits w
+LEFT JOIN weave_steps st ON st.namespace_id = w.namespace_id
+  AND st.instance_id = w.instance_id AND st.id = w.step_id
+LEFT JOIN weave_pending_advances p ON p.namespace_id = w.namespace_id
+  AND p.instance_id = w.instance_id AND p.step_id = w.step_id AND p.kind = 'SIGNAL'
+  AND p.activation_id = w.activation_id AND p.state IN ('PENDING', 'LEASED')
+WHERE w.kind = 'SIGNAL' AND w.state = 'WAITING' AND w.deadline_at IS NOT NULL
+  AND p.id IS NULL{s.ns('w')}"""
+
+
 def _stuck_sql(s: Scope) -> str:
     cutoff = f"UTC_TIMESTAMP(6) - INTERVAL {s.grace_us} MICROSECOND"
     return f"""
@@ -1225,6 +1262,10 @@ PROBES: tuple[Probe, ...] = (
           lambda r, s: f"wait {_h(r['namespace_id'])}/{_h(r['wait_id'])}: {r['problem']}"
                        f" (signal {_h(r['signal_id'])})"),
     Probe("poll_rounds", _poll_rounds_sql, _poll_rounds_render),
+    Probe("wait_pending_advance", _wait_pending_advance_sql,
+          lambda r, s: f"{r['kind']} wait of step {_h(r['namespace_id'])}/"
+                       f"{_h(r['instance_id'])}/{r['name']} (activation"
+                       f" {_h(r['activation_id'])}): {r['problem']}"),
     Probe("stuck", _stuck_sql, _stuck_render, when=lambda s: s.quiescent),
     Probe("delivery_stuck", _delivery_stuck_sql,
           lambda r, s: f"{_delivery(r)} is still LEASED though its lease lapsed at"

@@ -75,6 +75,7 @@ from orbit_sdk.workflows import (
     WorkflowStep,
     WorkflowValidation,
     WorkflowVersion,
+    WorkflowWait,
 )
 
 __version__ = "0.1.0"
@@ -144,5 +145,6 @@ __all__ = [
     "WorkflowStep",
     "WorkflowValidation",
     "WorkflowVersion",
+    "WorkflowWait",
     "new_idempotency_key",
 ]

@@ -57,6 +57,7 @@ from orbit_sdk.workflows import (
     WorkflowSignal,
     WorkflowValidation,
     WorkflowVersion,
+    WorkflowWait,
 )
 
 __all__ = ["UNSET", "Client", "DeliveryReport", "TaskRequest", "new_idempotency_key"]
@@ -750,6 +751,13 @@ class Client:
         return WorkflowPollRounds(workflow_id=str(page.get("workflow_id") or workflow_id),
                                   step=str(page.get("step") or step), poll=poll,
                                   rounds=tuple(rounds))
+
+    async def list_workflow_waits(self, workflow_id: str) -> list[WorkflowWait]:
+        """The instance's waits (TIMER and SIGNAL steps), oldest first: deadlines, state,
+        when each fired and how late (docs/weave/waits.md)."""
+        answer = await self._get(self._ns(f"/workflows/{_seg(workflow_id)}/waits"))
+        items = answer.get("items") if isinstance(answer, dict) else None
+        return [WorkflowWait.from_json(w) for w in items or [] if isinstance(w, dict)]
 
     async def list_workflows(
         self,

@@ -30,6 +30,7 @@ __all__ = [
     "WorkflowStep",
     "WorkflowValidation",
     "WorkflowVersion",
+    "WorkflowWait",
 ]
 
 
@@ -185,6 +186,56 @@ class WorkflowPollRound:
 
 
 @attrs.frozen(kw_only=True)
+class WorkflowWait:
+    """A wait of a TIMER or SIGNAL step (docs/weave/waits.md). ``state``: WAITING, FIRED (a
+    timer), SIGNALLED, TIMED_OUT or CANCELLED. ``first_deadline_at`` never moves; a timer that
+    fired late (its engine was down) says by how much in ``late_ms``. ``correlation_key`` is
+    the key's UTF-8 text, or base64 when ``correlation_key_encoding`` is ``"base64"``."""
+
+    id: str
+    kind: str = ""
+    state: str = ""
+    step: str | None = None
+    step_id: str = ""
+    activation_id: str = ""
+    activation_sequence: int | None = None
+    generation: int = 1
+    first_deadline_at: dt.datetime | None = None
+    deadline_at: dt.datetime | None = None
+    signal_name: str | None = None
+    correlation_key: str | None = None
+    correlation_key_encoding: str | None = None
+    payload_versions: tuple[int, ...] | None = None
+    winner_signal_id: str | None = None
+    fired_at: dt.datetime | None = None
+    late_ms: int | None = None
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowWait:
+        versions = raw.get("payload_versions")
+        return cls(
+            id=_str(raw, "id") or "", kind=_str(raw, "kind") or "",
+            state=_str(raw, "state") or "", step=_str(raw, "step"),
+            step_id=_str(raw, "step_id") or "", activation_id=_str(raw, "activation_id") or "",
+            activation_sequence=_int(raw, "activation_sequence"),
+            generation=_int(raw, "generation") or 1,
+            first_deadline_at=parse_time(raw.get("first_deadline_at")),
+            deadline_at=parse_time(raw.get("deadline_at")),
+            signal_name=_str(raw, "signal_name"), correlation_key=_str(raw, "correlation_key"),
+            correlation_key_encoding=_str(raw, "correlation_key_encoding"),
+            payload_versions=(tuple(v for v in versions if isinstance(v, int))
+                              if isinstance(versions, list) else None),
+            winner_signal_id=_str(raw, "winner_signal_id"),
+            fired_at=parse_time(raw.get("fired_at")), late_ms=_int(raw, "late_ms"),
+            created_at=parse_time(raw.get("created_at")),
+            updated_at=parse_time(raw.get("updated_at")), raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
 class WorkflowPollRounds:
     """A POLL step's query and its rounds in round order."""
 
@@ -196,7 +247,8 @@ class WorkflowPollRounds:
 
 @attrs.frozen(kw_only=True)
 class WorkflowStep:
-    """A step of an instance (``$root`` is the internal first one) and its activations."""
+    """A step of an instance (``$root`` is the internal first one), its activations and (in
+    the detail) its waits: a TIMER or SIGNAL step's ``weave_waits`` rows."""
 
     id: str
     name: str
@@ -209,6 +261,7 @@ class WorkflowStep:
     updated_at: dt.datetime | None = None
     activations: tuple[WorkflowActivation, ...] = ()
     poll: WorkflowPollState | None = None  # a POLL step's query
+    waits: tuple[WorkflowWait, ...] = ()
     raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
 
     @classmethod
@@ -223,6 +276,7 @@ class WorkflowStep:
             activations=tuple(WorkflowActivation.from_json(a)
                               for a in _objects(raw, "activations")),
             poll=WorkflowPollState.from_json(poll) if isinstance(poll, Mapping) else None,
+            waits=tuple(WorkflowWait.from_json(w) for w in _objects(raw, "waits")),
             raw=dict(raw),
         )
 

@@ -19,6 +19,7 @@ from orbit_sdk import (
     ValidationError,
     WorkflowDefinition,
     WorkflowInstance,
+    WorkflowWait,
 )
 
 NS = "/v1/namespaces/team-a"
@@ -116,3 +117,40 @@ async def test_list_follows_cursors_with_the_filters(api: tuple[FakeApi, Client]
     assert fake.seen[0].query == {"definition": "orders", "state": "RUNNING",
                                   "created_from": T0, "limit": "1"}
     assert fake.seen[1].query["cursor"] == "c1"
+
+
+WAIT = {"id": "9a" * 16, "step": "pay_by", "step_id": "34" * 16, "activation_id": "56" * 16,
+        "activation_sequence": 1, "kind": "SIGNAL", "state": "WAITING", "generation": 1,
+        "first_deadline_at": T0, "deadline_at": T0, "signal_name": "paid",
+        "correlation_key": "/wBv", "correlation_key_encoding": "base64",
+        "payload_versions": [1, 2], "winner_signal_id": None, "fired_at": None,
+        "late_ms": None, "created_at": T0, "updated_at": T0, "future_field": 1}
+
+
+async def test_waits_are_read_and_retried(api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    fake.on("GET", f"{NS}/workflows/{'12' * 16}/waits", drop(), ok({"items": [WAIT]}))
+    (wait,) = await client.list_workflow_waits("12" * 16)
+    assert isinstance(wait, WorkflowWait)
+    assert (wait.kind, wait.state, wait.step, wait.signal_name, wait.payload_versions,
+            wait.correlation_key, wait.correlation_key_encoding, wait.late_ms) == (
+        "SIGNAL", "WAITING", "pay_by", "paid", (1, 2), "/wBv", "base64", None)
+    assert wait.first_deadline_at == wait.deadline_at
+    assert wait.first_deadline_at is not None
+    assert wait.first_deadline_at.isoformat() == T0
+    assert wait.raw["future_field"] == 1  # kept, not refused
+    assert len(fake.seen) == 2, "a read is retried"
+
+
+async def test_a_steps_waits_are_read_from_the_detail(api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    timer = {**WAIT, "kind": "TIMER", "state": "FIRED", "signal_name": None,
+             "correlation_key": None, "correlation_key_encoding": None,
+             "payload_versions": None, "fired_at": T0, "late_ms": 31402}
+    detail = json.loads(json.dumps(INSTANCE))
+    detail["steps"][0].update(kind="TIMER", waits=[timer])
+    fake.on("GET", f"{NS}/workflows/{'12' * 16}", ok(detail))
+    (step,) = (await client.get_workflow("12" * 16)).steps
+    (wait,) = step.waits
+    assert (wait.kind, wait.state, wait.late_ms, wait.payload_versions) == (
+        "TIMER", "FIRED", 31402, None)

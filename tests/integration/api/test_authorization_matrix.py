@@ -352,6 +352,7 @@ ROUTES: dict[Route, Case] = {
                          "name": "go", "payload": 2, "payload_version": 1}),
     ("GET", WORKFLOWS + "/{workflow_id}/steps/{step}/rounds"): Case(
         needs=(one(A.WORKFLOWS_READ),)),
+    ("GET", WORKFLOWS + "/{workflow_id}/waits"): Case(needs=(one(A.WORKFLOWS_READ),)),
 }
 
 # Routes the router serves that the matrix does not send attacker keys to, with the reason.

@@ -408,6 +408,7 @@ def every_route(tenant: Tenant, definition: str, workflow_id: str
         ("POST", ns(tenant, "/workflows"), {"definition": definition, "input": {"n": 1}}),
         ("GET", ns(tenant, "/workflows"), None),
         ("GET", ns(tenant, f"/workflows/{workflow_id}"), None),
+        ("GET", ns(tenant, f"/workflows/{workflow_id}/waits"), None),
     ]
 
 
@@ -454,7 +455,7 @@ async def test_each_route_needs_its_action(api: TestClient[Any, Any], db: Databa
     routes = every_route(tenant, "orders", mine["id"])
     needs = ["workflows.read", "workflows.manage", "workflows.read", "workflows.manage",
              "workflows.read", "workflows.manage", "workflows.start", "workflows.read",
-             "workflows.read"]
+             "workflows.read", "workflows.read"]
     everything = ["workflows.read", "workflows.manage", "workflows.start", "tasks.submit"]
     keys = {action: await make_key(db, tenant, [{
         "namespaces": ["*"], "queues": ["*"], "actions": [a for a in everything if a != action]}])

@@ -17,7 +17,7 @@ from orbit_common.weave.engine import Engine, Round
 from tests.conftest import Tenant, unique
 from tests.integration.test_leases import claim, finish, report, start
 from tests.integration.weave.support import principal
-from tests.support.lease_fixtures import make_queue, open_session
+from tests.support.lease_fixtures import make_queue, open_session, wait_db_time_past
 
 HANDLERS = ("w.a", "w.b", "w.c", "w.d", "w.e", "w.f")
 
@@ -71,6 +71,20 @@ class Flow:
     input: Any
     grants: dict[bytes, Grant] = attrs.field(factory=dict)
     more_queues: list[QueueRef] = attrs.field(factory=list)
+
+    def timer_steps(self) -> set[str]:
+        """The names of the TIMER steps of the document (every scope)."""
+        found: set[str] = set()
+
+        def walk(steps: dict[str, Any]) -> None:
+            for name, body in steps.items():
+                if body.get("kind") == "TIMER":
+                    found.add(name)
+                for branch in body.get("branches", []):
+                    walk(branch["steps"])
+
+        walk(self.document["steps"])
+        return found
 
     async def tasks(self) -> list[dict[str, Any]]:
         """The instance's tasks in creation order (the sequence the engine recorded)."""
@@ -128,6 +142,30 @@ class Flow:
             return {r["name"]: dict(r) for r in await cur.fetchall()}
         return await self.db.read("test.flow.steps", body)
 
+    async def waits(self, *, waiting: bool = False) -> list[dict[str, Any]]:
+        """The instance's wait rows (``waiting``: only WAITING ones), with their pending
+        advance's id as ``advance_id``."""
+        async def body(cur: Any) -> list[dict[str, Any]]:
+            await cur.execute(
+                "SELECT w.*, p.id AS advance_id, p.created_at AS advance_created_at"
+                " FROM weave_waits w LEFT JOIN weave_pending_advances p"
+                " ON p.namespace_id = w.namespace_id AND p.instance_id = w.instance_id"
+                " AND p.step_id = w.step_id AND p.kind = w.kind"
+                " WHERE w.namespace_id = %s AND w.instance_id = %s"
+                + (" AND w.state = 'WAITING'" if waiting else "")
+                + " ORDER BY w.created_at, w.id", (self.tenant.namespace_id, self.instance_id))
+            return [dict(r) for r in await cur.fetchall()]
+        return await self.db.read("test.flow.waits", body)
+
+    async def fired_order(self) -> list[str]:
+        """The TIMER steps in the order the engine fired them: by fire time (one advance's
+        database time), and within one advance in the order it handled its rows (its pending
+        advances by creation, then id)."""
+        steps = {s["id"]: name for name, s in (await self.steps()).items()}
+        fired = [w for w in await self.waits() if w["state"] == "FIRED"]
+        fired.sort(key=lambda w: (w["fired_at"], w["advance_created_at"], w["advance_id"]))
+        return [steps[w["step_id"]] for w in fired]
+
     async def inbox(self) -> list[dict[str, Any]]:
         async def body(cur: Any) -> list[dict[str, Any]]:
             await cur.execute("SELECT * FROM weave_inbox WHERE namespace_id = %s"
@@ -149,6 +187,14 @@ async def begin(db: Database, tenant: Tenant, document: dict[str, Any],
     return Flow(db=db, tenant=tenant, queue=queue, session=session, name=name,
                 instance_id=bytes.fromhex(started.body["id"]), document=document,
                 input=workflow_input)
+
+
+async def fire_due_timers(flow: Flow, engine: Engine) -> None:
+    """Until the instance has no WAITING timer: wait for the database clock to pass the
+    latest deadline, then drain."""
+    while waiting := [w for w in await flow.waits(waiting=True) if w["kind"] == "TIMER"]:
+        await wait_db_time_past(flow.db, max(w["deadline_at"] for w in waiting))
+        await drain(engine)
 
 
 async def drain(engine: Engine) -> list[Round]:
@@ -240,4 +286,9 @@ async def assert_same(flow: Flow, run: interpreter.Run) -> None:
     results = {name: json.loads(s["output"]) for name, s in steps.items()
                if s["state"] == "SUCCEEDED"
                and s["kind"] in ("TASK", "PARALLEL", "SIGNAL", "POLL")}
-    assert results == run.results
+    timers = {name for name, s in steps.items()
+              if s["state"] == "SUCCEEDED" and s["kind"] == "TIMER"}
+    # A timer's result holds database times: the same steps fired, the values are the engine's.
+    predicted_timers = set(run.results) & flow.timer_steps()
+    assert results == {k: v for k, v in run.results.items() if k not in predicted_timers}
+    assert timers == predicted_timers

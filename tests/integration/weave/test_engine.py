@@ -31,6 +31,7 @@ from tests.integration.weave.engine_support import (
     begin,
     doc,
     drain,
+    fire_due_timers,
     frozen_errors,
     play,
     publish,
@@ -436,6 +437,7 @@ async def _random_run(url: DatabaseUrl, document: dict[str, Any], failing: set[s
                     input={"n": n}, more_queues=[qb])
         engine = Engine(db, owner="engine-random", batch=4)
         await drain(engine)
+        await fire_due_timers(flow, engine)
         delivered: list[int] = []
         while (await flow.instance())["state"] == "RUNNING":
             pending = [t for t in await flow.tasks() if t["sequence"] not in delivered]
@@ -450,7 +452,9 @@ async def _random_run(url: DatabaseUrl, document: dict[str, Any], failing: set[s
             else:
                 await flow.end(chosen["id"], "ok", {"v": json.loads(chosen["input"])["v"] + 1})
             await drain(engine)
+            await fire_due_timers(flow, engine)  # the interpreter fires them before a result
         frozen = await frozen_errors(flow)
+        fired = await flow.fired_order()
         by_sequence = {t["sequence"]: t["id"].hex() for t in await flow.tasks()}
         order = iter(delivered)
 
@@ -462,9 +466,13 @@ async def _random_run(url: DatabaseUrl, document: dict[str, Any], failing: set[s
                 return interpreter.Failed(error=frozen[by_sequence[call.seq]])
             return interpreter.Succeeded(result={"v": call.input["v"] + 1})
 
+        def fire(timers: Sequence[interpreter.TimerCall]) -> int:
+            return [t.step for t in timers].index(fired.pop(0))
+
         run = interpreter.run(language.validate_document(document), {"n": n}, outcome,
-                              choose=choose)
+                              choose=choose, fire=fire)
         assert next(order, None) is None  # the interpreter consumed every delivered result
+        assert fired == []  # ... and fired every timer the engine fired
         await assert_same(flow, run)
         assert await invariants.check_db(db, [tenant.namespace_id]) == []
     finally:
@@ -473,12 +481,13 @@ async def _random_run(url: DatabaseUrl, document: dict[str, Any], failing: set[s
 
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(document=random_definitions(), data=st.data())
+@given(document=random_definitions(timers=True), data=st.data())
 def test_random_definitions_advance_as_the_interpreter_predicts(
         own_url: DatabaseUrl, document: dict[str, Any], data: st.DataObject) -> None:
     """Random valid definitions (chains, choices, failure transitions, nested PARALLEL blocks
-    of both policies), random failing steps and a random delivery order: the engine makes the
-    interpreter's tasks and ends where it ends."""
+    of both policies, TIMER steps), random failing steps and a random delivery order: the
+    engine makes the interpreter's tasks and ends where it ends (the timers fire before the
+    next result, in the order the engine fired them)."""
     parsed = language.validate_document(document)
     tasks = sorted(n for n, s in parsed.all_steps.items() if isinstance(s, language.TaskStep))
     failing = data.draw(st.sets(st.sampled_from(tasks)) if tasks else st.just(set()))

@@ -19,19 +19,21 @@ def _task() -> st.SearchStrategy[tuple[Any, ...]]:
     return st.tuples(st.just("task"), st.sampled_from(["none", "end", "skip"]))
 
 
-def _nodes(depth: int) -> st.SearchStrategy[list[tuple[Any, ...]]]:
+def _nodes(depth: int, timers: bool) -> st.SearchStrategy[list[tuple[Any, ...]]]:
     node = st.one_of(
         _task(),
+        *([st.tuples(st.just("timer"))] if timers else []),
         st.tuples(st.just("choice"), st.lists(_task(), max_size=2), st.lists(_task(), max_size=2)),
         *([] if depth >= 2 else [st.tuples(
             st.just("par"), st.sampled_from(language.POLICIES),
-            st.lists(st.deferred(lambda: _sequence(depth + 1)), min_size=1, max_size=3))]),
+            st.lists(st.deferred(lambda: _sequence(depth + 1, timers)), min_size=1,
+                     max_size=3))]),
     )
     return st.lists(node, max_size=3)
 
 
-def _sequence(depth: int) -> st.SearchStrategy[tuple[Any, ...]]:
-    return st.tuples(_nodes(depth), st.sampled_from(["succeed", "succeed", "fail"]))
+def _sequence(depth: int, timers: bool = False) -> st.SearchStrategy[tuple[Any, ...]]:
+    return st.tuples(_nodes(depth, timers), st.sampled_from(["succeed", "succeed", "fail"]))
 
 
 class _Emitter:
@@ -65,12 +67,15 @@ class _Emitter:
     def sequence(self, seq: tuple[Any, ...], steps: dict[str, Any], available: list[str],
                  top: bool) -> str:
         nodes, end = seq
-        names = [self.name({"task": "t", "choice": "c", "par": "p"}[n[0]]) for n in nodes]
+        names = [self.name({"task": "t", "choice": "c", "par": "p", "timer": "w"}[n[0]])
+                 for n in nodes]
         names.append(self.name("s" if end == "succeed" else "x"))
         for index, node in enumerate(nodes):
             name, after = names[index], names[index + 1]
             if node[0] == "task":
                 available = self.task(name, node[1], after, steps, available)
+            elif node[0] == "timer":  # its result is readable, never read (late_ms varies)
+                steps[name] = {"kind": "TIMER", "duration_ms": 1, "next": after}
             elif node[0] == "choice":
                 arms = []
                 for arm in node[1:]:
@@ -103,11 +108,11 @@ class _Emitter:
 
 
 @st.composite
-def definitions(draw: Any) -> dict[str, Any]:
-    """A valid definition document."""
+def definitions(draw: Any, timers: bool = False) -> dict[str, Any]:
+    """A valid definition document (``timers``: with TIMER steps of 1 ms)."""
     emitter = _Emitter(draw)
     steps: dict[str, Any] = {}
-    start = emitter.sequence(draw(_sequence(0)), steps, [], top=True)
+    start = emitter.sequence(draw(_sequence(0, timers)), steps, [], top=True)
     return {"format": language.FORMAT, "input_schema": INPUT_SCHEMA, "start": start,
             "steps": steps}
 

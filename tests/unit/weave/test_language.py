@@ -145,8 +145,13 @@ def _branch_step(branch: int, name: str, **fields: Any) -> Callable[[dict[str, A
      [("$.input_schema.properties.x.type", "invalid_value")]),
     (lambda d: d["input_schema"]["required"].append("nope"),
      [("$.input_schema.required[3]", "invalid_value")]),
-    (lambda d: d["steps"].update(wait={"kind": "TIMER"}),
-     [("$.steps.wait.kind", "step_kind_not_enabled")]),
+    (lambda d: d["steps"].update(wait={"kind": "TIMER", "next": "done"}),
+     [("$.steps.wait", "invalid_value")]),
+    (lambda d: d["steps"].update(wait={"kind": "TIMER", "next": "done", "duration_ms": 5,
+                                       "until": "'2030-01-01T00:00:00Z'"}),
+     [("$.steps.wait", "invalid_value")]),
+    (lambda d: d["steps"].update(wait={"kind": "TIMER", "next": "done", "duration_ms": 0}),
+     [("$.steps.wait.duration_ms", "invalid_value")]),
     (lambda d: d["steps"].update(wait={"kind": "SIGNAL", "signal": "paid"}),
      [("$.steps.wait.next", "missing_field")]),  # SIGNAL is enabled: checked as any step
     (lambda d: d["steps"].update(wait={"kind": "POLL"}),  # enabled: its fields are required

@@ -26,7 +26,7 @@ def _outcome(failing: set[str]) -> Any:
 
 
 @SETTINGS
-@given(document=definitions(), data=st.data())
+@given(document=definitions(timers=True), data=st.data())
 def test_valid_definitions_validate_and_run_to_an_end(document: dict[str, Any],
                                                       data: st.DataObject) -> None:
     definition = language.parse_definition(json.dumps(document))
@@ -41,9 +41,17 @@ def test_valid_definitions_validate_and_run_to_an_end(document: dict[str, Any],
     assert len(created) == len(set(created)), "a step ran twice"
     assert [call.seq for call in run.tasks] == list(range(1, len(created) + 1))
     # Every result consumed is one advance; each task's result is consumed at most once.
-    triggers = [advance.trigger for advance in run.advances[1:]]
+    triggers = [advance.trigger for advance in run.advances[1:] if advance.timer is None]
     assert len(triggers) == len(set(triggers))
     assert set(triggers) <= {call.seq for call in run.tasks}
+    # Timers always fire, each once, in an advance of its own (unless its block closed).
+    fired = [advance.timer for advance in run.advances if advance.timer is not None]
+    assert len(fired) == len(set(fired))
+    timer_steps = {n for n, s in definition.all_steps.items()
+                   if isinstance(s, language.TimerStep)}
+    assert set(fired) <= timer_steps
+    for name in fired:
+        assert run.results[name]["late_ms"] == 0
     if run.state is interpreter.InstanceState.SUCCEEDED:
         assert isinstance(run.output, dict)
         assert run.error is None
@@ -52,7 +60,7 @@ def test_valid_definitions_validate_and_run_to_an_end(document: dict[str, Any],
 
 
 @settings(SETTINGS, max_examples=40)
-@given(document=definitions())
+@given(document=definitions(timers=True))
 def test_canonical_form_is_stable_under_reordering_and_whitespace(document: dict[str, Any]
                                                                   ) -> None:
     def reorder(value: Any) -> Any:
@@ -103,7 +111,7 @@ def _mutations(definition: language.Definition) -> list[tuple[str, Any, str]]:
 
 
 @SETTINGS
-@given(document=definitions(), data=st.data())
+@given(document=definitions(timers=True), data=st.data())
 def test_one_broken_rule_is_refused_with_its_path(document: dict[str, Any],
                                                   data: st.DataObject) -> None:
     definition = language.parse_definition(json.dumps(document))

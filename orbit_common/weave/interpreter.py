@@ -388,7 +388,7 @@ def _failure(code: str, message: str, step: str | None = None) -> dict[str, Any]
 
 
 def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall], Outcome],
-        choose: Callable[[Sequence[TaskCall]], int] | None = None,
+        choose: Callable[[Sequence[TaskCall]], int] | None = None, *,
         signals: Signals | None = None,
         fire: Callable[[Sequence[TimerCall]], int] | None = None) -> Run:
     """Run an instance to its end (or until only held tasks and waits without a timeout

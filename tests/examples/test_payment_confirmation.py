@@ -1,8 +1,9 @@
 """examples/payment_confirmation end to end, as its README runs it: the real API, dispatcher and
 workflow engine (``orbit weave``) as processes, the example's CLI, and its worker as a process.
 Three payments: one approved by a callback sent before the workflow waits for it (the early
-signal is consumed when the wait is reached), one declined, one never confirmed (the wait times
-out); a repeated callback returns the first receipt. The invariant checker is green."""
+signal is consumed when the wait is reached) whose settlement is then polled until the funds
+settle, one declined, one never confirmed (the wait times out); a repeated callback returns the
+first receipt. The invariant checker is green."""
 
 from __future__ import annotations
 
@@ -56,9 +57,17 @@ def test_three_payments_end_as_the_example_says(tmp_path: Path) -> None:
         assert ok["signal"]["state"] == "CONSUMED"
         assert ok["signal"]["disposition"] == "consumed"
         assert ok["workflow"]["state"] == "SUCCEEDED", ok
-        assert ok["workflow"]["output"] == {"payment_id": "P-1",
-                                            "confirmation": {"status": "approved"},
-                                            "shipping": {"parcel": "P-P-1"}}
+        output = ok["workflow"]["output"]
+        settled_at = output.pop("settled_at")
+        assert output == {"payment_id": "P-1", "confirmation": {"status": "approved"},
+                          "shipping": {"parcel": "P-P-1"}}
+        settle = {s["name"]: s for s in ok["workflow"]["steps"]}["settle"]
+        assert settle["state"] == "SUCCEEDED"
+        assert settle["output"] == {"settled": True, "checked_at": settled_at}
+        # The query's rounds: every one before the last found the funds not yet settled.
+        used = settle["poll"]["used_rounds"]
+        assert settle["poll"]["state"] == "SATISFIED"
+        assert 1 <= used <= settle["poll"]["max_rounds"]
 
         example(stack, "pay", "P-2", "--amount-cents", "990")
         declined = example(stack, "confirm", "P-2", "--status", "declined", "--wait")

@@ -3,15 +3,16 @@
 Each phase runs on a fresh database with its own API, dispatcher, SDK no-op workers and one
 engine (bench/workflows.py's ``_WorkflowPhase``). Figures come from the database (database time).
 
-1. **timers** -- N instances of ``TIMER (until input.at) → TASK → SUCCEED``, every ``at`` the same
-   whole second ``due``, chosen after a calibration run of starts so that every instance is
-   started (its wait written) before it: ``timers_all_fired_s`` is the last ``fired_at`` minus
-   ``due``; ``timer_lateness_p50_ms`` / ``_p99_ms`` the waits' ``late_ms`` (fired_at - deadline);
+1. **timers** -- N instances of ``TIMER (until input.at) → SUCCEED``, every ``at`` the same whole
+   second ``due``, chosen after a calibration run of starts so that every instance is started
+   (its wait written) before it: ``timers_all_fired_s`` is the last ``fired_at`` minus ``due``;
+   ``timer_lateness_p50_ms`` / ``_p99_ms`` the waits' ``late_ms`` (fired_at - deadline);
    ``timers_early`` counts waits fired before their deadline (must be 0);
    ``timers_started_late`` counts waits written after ``due`` (the calibration missed; their
-   lateness then includes the start); ``timer_duplicates`` is bench/workflows.py's ``audit``
-   (a step with two activations, a task two activations name, a workflow task no activation
-   names) plus waits fired more than once (must be 0).
+   lateness then includes the start); ``timer_duplicates`` counts instances with more than one
+   advance event that completed the timer step, plus waits fired beyond one per instance (must
+   be 0). The timer's step is the instance's last wait: what is measured is the firing (each
+   instance then ends), not a task after it (``orbit bench workflows`` measures those).
 2. **signals** -- bench/signals.py's phases on a fresh database (read its docstring): N single-task
    submissions and N signals through the HTTP API from the same concurrent clients
    (``signal_ratio`` = signals accepted per second ÷ tasks submitted per second, same run), then
@@ -21,6 +22,7 @@ engine (bench/workflows.py's ``_WorkflowPhase``). Figures come from the database
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -38,8 +40,7 @@ def timer_document() -> dict[str, Any]:
     return {"format": "orbit.weave/1",
             "input_schema": {"type": "object", "properties": {"at": {"type": "string"}}},
             "start": "wait", "steps": {
-                "wait": {"kind": "TIMER", "until": "input.at", "next": "work"},
-                "work": {"kind": "TASK", "queue": "bench", "handler": "noop", "next": "done"},
+                "wait": {"kind": "TIMER", "until": "input.at", "next": "done"},
                 "done": {"kind": "SUCCEED"}}}
 
 
@@ -52,12 +53,10 @@ def _db_now(conn: Any) -> datetime:
     return found.replace(tzinfo=UTC)
 
 
-def _timers(server: DatabaseUrl, logs: Path, db_pid: int | None, count: int, workers: int,
-            concurrency: int) -> dict[str, Any]:
+def _timers(server: DatabaseUrl, logs: Path, db_pid: int | None, count: int) -> dict[str, Any]:
     phase = _WorkflowPhase(server, logs, db_pid, {"timer": timer_document(),
                                                    "instant": _instant()})
     try:
-        phase.phase.start_workers(workers, concurrency)
         conn = connect_sync(phase.phase.url, autocommit=True)
         try:
             rate = phase.start("instant", CALIBRATION)
@@ -73,6 +72,14 @@ def _timers(server: DatabaseUrl, logs: Path, db_pid: int | None, count: int, wor
                             " WHERE kind = 'TIMER'")
                 waits = cur.fetchall()
             found = audit(conn)
+            with conn.cursor() as cur:
+                cur.execute("SELECT aggregate_id, payload FROM orbit_events"
+                            " WHERE aggregate_type = 'workflow_instance'"
+                            " AND event_type <> 'workflow.started'")
+                completions: dict[bytes, int] = {}
+                for instance_id, payload in cur.fetchall():
+                    if "wait" in json.loads(payload).get("completed", []):
+                        completions[instance_id] = completions.get(instance_id, 0) + 1
         finally:
             conn.close()
     finally:
@@ -87,14 +94,16 @@ def _timers(server: DatabaseUrl, logs: Path, db_pid: int | None, count: int, wor
             "timer_lateness_p99_ms": round(percentile(lateness, 0.99), 1),
             "timers_early": sum(1 for w in fired if w[0] < w[3]),
             "timers_started_late": sum(1 for w in waits if w[2] > naive_due),
-            "timer_duplicates": found["duplicates"] + max(0, len(fired) - count),
+            "timer_duplicates": (sum(n - 1 for n in completions.values())
+                                 + max(0, len(fired) - count)),
+            "timers_completed_once": sum(1 for n in completions.values() if n == 1),
             "timer_instances_finished": found["finished"] - CALIBRATION}
 
 
-def run(url_text: str | None, count: int, workers: int, concurrency: int) -> dict[str, Any]:
+def run(url_text: str | None, count: int) -> dict[str, Any]:
     with bench_server(url_text, "orbit-bench-waits-") as where:
         server, logs, db_pid = where.server, where.logs, where.db_pid
-        timers = _timers(server, logs, db_pid, count, workers, concurrency)
+        timers = _timers(server, logs, db_pid, count)
         _wait_purged(server.with_database(""))
         found = signals.measure(server, logs, db_pid, count)
     return {**found, **timers, "instances": count}

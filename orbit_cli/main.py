@@ -890,7 +890,7 @@ def bench_workflows(count: int, workers: int, concurrency: int, waits: bool,  # 
 
     url = os.environ.get("ORBIT_DATABASE_URL")
     if waits:
-        result = _bench_module("waits").run(url, instances, workers, concurrency)
+        result = _bench_module("waits").run(url, instances)
         if not as_json:
             click.echo("timers due in one second, signal acceptance vs task submission and "
                        "signal -> step advanced at half that rate (duplicates must be 0):")

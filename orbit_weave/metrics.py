@@ -10,6 +10,10 @@
 * ``orbit_weave_inbox_backlog`` / ``orbit_weave_inbox_oldest_age_seconds`` -- PENDING + LEASED
   inbox rows and the age of the oldest (database time);
 * ``orbit_weave_advances_due`` -- pending advances due or leased;
+* ``orbit_weave_advances_overdue_seconds`` -- database time since the oldest due, not yet leased
+  pending advance came due (how late timers, signal timeouts and poll rounds are running);
+* ``orbit_weave_signals_pending`` -- PENDING + LEASED signals (accepted, not yet consumed or
+  rejected: waiting for their wait, backing off, or in an engine's hands);
 * ``orbit_weave_inbox_quarantined`` -- QUARANTINED inbox rows (links missing: a person looks);
 * ``orbit_weave_instances{state}`` -- instances by state.
 
@@ -51,6 +55,13 @@ class EngineMetrics:
             "Age of the oldest PENDING or LEASED inbox row (database time).", registry=registry)
         self.due = prometheus_client.Gauge(
             "orbit_weave_advances_due", "Pending advances due or leased.", registry=registry)
+        self.overdue = prometheus_client.Gauge(
+            "orbit_weave_advances_overdue_seconds",
+            "Since the oldest due, unleased pending advance came due (database time).",
+            registry=registry)
+        self.signals_pending = prometheus_client.Gauge(
+            "orbit_weave_signals_pending", "PENDING + LEASED workflow signals.",
+            registry=registry)
         self.quarantined = prometheus_client.Gauge(
             "orbit_weave_inbox_quarantined", "QUARANTINED inbox rows.", registry=registry)
         self.instances = prometheus_client.Gauge(
@@ -72,6 +83,8 @@ class EngineMetrics:
         self.oldest.set(found.inbox_oldest_age_s)
         self.due.set(found.advances_due)
         self.quarantined.set(found.quarantined)
+        self.overdue.set(found.advances_overdue_s)
+        self.signals_pending.set(found.signals_pending)
         for state in STATES:
             self.instances.labels(state).set(found.instances.get(state, 0))
 

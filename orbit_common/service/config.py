@@ -227,8 +227,9 @@ class WeaveConfig:
     # How long a lease on an inbox row or pending advance holds before another replica may
     # take it (a killed engine's rows come back after this).
     lease_ms: int = attrs.field(default=30_000, validator=attrs.validators.ge(100))
-    # Rows leased per round, of each kind (inbox rows, pending advances).
-    batch: int = attrs.field(default=32, validator=[attrs.validators.ge(1),
+    # Rows leased per round, of each kind (inbox rows, pending advances); a round advances them
+    # in up to ``concurrency`` transactions of ``per_transaction`` instances at once.
+    batch: int = attrs.field(default=128, validator=[attrs.validators.ge(1),
                                                     attrs.validators.le(500)])
     # Instances advanced together in one transaction at most (each instance's advance is whole
     # in it; a batch that fails is retried instance by instance).

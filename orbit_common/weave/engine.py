@@ -156,6 +156,8 @@ class Gauges:
     advances_due: int  # PENDING and due, or LEASED
     quarantined: int
     instances: dict[str, int]  # by state
+    signals_pending: int = 0  # PENDING + LEASED signals (no wait yet, backing off, or in hand)
+    advances_overdue_s: float = 0.0  # database time since the oldest due PENDING advance was due
 
 
 @attrs.frozen
@@ -1517,6 +1519,11 @@ GAUGE_ADVANCES = ("SELECT COUNT(*) AS n FROM weave_pending_advances"
                   " FORCE INDEX (ix_weave_advances_due)"
                   " WHERE (state = 'PENDING' AND due_at <= UTC_TIMESTAMP(6)) OR state = 'LEASED'")
 GAUGE_INSTANCES = "SELECT state, COUNT(*) AS n FROM weave_instances GROUP BY state"
+GAUGE_SIGNALS = ("SELECT COUNT(*) AS n FROM weave_signals FORCE INDEX (ix_weave_signals_scan)"
+                 " WHERE state IN ('PENDING', 'LEASED')")
+GAUGE_OVERDUE = ("SELECT TIMESTAMPDIFF(MICROSECOND, MIN(due_at), UTC_TIMESTAMP(6)) AS lag_us"
+                 " FROM weave_pending_advances FORCE INDEX (ix_weave_advances_due)"
+                 " WHERE state = 'PENDING' AND due_at <= UTC_TIMESTAMP(6)")
 
 
 async def gauges(db: Database) -> Gauges:
@@ -1530,9 +1537,14 @@ async def gauges(db: Database) -> Gauges:
         due = (await cur.fetchone())["n"]
         await cur.execute(GAUGE_INSTANCES)
         by_state = {r["state"]: int(r["n"]) for r in await cur.fetchall()}
+        await cur.execute(GAUGE_SIGNALS)
+        pending_signals = (await cur.fetchone())["n"]
+        await cur.execute(GAUGE_OVERDUE)
+        overdue = (await cur.fetchone())["lag_us"]
         return Gauges(inbox_backlog=int(inbox["n"]),
                       inbox_oldest_age_s=max(0, int(inbox["age_us"] or 0)) / 1e6,
                       advances_due=int(due), quarantined=int(quarantined),
-                      instances=by_state)
+                      instances=by_state, signals_pending=int(pending_signals),
+                      advances_overdue_s=max(0, int(overdue or 0)) / 1e6)
 
     return await db.read("weave.gauges", body)

@@ -16,7 +16,7 @@ from orbit_common import errors
 from orbit_common.db.pool import Database, DatabaseUrl, open_database
 from orbit_common.model import jsondoc
 from orbit_common.weave import interpreter, language, signals
-from orbit_common.weave.engine import Engine
+from orbit_common.weave.engine import Engine, gauges
 from tests.conftest import make_tenant
 from tests.integration.weave.engine_support import (
     Flow,
@@ -29,6 +29,7 @@ from tests.integration.weave.engine_support import (
 )
 from tests.integration.weave.support import principal
 from tests.support import database, invariants
+from tests.support.lease_fixtures import db_time, wait_db_time_past
 
 
 @pytest.fixture(scope="module")
@@ -547,3 +548,21 @@ async def test_the_engine_agrees_with_the_interpreter(db: Database, engine: Engi
         step = (await flow.steps())["approve"]
         assert json.loads(step["error"]) == {"error": "signal_timeout", "step": "approve"}
     await clean(flow)
+
+
+async def test_gauges_count_pending_signals_and_how_overdue_the_oldest_due_advance_is(
+        db: Database, engine: Engine) -> None:
+    await drain(engine)
+    before = await gauges(db)
+    assert before.advances_overdue_s == 0
+    flow = await begin(db, await make_tenant(db), waiting(), {"order": "o-1"})
+    await wait_db_time_past(db, await db_time(db))
+    unleased = await gauges(db)  # the start's ROOT advance is due and no engine has run
+    assert unleased.advances_overdue_s > 0
+    await send(flow)  # before its wait exists: it stays pending
+    await drain(engine)
+    after = await gauges(db)
+    assert after.signals_pending == before.signals_pending + 1
+    assert after.advances_overdue_s == 0
+    (signal,) = await rows(flow, "weave_signals")
+    assert signal["state"] == "PENDING"

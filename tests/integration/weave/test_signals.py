@@ -246,14 +246,8 @@ async def test_timeout_fails_the_step_and_takes_on_timeout(db: Database,
     (wait,) = await rows(flow, "weave_waits")
     assert advance["due_at"] == wait["deadline_at"] == wait["first_deadline_at"]
 
-    async def ended() -> bool:
-        await drain(engine)
-        return bool((await flow.instance())["state"] != "RUNNING")
-
-    for _ in range(200):
-        if await ended():
-            break
-        await asyncio.sleep(0.05)  # the deadline is database time: nothing else to wait on
+    await wait_db_time_past(db, wait["deadline_at"])  # the deadline is database time
+    await drain(engine)
     instance = await flow.instance()
     assert instance["state"] == "FAILED"
     assert json.loads(instance["error"])["error"] == "no_approval"
@@ -294,12 +288,9 @@ async def test_expiry_backs_off_without_moving_expires_at(db: Database,
     assert backed["checks"] == 1
     assert backed["expires_at"] == before["expires_at"]
     assert before["available_at"] < backed["available_at"] <= backed["expires_at"]
-    for _ in range(100):
-        await drain(engine)
-        (row,) = await rows(flow, "weave_signals")
-        if row["state"] != "PENDING":
-            break
-        await asyncio.sleep(0.05)  # its expiry is database time
+    await wait_db_time_past(db, before["expires_at"])  # its expiry is database time
+    await drain(engine)
+    (row,) = await rows(flow, "weave_signals")
     assert (row["state"], row["disposition"]) == ("REJECTED", "expired")
     assert row["expires_at"] == before["expires_at"]
     assert row["checks"] >= 1
@@ -529,11 +520,12 @@ async def test_the_engine_agrees_with_the_interpreter(db: Database, engine: Engi
     flow = await begin(db, tenant, relay(timeout=not arrives), {"order": "o-9"})
     if arrives:
         await send(flow, key="o-9", payload={"amount": "12.50"}, version=2)
-    for _ in range(200):
+    await play(flow, engine, SCRIPT)
+    if not arrives:  # the instance waits at approve until its timeout (database time)
+        (wait,) = await rows(flow, "weave_waits")
+        await wait_db_time_past(db, wait["deadline_at"])
         await play(flow, engine, SCRIPT)
-        if (await flow.instance())["state"] != "RUNNING":
-            break
-        await asyncio.sleep(0.05)  # the timeout is database time
+    assert (await flow.instance())["state"] != "RUNNING"
     engine_result = json.loads((await flow.steps())["approve"]["output"] or "null")
     seen: list[tuple[str, bytes]] = []
 

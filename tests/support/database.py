@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pymysql
+import pytest
 
 import orbit_devdb as devdb
 from orbit_common.db.migrator import Migrator
-from orbit_common.db.pool import DatabaseUrl, connect_sync
+from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
 
 
 def server_url() -> DatabaseUrl:
@@ -65,3 +67,26 @@ def drop_database(url: DatabaseUrl, name: str) -> None:
 
 def scratch_name(prefix: str = "orbit_scratch") -> str:
     return f"{prefix}_{secrets.token_hex(4)}"
+
+
+def own_database(prefix: str, *, pool_max: int = 6) -> tuple[Any, Any]:
+    """The fixtures ``own_url`` (a migrated database of the module's own, created once per
+    module and dropped after it) and ``db`` (a pool on it) for a test module whose daemons or
+    scans read every namespace, such as the workflow engine's lease scans. In the module:
+    ``own_url, db = own_database("orbit_weave_polls")``."""
+
+    @pytest.fixture(scope="module")
+    def own_url(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
+        name = scratch_name(prefix)
+        yield create_database(server_url, name)
+        drop_database(server_url, name)
+
+    @pytest.fixture
+    async def db(own_url: DatabaseUrl) -> AsyncIterator[Database]:
+        pool = await open_database(own_url, minsize=1, maxsize=pool_max)
+        try:
+            yield pool
+        finally:
+            await pool.close()
+
+    return own_url, db

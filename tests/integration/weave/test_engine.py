@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import prometheus_client
@@ -49,21 +49,7 @@ from tests.support.lease_fixtures import (
 from tests.support.waiting import until
 from tests.unit.weave.strategies import definitions as random_definitions
 
-
-@pytest.fixture(scope="module")
-def own_url(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
-    name = database.scratch_name("orbit_weave_engine")
-    yield database.create_database(server_url, name)
-    database.drop_database(server_url, name)
-
-
-@pytest.fixture
-async def db(own_url: DatabaseUrl) -> AsyncIterator[Database]:
-    db = await open_database(own_url, minsize=1, maxsize=6)
-    try:
-        yield db
-    finally:
-        await db.close()
+own_url, db = database.own_database("orbit_weave_engine")
 
 
 @pytest.fixture

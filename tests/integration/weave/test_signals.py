@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from orbit_common import errors
-from orbit_common.db.pool import Database, DatabaseUrl, open_database
+from orbit_common.db.pool import Database
 from orbit_common.model import jsondoc
 from orbit_common.weave import interpreter, language, signals
 from orbit_common.weave.engine import Engine, gauges
@@ -31,21 +30,7 @@ from tests.integration.weave.support import principal
 from tests.support import database, invariants
 from tests.support.lease_fixtures import db_time, wait_db_time_past
 
-
-@pytest.fixture(scope="module")
-def own_url(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
-    name = database.scratch_name("orbit_weave_signals")
-    yield database.create_database(server_url, name)
-    database.drop_database(server_url, name)
-
-
-@pytest.fixture
-async def db(own_url: DatabaseUrl) -> AsyncIterator[Database]:
-    db = await open_database(own_url, minsize=1, maxsize=12)
-    try:
-        yield db
-    finally:
-        await db.close()
+own_url, db = database.own_database("orbit_weave_signals", pool_max=12)
 
 
 @pytest.fixture

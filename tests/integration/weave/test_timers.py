@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from orbit_common.db.clock import as_utc
-from orbit_common.db.pool import Database, DatabaseUrl, open_database
+from orbit_common.db.pool import Database
 from orbit_common.weave import leasing
 from orbit_common.weave.engine import Engine
 from tests.conftest import make_tenant
@@ -32,21 +31,7 @@ from tests.integration.weave.engine_support import (
 from tests.support import database, invariants
 from tests.support.lease_fixtures import db_time, make_queue, wait_db_time_past
 
-
-@pytest.fixture(scope="module")
-def own_url(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
-    name = database.scratch_name("orbit_weave_timers")
-    yield database.create_database(server_url, name)
-    database.drop_database(server_url, name)
-
-
-@pytest.fixture
-async def db(own_url: DatabaseUrl) -> AsyncIterator[Database]:
-    db = await open_database(own_url, minsize=1, maxsize=6)
-    try:
-        yield db
-    finally:
-        await db.close()
+own_url, db = database.own_database("orbit_weave_timers")
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Any, Final
 import attrs
 from orbit_sdk import TaskRequest
 from orbit_sdk.models import Task
-from orbit_sdk.outbox import OutboxEntry, enqueue_async
+from orbit_sdk.outbox import OutboxEntry, Receipt, enqueue_async
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,10 @@ class JobLink:
 
     table: Final = TABLE
 
-    async def on_sent(self, cur: Any, entry: OutboxEntry, task: Task) -> None:
+    async def on_sent(self, cur: Any, entry: OutboxEntry, receipt: Receipt) -> None:
+        if not isinstance(receipt, Task):
+            raise TypeError(f"a job got a workflow receipt {receipt.id}")
+        task = receipt
         await cur.execute(
             "UPDATE sender_jobs SET state = 'SUBMITTED', task_id = %s,"
             " updated_at = UTC_TIMESTAMP(6)"

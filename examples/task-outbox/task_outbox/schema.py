@@ -1,10 +1,11 @@
-"""The example's two tables, in the sending application's own database (not Orbit's).
+"""The example's tables, in the sending application's own database (not Orbit's).
 
 ``sender_outbox`` is the SDK's table (:data:`orbit_sdk.outbox.SENDER_OUTBOX_DDL`): pending
 requests, their leases and their receipts. ``sender_jobs`` is the business table: one row per
 job the application wants run, linked to its pending request (``outbox_id``) and, once Orbit
-accepted it, to its task (``task_id``). No foreign keys: the links are checked by the
-transactions that write them.
+accepted it, to its task (``task_id``). ``sender_workflow_actions`` (module
+``task_outbox.workflows``) is the business table of workflow starts and signals. No foreign
+keys: the links are checked by the transactions that write them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from orbit_sdk.outbox import SENDER_OUTBOX_DDL
+
+from task_outbox.workflows import SENDER_WORKFLOW_ACTIONS_DDL
 
 SENDER_JOBS_DDL: Final = """\
 CREATE TABLE IF NOT EXISTS sender_jobs (
@@ -34,10 +37,10 @@ CREATE TABLE IF NOT EXISTS sender_jobs (
   COMMENT='业务作业（示例业务表）：与待发请求同事务创建，受理回执记录时同事务关联 Orbit 任务'
 """
 
-TABLES: Final = (SENDER_OUTBOX_DDL, SENDER_JOBS_DDL)
+TABLES: Final = (SENDER_OUTBOX_DDL, SENDER_JOBS_DDL, SENDER_WORKFLOW_ACTIONS_DDL)
 
 
 async def init_db(cur: Any) -> None:
-    """Create both tables if they do not exist (DDL commits implicitly in MySQL)."""
+    """Create the tables if they do not exist (DDL commits implicitly in MySQL)."""
     for ddl in TABLES:
         await cur.execute(ddl)

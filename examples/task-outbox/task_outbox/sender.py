@@ -1,6 +1,14 @@
 """The sender: lease pending requests, send each to Orbit outside any transaction with its
 original idempotency key, record the receipt with the business link in one transaction.
 
+Operations. A row is a task submission (``tasks.submit``), a workflow start
+(``workflows.start``) or a signal (``workflows.signal``); :func:`orbit_sdk.outbox.send` sends
+each with the matching client call and checks the receipt. A sender leases by *lane*
+(``Settings.queues``): the ``queue`` column, which is the task's queue or the workflow
+definition's name. Rows are not ordered relative to each other: one pass sends its batch
+concurrently, and backoff reorders further (a signal sent ahead of its instance's start gets a
+404 and is retried after backoff).
+
 Identities. A request row (``sender_outbox.id``) carries the idempotency key fixed when the
 business transaction wrote it; every send of the row uses that key, so Orbit accepts it at most
 once and answers every later send with the original receipt. A lease is ``(generation,
@@ -51,7 +59,7 @@ from typing import Any, Final, Protocol
 import attrs
 from orbit_sdk import BadRequest, Client, Conflict, OrbitError, TooManyRequests, jsonvalue
 from orbit_sdk.models import Task
-from orbit_sdk.outbox import OutboxEntry, OutboxMismatch, send
+from orbit_sdk.outbox import OutboxEntry, OutboxMismatch, Receipt, send
 
 from task_outbox.database import transaction
 
@@ -111,7 +119,7 @@ class BusinessLink(Protocol):
     """Moves a business row with its request, inside the sender's transaction (after the
     request's guarded update succeeded). Registered per ``business_table``."""
 
-    async def on_sent(self, cur: Any, entry: OutboxEntry, task: Task) -> None: ...
+    async def on_sent(self, cur: Any, entry: OutboxEntry, receipt: Receipt) -> None: ...
 
     async def on_failed(self, cur: Any, entry: OutboxEntry, reason: str) -> None: ...
 
@@ -200,19 +208,23 @@ async def lease(pool: Any, *, namespace: str, queue: str, limit: int, lease_ms: 
     return await transaction(pool, body)
 
 
-async def record_sent(pool: Any, held: Lease, task: Task,
+async def record_sent(pool: Any, held: Lease, receipt: Receipt,
                       links: Mapping[str, BusinessLink]) -> None:
     """Save the receipt and the business link in one transaction, if the lease still holds
     (else :class:`LeaseLost`, nothing written). Locks: the outbox row, then the business row.
+    ``task_id`` is written for a task's receipt only; a workflow's or a signal's id is in the
+    receipt (and on the business row).
     """
+    task_id = receipt.id if isinstance(receipt, Task) else None
+
     async def body(cur: Any) -> None:
-        await cur.execute(_RECORD_SENT, (task.id, _receipt_json(task), held.entry.id,
+        await cur.execute(_RECORD_SENT, (task_id, _receipt_json(receipt), held.entry.id,
                                          held.token))
         if cur.rowcount != 1:
             raise LeaseLost(f"request {held.entry.id.hex()}: lease {held.generation} is gone")
         link = links.get(held.entry.business_table)
         if link is not None:
-            await link.on_sent(cur, held.entry, task)
+            await link.on_sent(cur, held.entry, receipt)
 
     await transaction(pool, body)
 
@@ -260,16 +272,18 @@ async def give_up(pool: Any, held: Lease, *, reason: str,
     return await transaction(pool, body)
 
 
-def _receipt_json(task: Task) -> str:
-    return jsonvalue.dumps(task.raw or {"id": task.id, "queue": task.queue,
-                                        "handler": task.handler, "state": task.state})
+def _receipt_json(receipt: Receipt) -> str:
+    if receipt.raw:
+        return jsonvalue.dumps(receipt.raw)
+    return jsonvalue.dumps({"id": receipt.id, "state": receipt.state})
 
 
-AfterSend = Callable[[Lease, Task], Awaitable[None] | None]
+AfterSend = Callable[[Lease, Receipt], Awaitable[None] | None]
 
 
 class Sender:
-    """Leases due requests of its namespace and queues, sends them concurrently (outside any
+    """Leases due requests of its namespace and lanes (``Settings.queues``: task queues and
+    workflow definition names), sends them concurrently (outside any
     transaction) and records each outcome. ``after_send`` runs between Orbit's acceptance and
     the recording transaction: a fault-injection point for tests."""
 
@@ -319,7 +333,7 @@ class Sender:
     async def _deliver(self, held: Lease) -> str:
         entry = held.entry
         try:
-            task = await send(self.client, entry)
+            receipt = await send(self.client, entry)
         except (OutboxMismatch, BadRequest, Conflict) as exc:
             # The request itself was refused (or does not match what was written): sending it
             # again cannot succeed. Kept as FAILED for a human.
@@ -337,17 +351,17 @@ class Sender:
                      exc, outcome)
             return "retried" if outcome == "retry" else outcome
         if self.after_send is not None:
-            maybe = self.after_send(held, task)
+            maybe = self.after_send(held, receipt)
             if maybe is not None:
                 await maybe
         try:
-            await record_sent(self.pool, held, task, self.links)
+            await record_sent(self.pool, held, receipt, self.links)
         except LeaseLost:
-            log.warning("request %s accepted as task %s, but lease %d lapsed before it was"
+            log.warning("request %s (%s) accepted as %s, but lease %d lapsed before it was"
                         " recorded; the next holder re-sends it and records the same receipt",
-                        entry.id.hex(), task.id, held.generation)
+                        entry.id.hex(), entry.operation, receipt.id, held.generation)
             return "lost"
-        log.info("request %s accepted as task %s", entry.id.hex(), task.id)
+        log.info("request %s (%s) accepted as %s", entry.id.hex(), entry.operation, receipt.id)
         return "sent"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from orbit_sdk.outbox import SENDER_OUTBOX_DDL
+from orbit_sdk.outbox import OPERATIONS, SENDER_OUTBOX_DDL
 
 from task_outbox.workflows import SENDER_WORKFLOW_ACTIONS_DDL
 
@@ -40,7 +40,25 @@ CREATE TABLE IF NOT EXISTS sender_jobs (
 TABLES: Final = (SENDER_OUTBOX_DDL, SENDER_JOBS_DDL, SENDER_WORKFLOW_ACTIONS_DDL)
 
 
+_OPERATION_CHECK: Final = "ck_sender_outbox_operation"
+
+WIDEN_OPERATIONS: Final = (
+    f"ALTER TABLE sender_outbox DROP CONSTRAINT {_OPERATION_CHECK},"
+    f" ADD CONSTRAINT {_OPERATION_CHECK} CHECK (operation IN ("
+    + ", ".join(f"'{op}'" for op in OPERATIONS) + "))")
+"""A ``sender_outbox`` created by an earlier version of the DDL allows ``tasks.submit`` only;
+this lets it hold workflow starts and signals too (MySQL 8.4 and MariaDB 10.11)."""
+
+
 async def init_db(cur: Any) -> None:
-    """Create the tables if they do not exist (DDL commits implicitly in MySQL)."""
+    """Create the tables if they do not exist, and widen an earlier ``sender_outbox``'s
+    operation check to every operation (DDL commits implicitly in MySQL)."""
     for ddl in TABLES:
         await cur.execute(ddl)
+    await cur.execute(
+        "SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS"
+        " WHERE CONSTRAINT_SCHEMA = DATABASE() AND CONSTRAINT_NAME = %s", (_OPERATION_CHECK,))
+    row = await cur.fetchone()
+    clause = row[0] if isinstance(row, tuple | list) else (row or {}).get("CHECK_CLAUSE")
+    if clause is not None and not all(op in str(clause) for op in OPERATIONS):
+        await cur.execute(WIDEN_OPERATIONS)

@@ -41,7 +41,7 @@ from orbit_common.pulse import tasks
 from orbit_common.pulse.model import TaskState
 from orbit_common.service.http.body import int_param, query_params, read_document, read_json
 from orbit_common.service.http.context import DB, request_id_of
-from orbit_common.weave import definitions, instances
+from orbit_common.weave import definitions, instances, timeline
 
 DEFINITIONS = "/v1/namespaces/{namespace}/workflow-definitions"
 DEFINITION = DEFINITIONS + "/{definition}"
@@ -52,6 +52,7 @@ INSTANCES = "/v1/namespaces/{namespace}/workflows"
 INSTANCE = INSTANCES + "/{workflow_id}"
 ROUNDS = INSTANCE + "/steps/{step}/rounds"
 WAITS = INSTANCE + "/waits"
+TIMELINE = INSTANCE + "/timeline"
 PAGE_MAX = definitions.LIST_MAX
 PUBLISH_FIELDS = frozenset({"revision", "document"})
 VALIDATE_FIELDS = frozenset({"document"})
@@ -314,6 +315,22 @@ async def list_rounds(request: web.Request) -> web.Response:
     return json_response(view)
 
 
+async def get_timeline(request: web.Request) -> web.Response:
+    """The instance's timeline of events, paged by database time (docs/api/workflows.md
+    § 时间线): a history view, not a consumption watermark."""
+    params = query_params(request, {"order", "limit", "cursor"})
+    limit = int_param(params, "limit", default=timeline.LIMIT_MAX, low=1,
+                      high=timeline.LIMIT_MAX)
+    order = params.get("order", "asc")
+    if order not in timeline.ORDERS:
+        raise errors.ValidationFailed([{"path": "?order", "message": "asc or desc"}])
+    page = await timeline.get_timeline(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"], order=order, limit=limit,
+        cursor=params.get("cursor"))
+    return json_response({"items": page.items, "next_cursor": page.next_cursor})
+
+
 def add_routes(app: web.Application) -> None:
     """Register the workflow routes."""
     app.router.add_post(DEFINITIONS, create_definition)
@@ -327,6 +344,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(INSTANCE, get_workflow)
     app.router.add_get(ROUNDS, list_rounds)
     app.router.add_get(WAITS, list_waits)
+    app.router.add_get(TIMELINE, get_timeline)
 
 
 # --- OpenAPI ------------------------------------------------------------------------------------
@@ -497,6 +515,27 @@ OPENAPI_PATHS: dict[str, Any] = {
                        "(at most one wait per activation)",
             "operationId": "listWorkflowWaits",
             "responses": {"200": _json("WorkflowWaitList", "The waits"), **_ERRORS,
+                          "404": _problem("namespace_not_found, or "
+                                          "workflow_instance_not_found")},
+        },
+    },
+    TIMELINE: {
+        "parameters": [_NAMESPACE_PARAM, _WORKFLOW_PARAM],
+        "get": {
+            "summary": "The instance's timeline: its own events and its signals' events in "
+                       "database-time order (a history view, not a consumption watermark)",
+            "operationId": "getWorkflowTimeline",
+            "parameters": [
+                {"name": "order", "in": "query",
+                 "schema": {"enum": list(timeline.ORDERS), "default": "asc"},
+                 "description": "asc: oldest first; desc: newest first"},
+                {**_LIMIT_PARAM, "schema": {"type": "integer", "minimum": 1,
+                                            "maximum": timeline.LIMIT_MAX,
+                                            "default": timeline.LIMIT_MAX}},
+                _CURSOR_PARAM,
+            ],
+            "responses": {"200": _json("WorkflowTimelinePage", "A page of events"),
+                          **_ERRORS,
                           "404": _problem("namespace_not_found, or "
                                           "workflow_instance_not_found")},
         },
@@ -700,6 +739,25 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "steps": {"type": "array", "items": ref("WorkflowStep"),
                       "description": "In GET of one instance"},
         },
+    },
+    "WorkflowEvent": {
+        "type": "object",
+        "required": ["id", "type", "aggregate_type", "aggregate_id", "aggregate_revision",
+                     "from_state", "to_state", "payload", "occurred_at"],
+        "properties": {
+            "id": ID, "type": {"type": "string", "description": "e.g. workflow.started"},
+            "aggregate_type": {"type": "string",
+                               "description": "workflow_instance or workflow_signal"},
+            "aggregate_id": ID, "aggregate_revision": {"type": "integer", "minimum": 1},
+            "from_state": {"type": ["string", "null"]}, "to_state": {"type": ["string", "null"]},
+            "payload": _JSON_ANY,
+            "occurred_at": {**TIME, "description": "Database time of the writing statement"},
+        },
+    },
+    "WorkflowTimelinePage": {
+        **_PAGE,
+        "properties": {"items": {"type": "array", "items": ref("WorkflowEvent")},
+                       "next_cursor": {"type": ["string", "null"]}},
     },
     "WorkflowPage": {
         **_PAGE,

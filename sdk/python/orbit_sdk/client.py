@@ -50,6 +50,7 @@ from orbit_sdk.schedules import (
 )
 from orbit_sdk.workflows import (
     WorkflowDefinition,
+    WorkflowEvent,
     WorkflowInstance,
     WorkflowPollRound,
     WorkflowPollRounds,
@@ -824,6 +825,20 @@ class Client:
         async for item in self._pages(self._ns(f"/workflows/{_seg(workflow_id)}/signals"),
                                       params):
             yield WorkflowSignal.from_json(item)
+
+    async def list_workflow_timeline(self, workflow_id: str, *, newest_first: bool = False,
+                                     page_size: int | None = None
+                                     ) -> AsyncIterator[WorkflowEvent]:
+        """The instance's timeline (its own events and its signals' events) in database-time
+        order, oldest first unless ``newest_first``, following ``next_cursor`` through every
+        page. A history view: an event committed late may carry an earlier time, so it is not
+        a position to resume consumption from (use a result subscription for that)."""
+        params = {"order": "desc" if newest_first else "asc"}
+        if page_size is not None:
+            params["limit"] = str(page_size)
+        async for item in self._pages(self._ns(f"/workflows/{_seg(workflow_id)}/timeline"),
+                                      params):
+            yield WorkflowEvent.from_json(item)
 
     # --- result subscriptions ----------------------------------------------------------------
 

@@ -324,6 +324,37 @@ class WorkflowInstance:
 
 
 @attrs.frozen(kw_only=True)
+class WorkflowEvent:
+    """One event of an instance's timeline: the instance's own events (``aggregate_type``
+    ``workflow_instance``: ``workflow.started``, ``workflow.advanced``, …) and its signals'
+    (``workflow_signal``). ``occurred_at`` is database time; the timeline is a history view,
+    not a consumption watermark (docs/api/workflows.md § 时间线)."""
+
+    id: str
+    type: str = ""
+    aggregate_type: str = ""
+    aggregate_id: str = ""
+    aggregate_revision: int = 0
+    from_state: str | None = None
+    to_state: str | None = None
+    payload: Any = None
+    occurred_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowEvent:
+        return cls(
+            id=_str(raw, "id") or "", type=_str(raw, "type") or "",
+            aggregate_type=_str(raw, "aggregate_type") or "",
+            aggregate_id=_str(raw, "aggregate_id") or "",
+            aggregate_revision=_int(raw, "aggregate_revision") or 0,
+            from_state=_str(raw, "from_state"), to_state=_str(raw, "to_state"),
+            payload=raw.get("payload"), occurred_at=parse_time(raw.get("occurred_at")),
+            raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
 class WorkflowSignal:
     """A signal sent to an instance: the send receipt (``state`` PENDING), a history item or
     one signal. ``disposition`` says how it ended (``consumed``, or why it can never win:

@@ -255,14 +255,19 @@ async def list_waits(request: web.Request) -> web.Response:
 
 
 async def list_workflows(request: web.Request) -> web.Response:
-    params = query_params(request, {"definition", "state", "business_key", "created_from",
-                                    "created_to", "limit", "cursor"})
+    params = query_params(request, {"definition", "version", "state", "business_key",
+                                    "created_from", "created_to", "limit", "cursor"})
     limit = int_param(params, "limit", default=instances.LIST_MAX, low=1,
                       high=instances.LIST_MAX)
+    version = (int_param(params, "version", default=1, low=1, high=VERSION_MAX)
+               if "version" in params else None)
     problems: Problems = []
     definition = params.get("definition")
     if definition is not None and not names.is_valid_name(definition):
         problems.append({"path": "?definition", "message": names.NAME_RULE})
+    if version is not None and definition is None:
+        problems.append({"path": "?version",
+                         "message": "needs definition (a version number is its definition's)"})
     state = params.get("state")
     if state is not None and state not in instances.STATES:
         problems.append({"path": "?state", "message": f"one of {', '.join(instances.STATES)}"})
@@ -287,7 +292,7 @@ async def list_workflows(request: web.Request) -> web.Response:
         request.app[DB], principal_of(request), namespace=_namespace(request),
         definition=definition, state=state, business_key=business_key,
         created_from=bounds.get("created_from"), created_to=bounds.get("created_to"),
-        limit=limit, cursor=params.get("cursor"))
+        limit=limit, cursor=params.get("cursor"), version=version)
     return json_response({"items": page.items, "next_cursor": page.next_cursor})
 
 
@@ -460,6 +465,8 @@ OPENAPI_PATHS: dict[str, Any] = {
             "operationId": "listWorkflows",
             "parameters": [
                 {"name": "definition", "in": "query", "schema": NAME},
+                {"name": "version", "in": "query", "schema": _VERSION,
+                 "description": "The pinned version; only with definition"},
                 {"name": "state", "in": "query", "schema": {"enum": list(instances.STATES)}},
                 {"name": "business_key", "in": "query",
                  "schema": {"type": "string", "minLength": 1,

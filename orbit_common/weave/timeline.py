@@ -110,11 +110,9 @@ async def page(cur: Any, namespace_id: bytes, instance_id: bytes, *, order: str,
     return cursors.Page(items=[event_view(r) for r in merged], next_cursor=next_cursor)
 
 
-async def get_timeline(db: Database, principal: credentials.Principal, *, namespace: str,
-                       instance_id: str, order: str = "asc", limit: int = LIMIT_MAX,
-                       cursor: str | None = None) -> cursors.Page:
-    """The instance's timeline, oldest first (``order`` ``asc``) or newest first (``desc``),
-    cursor-paged; the cursor is bound to the namespace, the instance and the order."""
+def check(instance_id: str, order: str, limit: int) -> bytes:
+    """The instance's id once ``order`` and ``limit`` are valid (``validation_failed``; an id
+    that is not one is ``workflow_instance_not_found``, like an unknown one)."""
     problems = []
     if order not in ORDERS:
         problems.append({"path": "order", "message": "asc or desc"})
@@ -123,19 +121,31 @@ async def get_timeline(db: Database, principal: credentials.Principal, *, namesp
     if problems:
         raise errors.ValidationFailed(problems)
     try:
-        raw_id = ids.from_hex(instance_id)
+        return ids.from_hex(instance_id)
     except ValueError as exc:
         raise instances.InstanceNotFound("no such workflow instance in this namespace") from exc
+
+
+async def exists(cur: Any, namespace_id: bytes, instance_id: bytes) -> None:
+    await cur.execute("SELECT id FROM weave_instances WHERE namespace_id = %s AND id = %s",
+                      (namespace_id, instance_id))
+    if await cur.fetchone() is None:
+        raise instances.InstanceNotFound("no such workflow instance in this namespace")
+
+
+async def get_timeline(db: Database, principal: credentials.Principal, *, namespace: str,
+                       instance_id: str, order: str = "asc", limit: int = LIMIT_MAX,
+                       cursor: str | None = None) -> cursors.Page:
+    """The instance's timeline, oldest first (``order`` ``asc``) or newest first (``desc``),
+    cursor-paged; the cursor is bound to the namespace, the instance and the order."""
+    raw_id = check(instance_id, order, limit)
     filters = {"namespace": namespace, "workflow_id": raw_id.hex(), "order": order}
     position = (cursors.time_position(cursors.decode(cursor, "workflow_timeline", filters))
                 if cursor else None)
 
     async def body(cur: Any) -> cursors.Page:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        await cur.execute("SELECT id FROM weave_instances WHERE namespace_id = %s AND id = %s",
-                          (ns.id, raw_id))
-        if await cur.fetchone() is None:
-            raise instances.InstanceNotFound("no such workflow instance in this namespace")
+        await exists(cur, ns.id, raw_id)
         return await page(cur, ns.id, raw_id, order=order, limit=limit, position=position,
                           filters=filters)
 

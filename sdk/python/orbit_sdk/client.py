@@ -769,10 +769,14 @@ class Client:
         created_from: dt.datetime | str | None = None,
         created_to: dt.datetime | str | None = None,
         page_size: int | None = None,
+        version: int | None = None,
     ) -> AsyncIterator[WorkflowInstance]:
         """Instances newest first, following ``next_cursor`` through every page.
-        ``created_from`` is inclusive, ``created_to`` exclusive."""
+        ``created_from`` is inclusive, ``created_to`` exclusive; ``version`` (the pinned
+        version) only with ``definition``."""
         params: dict[str, str] = {}
+        if version is not None:
+            params["version"] = str(version)
         for key, value in (("definition", definition), ("state", state),
                            ("business_key", business_key)):
             if value is not None:

@@ -641,11 +641,14 @@ def workflows_instances_list(  # noqa: PLR0917 - one parameter per click option
 @workflows_instances.command("get")
 @click.argument("instance_id")
 @click.option("--namespace", required=True)
+@click.option("--all-activations", is_flag=True,
+              help="Every activation of each step, historical ones too (default: current).")
 @click.pass_context
-def workflows_instances_get(ctx: click.Context, instance_id: str, namespace: str) -> None:
+def workflows_instances_get(ctx: click.Context, instance_id: str, namespace: str,
+                            all_activations: bool) -> None:
     """An instance with its steps, activations and what each task's result has become."""
     _echo_document(_with_db(ctx, lambda db: weave_operator.get_instance(
-        db, namespace=namespace, instance_id=instance_id)))
+        db, namespace=namespace, instance_id=instance_id, all_activations=all_activations)))
 
 
 @workflows_instances.command("timeline")

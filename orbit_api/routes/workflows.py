@@ -53,6 +53,7 @@ INSTANCE = INSTANCES + "/{workflow_id}"
 ROUNDS = INSTANCE + "/steps/{step}/rounds"
 WAITS = INSTANCE + "/waits"
 TIMELINE = INSTANCE + "/timeline"
+ACTIVATION_VIEWS = ("current", "all")
 PAGE_MAX = definitions.LIST_MAX
 PUBLISH_FIELDS = frozenset({"revision", "document"})
 VALIDATE_FIELDS = frozenset({"document"})
@@ -239,10 +240,13 @@ async def start_workflow(request: web.Request) -> web.Response:
 
 
 async def get_workflow(request: web.Request) -> web.Response:
-    query_params(request, ())
+    params = query_params(request, {"activations"})
+    shown = params.get("activations", "current")
+    if shown not in ACTIVATION_VIEWS:
+        raise errors.ValidationFailed([{"path": "?activations", "message": "current or all"}])
     view = await instances.get_instance(
         request.app[DB], principal_of(request), namespace=_namespace(request),
-        instance_id=request.match_info["workflow_id"])
+        instance_id=request.match_info["workflow_id"], all_activations=shown == "all")
     return json_response(view)
 
 
@@ -490,6 +494,11 @@ OPENAPI_PATHS: dict[str, Any] = {
         "get": {
             "summary": "A workflow instance with its steps and their activations",
             "operationId": "getWorkflow",
+            "parameters": [{
+                "name": "activations", "in": "query",
+                "schema": {"enum": list(ACTIVATION_VIEWS), "default": "current"},
+                "description": "current: each step's current (newest) activation; all: every "
+                               "activation, historical ones too, in sequence order"}],
             "responses": {"200": _json("Workflow", "The instance"), **_ERRORS,
                           "404": _problem("namespace_not_found, or "
                                           "workflow_instance_not_found")},
@@ -675,7 +684,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     },
     "WorkflowStep": {
         "type": "object",
-        "required": ["id", "name", "kind", "state", "revision", "activations"],
+        "required": ["id", "name", "kind", "state", "revision", "activation_count",
+                     "current_activation", "activations"],
         "properties": {
             "id": ID, "name": {"type": "string"},
             "kind": {"enum": ["ROOT", "TASK", "CHOICE", "PARALLEL", "SUCCEED", "FAIL", "TIMER",
@@ -684,7 +694,14 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                                "CANCELLED", "SKIPPED"]},
             "revision": {"type": "integer", "minimum": 1}, "output": _JSON_ANY,
             "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
-            "activations": {"type": "array", "items": ref("WorkflowActivation")},
+            "activation_count": {"type": "integer", "minimum": 0,
+                                 "description": "Activations the step has had"},
+            "current_activation": {"type": ["integer", "null"], "minimum": 1,
+                                   "description": "Sequence of the current (newest) "
+                                                  "activation; null before the first"},
+            "activations": {"type": "array", "items": ref("WorkflowActivation"),
+                            "description": "The current activation; every one with "
+                                           "?activations=all"},
             "waits": {"type": "array", "items": ref("WorkflowWait"),
                       "description": "In GET of one instance: the step's waits (TIMER and "
                                      "SIGNAL steps; empty for others)"},

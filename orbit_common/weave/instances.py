@@ -111,9 +111,11 @@ def step_view(row: dict[str, Any], activations: list[dict[str, Any]],
             return {"task_state": None, "result": "none"}
         return {"task_state": found.task_state, "result": found.result}
 
+    count = row["activation_count"]
     return {
         "id": row["id"].hex(), "name": row["name"], "kind": row["kind"], "state": row["state"],
-        "revision": row["revision"],
+        "revision": row["revision"], "activation_count": count,
+        "current_activation": count or None,
         "output": jsondoc.RawJson(row["output"]) if row["output"] is not None else None,
         "error": jsondoc.RawJson(row["error"]) if row["error"] is not None else None,
         "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
@@ -247,8 +249,9 @@ async def _instance(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[s
 
 
 async def get_instance(db: Database, principal: credentials.Principal, *, namespace: str,
-                       instance_id: str) -> dict[str, Any]:
-    """The instance with its steps and each step's activations (in sequence order)."""
+                       instance_id: str, all_activations: bool = False) -> dict[str, Any]:
+    """The instance with its steps, each with its current activation (or, with
+    ``all_activations``, every activation in sequence order)."""
     try:
         raw_id = ids.from_hex(instance_id)
     except ValueError as exc:
@@ -256,7 +259,7 @@ async def get_instance(db: Database, principal: credentials.Principal, *, namesp
 
     async def body(cur: Any) -> dict[str, Any]:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        return await detail(cur, ns.id, raw_id)
+        return await detail(cur, ns.id, raw_id, all_activations=all_activations)
 
     return await db.read("workflows.instances.get", body)
 
@@ -278,15 +281,28 @@ async def list_waits(db: Database, principal: credentials.Principal, *, namespac
     return await db.read("workflows.waits.list", body)
 
 
-async def detail(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[str, Any]:
-    """An instance's view with its steps, their activations and what each activation's task
-    result has become (:func:`task_results`); ``InstanceNotFound`` when there is none."""
+# A step's current activation is its newest (sequence = the step's activation_count): a retry
+# or re-arm makes a new one and supersedes the old. Parameters: namespace id, instance id.
+CURRENT_ACTIVATIONS = (
+    "SELECT a.* FROM weave_steps s STRAIGHT_JOIN weave_activations a"
+    " ON a.namespace_id = s.namespace_id AND a.instance_id = s.instance_id"
+    " AND a.step_id = s.id AND a.sequence = s.activation_count"
+    " WHERE s.namespace_id = %s AND s.instance_id = %s")
+# Every activation of the instance (historical ones too). Parameters: as CURRENT_ACTIVATIONS.
+ALL_ACTIVATIONS = ("SELECT * FROM weave_activations WHERE namespace_id = %s"
+                   " AND instance_id = %s ORDER BY step_id, sequence")
+
+
+async def detail(cur: Any, namespace_id: bytes, instance_id: bytes, *,
+                 all_activations: bool = False) -> dict[str, Any]:
+    """An instance's view with its steps, each step's current activation (every activation
+    with ``all_activations``) and what each shown activation's task result has become
+    (:func:`task_results`); ``InstanceNotFound`` when there is none."""
     view = instance_view(await _instance(cur, namespace_id, instance_id))
     await cur.execute("SELECT * FROM weave_steps WHERE namespace_id = %s"
                       " AND instance_id = %s ORDER BY created_at, id", (namespace_id, instance_id))
     steps = [dict(r) for r in await cur.fetchall()]
-    await cur.execute("SELECT * FROM weave_activations WHERE namespace_id = %s"
-                      " AND instance_id = %s ORDER BY step_id, sequence",
+    await cur.execute(ALL_ACTIVATIONS if all_activations else CURRENT_ACTIVATIONS,
                       (namespace_id, instance_id))
     by_step: dict[bytes, list[dict[str, Any]]] = {}
     task_ids: list[bytes] = []

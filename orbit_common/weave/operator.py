@@ -71,8 +71,10 @@ async def list_instances(db: Database, *, namespace: str, definition: str | None
     return await db.read("weave.operator.instances", body)
 
 
-async def get_instance(db: Database, *, namespace: str, instance_id: str) -> dict[str, Any]:
-    """An instance with its steps, activations and their tasks' results."""
+async def get_instance(db: Database, *, namespace: str, instance_id: str,
+                       all_activations: bool = False) -> dict[str, Any]:
+    """An instance with its steps, their current activations (every activation with
+    ``all_activations``) and their tasks' results."""
     try:
         raw_id = ids.from_hex(instance_id)
     except ValueError as exc:
@@ -80,7 +82,7 @@ async def get_instance(db: Database, *, namespace: str, instance_id: str) -> dic
 
     async def body(cur: Any) -> dict[str, Any]:
         ns = await _namespace(cur, namespace)
-        return await instances.detail(cur, ns.id, raw_id)
+        return await instances.detail(cur, ns.id, raw_id, all_activations=all_activations)
 
     return await db.read("weave.operator.instance", body)
 

@@ -145,6 +145,12 @@ READS: dict[str, tuple[Callable[[WeaveSeed], tuple[str, Any]], str, str, int]] =
         lambda s: (polls.LOAD_ADVANCES.format(ids=placeholders(20)),
                    (s.namespace_id, *s.instance_ids)),
         "weave_pending_advances", "uq_weave_advances_step", 40),
+    "instances.CURRENT_ACTIVATIONS": (
+        lambda s: (instances.CURRENT_ACTIVATIONS, (s.namespace_id, s.instance_ids[3])),
+        "a", "PRIMARY", 2),
+    "instances.ALL_ACTIVATIONS": (
+        lambda s: (instances.ALL_ACTIVATIONS, (s.namespace_id, s.instance_ids[3])),
+        "weave_activations", "PRIMARY", 2),
     "instances.list": (_list, "i", "ix_weave_instances_created", 2 * INSTANCES),
     "instances.list_by_definition": (
         lambda s: _list(s, definition_id=s.definition_id), "i",

@@ -727,11 +727,14 @@ class Client:
                                idempotency_key=idempotency_key or new_idempotency_key())
         return WorkflowInstance.from_json(raw)
 
-    async def get_workflow(self, workflow_id: str) -> WorkflowInstance:
-        """An instance with its steps and their activations (and, for each activation with a
-        task, the task's state and whether the engine has consumed its result)."""
+    async def get_workflow(self, workflow_id: str, *, all_activations: bool = False
+                           ) -> WorkflowInstance:
+        """An instance with its steps, each with its current activation -- every activation,
+        historical ones too, with ``all_activations`` (and, for each activation with a task,
+        the task's state and whether the engine has consumed its result)."""
+        query = {"activations": "all"} if all_activations else {}
         return WorkflowInstance.from_json(await self._get(self._ns(
-            f"/workflows/{_seg(workflow_id)}")))
+            f"/workflows/{_seg(workflow_id)}"), query))
 
     async def get_poll_rounds(self, workflow_id: str, step: str, *,
                               page_size: int | None = None) -> WorkflowPollRounds:

@@ -247,8 +247,9 @@ class WorkflowPollRounds:
 
 @attrs.frozen(kw_only=True)
 class WorkflowStep:
-    """A step of an instance (``$root`` is the internal first one), its activations and (in
-    the detail) its waits: a TIMER or SIGNAL step's ``weave_waits`` rows."""
+    """A step of an instance (``$root`` is the internal first one), its activations (the
+    current one, ``current_activation``; every one when asked for all) and (in the detail) its
+    waits: a TIMER or SIGNAL step's ``weave_waits`` rows."""
 
     id: str
     name: str
@@ -260,6 +261,8 @@ class WorkflowStep:
     created_at: dt.datetime | None = None
     updated_at: dt.datetime | None = None
     activations: tuple[WorkflowActivation, ...] = ()
+    activation_count: int = 0
+    current_activation: int | None = None  # the current (newest) activation's sequence
     poll: WorkflowPollState | None = None  # a POLL step's query
     waits: tuple[WorkflowWait, ...] = ()
     raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
@@ -275,6 +278,8 @@ class WorkflowStep:
             updated_at=parse_time(raw.get("updated_at")),
             activations=tuple(WorkflowActivation.from_json(a)
                               for a in _objects(raw, "activations")),
+            activation_count=_int(raw, "activation_count") or 0,
+            current_activation=_int(raw, "current_activation"),
             poll=WorkflowPollState.from_json(poll) if isinstance(poll, Mapping) else None,
             waits=tuple(WorkflowWait.from_json(w) for w in _objects(raw, "waits")),
             raw=dict(raw),

@@ -498,10 +498,12 @@ class ListFilters:
     def bound(self) -> dict[str, Any]:
         """What a cursor is bound to (the version only when given, so that a cursor issued
         before the version filter existed still fits its filter)."""
-        bound = {"definition": self.definition, "state": self.state,
-                 "business_key": self.business_key,
-                 "created_from": self.created_from.isoformat() if self.created_from else None,
-                 "created_to": self.created_to.isoformat() if self.created_to else None}
+        bound: dict[str, Any] = {"definition": self.definition, "state": self.state,
+                                 "business_key": self.business_key,
+                                 "created_from": (self.created_from.isoformat()
+                                                  if self.created_from else None),
+                                 "created_to": (self.created_to.isoformat()
+                                                if self.created_to else None)}
         if self.version is not None:
             bound["version"] = self.version
         return bound

@@ -32,7 +32,8 @@ async def two_versions(api: TestClient[Any, Any], tenant: Tenant
     await ok(api, "POST", ns(tenant, "/workflow-definitions/orders/versions"), tenant,
              {"revision": 2, "document": doc(handler="work.again")})
     second = [await start(api, tenant, business_key=f"k{i}") for i in range(2)]
-    assert {w["version"] for w in first} == {1} and {w["version"] for w in second} == {2}
+    assert {w["version"] for w in first} == {1}
+    assert {w["version"] for w in second} == {2}
     return first, second
 
 

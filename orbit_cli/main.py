@@ -30,6 +30,7 @@ from orbit_common.service.config import ConfigError, OrbitConfig, load_config
 from orbit_common.weave import instances as weave_instances
 from orbit_common.weave import operator as weave_operator
 from orbit_common.weave import signals as weave_signals
+from orbit_common.weave import timeline as weave_timeline
 
 T = TypeVar("T")
 
@@ -619,17 +620,19 @@ def workflows_instances() -> None:
 @click.option("--definition", help="Only this definition's instances.")
 @click.option("--state", type=click.Choice(weave_instances.STATES))
 @click.option("--business-key", help="Only instances with this business key (exact).")
+@click.option("--version", type=click.IntRange(1, weave_instances.VERSION_MAX),
+              help="Only instances pinned to this version (needs --definition).")
 @click.option("--limit", type=click.IntRange(1, weave_instances.LIST_MAX), default=100,
               show_default=True)
 @click.pass_context
 def workflows_instances_list(  # noqa: PLR0917 - one parameter per click option
     ctx: click.Context, namespace: str, definition: str | None, state: str | None,
-    business_key: str | None, limit: int,
+    business_key: str | None, version: int | None, limit: int,
 ) -> None:
     """One JSON line per instance, newest first: id, definition, version, state, key."""
     page = _with_db(ctx, lambda db: weave_operator.list_instances(
         db, namespace=namespace, definition=definition, state=state, business_key=business_key,
-        limit=limit))
+        limit=limit, version=version))
     for view in page.items:
         _echo_line({k: view[k] for k in ("id", "definition", "version", "state",
                                          "business_key", "created_at", "completed_at")})
@@ -638,11 +641,32 @@ def workflows_instances_list(  # noqa: PLR0917 - one parameter per click option
 @workflows_instances.command("get")
 @click.argument("instance_id")
 @click.option("--namespace", required=True)
+@click.option("--all-activations", is_flag=True,
+              help="Every activation of each step, historical ones too (default: current).")
 @click.pass_context
-def workflows_instances_get(ctx: click.Context, instance_id: str, namespace: str) -> None:
+def workflows_instances_get(ctx: click.Context, instance_id: str, namespace: str,
+                            all_activations: bool) -> None:
     """An instance with its steps, activations and what each task's result has become."""
     _echo_document(_with_db(ctx, lambda db: weave_operator.get_instance(
-        db, namespace=namespace, instance_id=instance_id)))
+        db, namespace=namespace, instance_id=instance_id, all_activations=all_activations)))
+
+
+@workflows_instances.command("timeline")
+@click.argument("instance_id")
+@click.option("--namespace", required=True)
+@click.option("--newest-first", is_flag=True, help="Newest event first (default: oldest).")
+@click.option("--limit", type=click.IntRange(1, weave_timeline.LIMIT_MAX), default=100,
+              show_default=True)
+@click.pass_context
+def workflows_instances_timeline(ctx: click.Context, instance_id: str, namespace: str,
+                                 newest_first: bool, limit: int) -> None:
+    """One JSON line per event of the instance's timeline (its own and its signals' events)
+    in database-time order: a history view, not a consumption watermark."""
+    page = _with_db(ctx, lambda db: weave_operator.instance_timeline(
+        db, namespace=namespace, instance_id=instance_id,
+        order="desc" if newest_first else "asc", limit=limit))
+    for view in page.items:
+        _echo_line(view)
 
 
 @admin_workflows.group("signals")

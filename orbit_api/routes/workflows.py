@@ -41,7 +41,7 @@ from orbit_common.pulse import tasks
 from orbit_common.pulse.model import TaskState
 from orbit_common.service.http.body import int_param, query_params, read_document, read_json
 from orbit_common.service.http.context import DB, request_id_of
-from orbit_common.weave import definitions, instances
+from orbit_common.weave import definitions, instances, timeline
 
 DEFINITIONS = "/v1/namespaces/{namespace}/workflow-definitions"
 DEFINITION = DEFINITIONS + "/{definition}"
@@ -52,6 +52,8 @@ INSTANCES = "/v1/namespaces/{namespace}/workflows"
 INSTANCE = INSTANCES + "/{workflow_id}"
 ROUNDS = INSTANCE + "/steps/{step}/rounds"
 WAITS = INSTANCE + "/waits"
+TIMELINE = INSTANCE + "/timeline"
+ACTIVATION_VIEWS = ("current", "all")
 PAGE_MAX = definitions.LIST_MAX
 PUBLISH_FIELDS = frozenset({"revision", "document"})
 VALIDATE_FIELDS = frozenset({"document"})
@@ -238,10 +240,13 @@ async def start_workflow(request: web.Request) -> web.Response:
 
 
 async def get_workflow(request: web.Request) -> web.Response:
-    query_params(request, ())
+    params = query_params(request, {"activations"})
+    shown = params.get("activations", "current")
+    if shown not in ACTIVATION_VIEWS:
+        raise errors.ValidationFailed([{"path": "?activations", "message": "current or all"}])
     view = await instances.get_instance(
         request.app[DB], principal_of(request), namespace=_namespace(request),
-        instance_id=request.match_info["workflow_id"])
+        instance_id=request.match_info["workflow_id"], all_activations=shown == "all")
     return json_response(view)
 
 
@@ -254,14 +259,19 @@ async def list_waits(request: web.Request) -> web.Response:
 
 
 async def list_workflows(request: web.Request) -> web.Response:
-    params = query_params(request, {"definition", "state", "business_key", "created_from",
-                                    "created_to", "limit", "cursor"})
+    params = query_params(request, {"definition", "version", "state", "business_key",
+                                    "created_from", "created_to", "limit", "cursor"})
     limit = int_param(params, "limit", default=instances.LIST_MAX, low=1,
                       high=instances.LIST_MAX)
+    version = (int_param(params, "version", default=1, low=1, high=VERSION_MAX)
+               if "version" in params else None)
     problems: Problems = []
     definition = params.get("definition")
     if definition is not None and not names.is_valid_name(definition):
         problems.append({"path": "?definition", "message": names.NAME_RULE})
+    if version is not None and definition is None:
+        problems.append({"path": "?version",
+                         "message": "needs definition (a version number is its definition's)"})
     state = params.get("state")
     if state is not None and state not in instances.STATES:
         problems.append({"path": "?state", "message": f"one of {', '.join(instances.STATES)}"})
@@ -286,7 +296,7 @@ async def list_workflows(request: web.Request) -> web.Response:
         request.app[DB], principal_of(request), namespace=_namespace(request),
         definition=definition, state=state, business_key=business_key,
         created_from=bounds.get("created_from"), created_to=bounds.get("created_to"),
-        limit=limit, cursor=params.get("cursor"))
+        limit=limit, cursor=params.get("cursor"), version=version)
     return json_response({"items": page.items, "next_cursor": page.next_cursor})
 
 
@@ -314,6 +324,22 @@ async def list_rounds(request: web.Request) -> web.Response:
     return json_response(view)
 
 
+async def get_timeline(request: web.Request) -> web.Response:
+    """The instance's timeline of events, paged by database time (docs/api/workflows.md
+    § 时间线): a history view, not a consumption watermark."""
+    params = query_params(request, {"order", "limit", "cursor"})
+    limit = int_param(params, "limit", default=timeline.LIMIT_MAX, low=1,
+                      high=timeline.LIMIT_MAX)
+    order = params.get("order", "asc")
+    if order not in timeline.ORDERS:
+        raise errors.ValidationFailed([{"path": "?order", "message": "asc or desc"}])
+    page = await timeline.get_timeline(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"], order=order, limit=limit,
+        cursor=params.get("cursor"))
+    return json_response({"items": page.items, "next_cursor": page.next_cursor})
+
+
 def add_routes(app: web.Application) -> None:
     """Register the workflow routes."""
     app.router.add_post(DEFINITIONS, create_definition)
@@ -327,6 +353,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(INSTANCE, get_workflow)
     app.router.add_get(ROUNDS, list_rounds)
     app.router.add_get(WAITS, list_waits)
+    app.router.add_get(TIMELINE, get_timeline)
 
 
 # --- OpenAPI ------------------------------------------------------------------------------------
@@ -442,6 +469,8 @@ OPENAPI_PATHS: dict[str, Any] = {
             "operationId": "listWorkflows",
             "parameters": [
                 {"name": "definition", "in": "query", "schema": NAME},
+                {"name": "version", "in": "query", "schema": _VERSION,
+                 "description": "The pinned version; only with definition"},
                 {"name": "state", "in": "query", "schema": {"enum": list(instances.STATES)}},
                 {"name": "business_key", "in": "query",
                  "schema": {"type": "string", "minLength": 1,
@@ -465,6 +494,11 @@ OPENAPI_PATHS: dict[str, Any] = {
         "get": {
             "summary": "A workflow instance with its steps and their activations",
             "operationId": "getWorkflow",
+            "parameters": [{
+                "name": "activations", "in": "query",
+                "schema": {"enum": list(ACTIVATION_VIEWS), "default": "current"},
+                "description": "current: each step's current (newest) activation; all: every "
+                               "activation, historical ones too, in sequence order"}],
             "responses": {"200": _json("Workflow", "The instance"), **_ERRORS,
                           "404": _problem("namespace_not_found, or "
                                           "workflow_instance_not_found")},
@@ -497,6 +531,27 @@ OPENAPI_PATHS: dict[str, Any] = {
                        "(at most one wait per activation)",
             "operationId": "listWorkflowWaits",
             "responses": {"200": _json("WorkflowWaitList", "The waits"), **_ERRORS,
+                          "404": _problem("namespace_not_found, or "
+                                          "workflow_instance_not_found")},
+        },
+    },
+    TIMELINE: {
+        "parameters": [_NAMESPACE_PARAM, _WORKFLOW_PARAM],
+        "get": {
+            "summary": "The instance's timeline: its own events and its signals' events in "
+                       "database-time order (a history view, not a consumption watermark)",
+            "operationId": "getWorkflowTimeline",
+            "parameters": [
+                {"name": "order", "in": "query",
+                 "schema": {"enum": list(timeline.ORDERS), "default": "asc"},
+                 "description": "asc: oldest first; desc: newest first"},
+                {**_LIMIT_PARAM, "schema": {"type": "integer", "minimum": 1,
+                                            "maximum": timeline.LIMIT_MAX,
+                                            "default": timeline.LIMIT_MAX}},
+                _CURSOR_PARAM,
+            ],
+            "responses": {"200": _json("WorkflowTimelinePage", "A page of events"),
+                          **_ERRORS,
                           "404": _problem("namespace_not_found, or "
                                           "workflow_instance_not_found")},
         },
@@ -629,7 +684,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     },
     "WorkflowStep": {
         "type": "object",
-        "required": ["id", "name", "kind", "state", "revision", "activations"],
+        "required": ["id", "name", "kind", "state", "revision", "activation_count",
+                     "current_activation", "activations"],
         "properties": {
             "id": ID, "name": {"type": "string"},
             "kind": {"enum": ["ROOT", "TASK", "CHOICE", "PARALLEL", "SUCCEED", "FAIL", "TIMER",
@@ -638,7 +694,14 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                                "CANCELLED", "SKIPPED"]},
             "revision": {"type": "integer", "minimum": 1}, "output": _JSON_ANY,
             "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
-            "activations": {"type": "array", "items": ref("WorkflowActivation")},
+            "activation_count": {"type": "integer", "minimum": 0,
+                                 "description": "Activations the step has had"},
+            "current_activation": {"type": ["integer", "null"], "minimum": 1,
+                                   "description": "Sequence of the current (newest) "
+                                                  "activation; null before the first"},
+            "activations": {"type": "array", "items": ref("WorkflowActivation"),
+                            "description": "The current activation; every one with "
+                                           "?activations=all"},
             "waits": {"type": "array", "items": ref("WorkflowWait"),
                       "description": "In GET of one instance: the step's waits (TIMER and "
                                      "SIGNAL steps; empty for others)"},
@@ -700,6 +763,25 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "steps": {"type": "array", "items": ref("WorkflowStep"),
                       "description": "In GET of one instance"},
         },
+    },
+    "WorkflowEvent": {
+        "type": "object",
+        "required": ["id", "type", "aggregate_type", "aggregate_id", "aggregate_revision",
+                     "from_state", "to_state", "payload", "occurred_at"],
+        "properties": {
+            "id": ID, "type": {"type": "string", "description": "e.g. workflow.started"},
+            "aggregate_type": {"type": "string",
+                               "description": "workflow_instance or workflow_signal"},
+            "aggregate_id": ID, "aggregate_revision": {"type": "integer", "minimum": 1},
+            "from_state": {"type": ["string", "null"]}, "to_state": {"type": ["string", "null"]},
+            "payload": _JSON_ANY,
+            "occurred_at": {**TIME, "description": "Database time of the writing statement"},
+        },
+    },
+    "WorkflowTimelinePage": {
+        **_PAGE,
+        "properties": {"items": {"type": "array", "items": ref("WorkflowEvent")},
+                       "next_cursor": {"type": ["string", "null"]}},
     },
     "WorkflowPage": {
         **_PAGE,

@@ -34,6 +34,7 @@ ROOT_STEP = "$root"
 BUSINESS_KEY_MAX_BYTES = 512
 INPUT_MAX_BYTES = 1024 * 1024
 LIST_MAX = 100
+VERSION_MAX = 2**31 - 1  # weave_instances.version is an INT
 STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PAUSED", "STOPPING")
 
 
@@ -110,9 +111,11 @@ def step_view(row: dict[str, Any], activations: list[dict[str, Any]],
             return {"task_state": None, "result": "none"}
         return {"task_state": found.task_state, "result": found.result}
 
+    count = row["activation_count"]
     return {
         "id": row["id"].hex(), "name": row["name"], "kind": row["kind"], "state": row["state"],
-        "revision": row["revision"],
+        "revision": row["revision"], "activation_count": count,
+        "current_activation": count or None,
         "output": jsondoc.RawJson(row["output"]) if row["output"] is not None else None,
         "error": jsondoc.RawJson(row["error"]) if row["error"] is not None else None,
         "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
@@ -246,8 +249,9 @@ async def _instance(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[s
 
 
 async def get_instance(db: Database, principal: credentials.Principal, *, namespace: str,
-                       instance_id: str) -> dict[str, Any]:
-    """The instance with its steps and each step's activations (in sequence order)."""
+                       instance_id: str, all_activations: bool = False) -> dict[str, Any]:
+    """The instance with its steps, each with its current activation (or, with
+    ``all_activations``, every activation in sequence order)."""
     try:
         raw_id = ids.from_hex(instance_id)
     except ValueError as exc:
@@ -255,7 +259,7 @@ async def get_instance(db: Database, principal: credentials.Principal, *, namesp
 
     async def body(cur: Any) -> dict[str, Any]:
         ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_READ, namespace)
-        return await detail(cur, ns.id, raw_id)
+        return await detail(cur, ns.id, raw_id, all_activations=all_activations)
 
     return await db.read("workflows.instances.get", body)
 
@@ -277,15 +281,28 @@ async def list_waits(db: Database, principal: credentials.Principal, *, namespac
     return await db.read("workflows.waits.list", body)
 
 
-async def detail(cur: Any, namespace_id: bytes, instance_id: bytes) -> dict[str, Any]:
-    """An instance's view with its steps, their activations and what each activation's task
-    result has become (:func:`task_results`); ``InstanceNotFound`` when there is none."""
+# A step's current activation is its newest (sequence = the step's activation_count): a retry
+# or re-arm makes a new one and supersedes the old. Parameters: namespace id, instance id.
+CURRENT_ACTIVATIONS = (
+    "SELECT a.* FROM weave_steps s STRAIGHT_JOIN weave_activations a"
+    " ON a.namespace_id = s.namespace_id AND a.instance_id = s.instance_id"
+    " AND a.step_id = s.id AND a.sequence = s.activation_count"
+    " WHERE s.namespace_id = %s AND s.instance_id = %s")
+# Every activation of the instance (historical ones too). Parameters: as CURRENT_ACTIVATIONS.
+ALL_ACTIVATIONS = ("SELECT * FROM weave_activations WHERE namespace_id = %s"
+                   " AND instance_id = %s ORDER BY step_id, sequence")
+
+
+async def detail(cur: Any, namespace_id: bytes, instance_id: bytes, *,
+                 all_activations: bool = False) -> dict[str, Any]:
+    """An instance's view with its steps, each step's current activation (every activation
+    with ``all_activations``) and what each shown activation's task result has become
+    (:func:`task_results`); ``InstanceNotFound`` when there is none."""
     view = instance_view(await _instance(cur, namespace_id, instance_id))
     await cur.execute("SELECT * FROM weave_steps WHERE namespace_id = %s"
                       " AND instance_id = %s ORDER BY created_at, id", (namespace_id, instance_id))
     steps = [dict(r) for r in await cur.fetchall()]
-    await cur.execute("SELECT * FROM weave_activations WHERE namespace_id = %s"
-                      " AND instance_id = %s ORDER BY step_id, sequence",
+    await cur.execute(ALL_ACTIVATIONS if all_activations else CURRENT_ACTIVATIONS,
                       (namespace_id, instance_id))
     by_step: dict[bytes, list[dict[str, Any]]] = {}
     task_ids: list[bytes] = []
@@ -364,17 +381,37 @@ async def task_results(cur: Any, namespace_id: bytes, task_ids: list[bytes]
 RESULTS_CHUNK = 500
 
 
+def list_index(*, definition: bool, version: bool, state: bool, key: bool) -> str:
+    """The index a combination of list filters reads, newest first from the cursor position
+    (each ``(namespace, filter columns…, created_at, id)``; a created range is a range on its
+    ``created_at``). A business key is the most selective filter: any combination with one
+    reads the key's rows (the other filters check those). A version is only given with its
+    definition; with a state too, the version's rows are checked for the state."""
+    if key:
+        return "ix_weave_instances_business_key"
+    if version:
+        return "ix_weave_instances_version"
+    if definition and state:
+        return "ix_weave_instances_definition_state"
+    if definition:
+        return "ix_weave_instances_definition"
+    if state:
+        return "ix_weave_instances_state"
+    return "ix_weave_instances_created"
+
+
 def list_query(namespace_id: bytes, *, definition_id: bytes | None, state: str | None,
                key: bytes | None, created_from: dt.datetime | None,
                created_to: dt.datetime | None, position: tuple[dt.datetime, bytes] | None,
-               limit: int) -> tuple[str, list[Any]]:
-    """The list statement, newest first: each filter narrows one index (the definition's,
-    the state's or the business key's, each ``(namespace, filter, created_at, id)``; none:
-    ``ix_weave_instances_created``), read in order from the cursor position."""
+               limit: int, version: int | None = None) -> tuple[str, list[Any]]:
+    """The list statement, newest first, on the index of :func:`list_index` for its filters,
+    read in order from the cursor position. ``version`` needs ``definition_id``."""
+    if version is not None and definition_id is None:
+        raise ValueError("a version filter needs its definition")
     where: list[str] = ["i.namespace_id = %s"]
     params: list[Any] = [namespace_id]
-    for column, value in (("i.definition_id", definition_id), ("i.state", state),
-                          ("i.business_key", key)):
+    for column, value in (("i.definition_id", definition_id), ("i.version", version),
+                          ("i.state", state), ("i.business_key", key)):
         if value is not None:
             where.append(f"{column} = %s")
             params.append(value)
@@ -387,7 +424,10 @@ def list_query(namespace_id: bytes, *, definition_id: bytes | None, state: str |
     if position is not None:
         where.append("(i.created_at < %s OR (i.created_at = %s AND i.id < %s))")
         params += [to_db(position[0]), to_db(position[0]), position[1]]
-    sql = (f"SELECT {INSTANCE_COLUMNS}{INSTANCE_FROM} WHERE {' AND '.join(where)}"
+    index = list_index(definition=definition_id is not None, version=version is not None,
+                       state=state is not None, key=key is not None)
+    table_from = INSTANCE_FROM.replace(" i ", f" i FORCE INDEX ({index}) ", 1)
+    sql = (f"SELECT {INSTANCE_COLUMNS}{table_from} WHERE {' AND '.join(where)}"
            " ORDER BY i.created_at DESC, i.id DESC LIMIT %s")
     return sql, [*params, limit]
 
@@ -397,11 +437,14 @@ async def list_instances(db: Database, principal: credentials.Principal, *, name
                          business_key: str | None = None,
                          created_from: dt.datetime | None = None,
                          created_to: dt.datetime | None = None, limit: int = LIST_MAX,
-                         cursor: str | None = None) -> cursors.Page:
-    """Instances newest first, filtered by definition, state, business key (exact bytes) and
-    a created range ``[created_from, created_to)``; a cursor is bound to its filter."""
+                         cursor: str | None = None, version: int | None = None
+                         ) -> cursors.Page:
+    """Instances newest first, filtered by definition (and its version), state, business key
+    (exact bytes) and a created range ``[created_from, created_to)``; a cursor is bound to its
+    filter."""
     filters = ListFilters.check(definition=definition, state=state, business_key=business_key,
-                                created_from=created_from, created_to=created_to, limit=limit)
+                                created_from=created_from, created_to=created_to, limit=limit,
+                                version=version)
     position = (cursors.time_position(cursors.decode(cursor, "workflow_instances",
                                                      filters.bound()))
                 if cursor else None)
@@ -424,12 +467,20 @@ class ListFilters:
     created_from: dt.datetime | None
     created_to: dt.datetime | None
     limit: int
+    version: int | None = None
 
     @classmethod
     def check(cls, *, definition: str | None, state: str | None, business_key: str | None,
               created_from: dt.datetime | None, created_to: dt.datetime | None,
-              limit: int) -> ListFilters:
+              limit: int, version: int | None = None) -> ListFilters:
         problems = []
+        if version is not None:
+            if (isinstance(version, bool) or not isinstance(version, int)
+                    or not 1 <= version <= VERSION_MAX):
+                problems.append({"path": "version", "message": f"an integer 1-{VERSION_MAX}"})
+            elif definition is None:
+                problems.append({"path": "version", "message": "needs definition (a version "
+                                                               "number is its definition's)"})
         if state is not None and state not in STATES:
             problems.append({"path": "state", "message": f"one of {', '.join(STATES)}"})
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIST_MAX:
@@ -441,14 +492,21 @@ class ListFilters:
             raise errors.ValidationFailed(problems)
         key = _business_key(business_key) if business_key is not None else None
         return cls(definition=definition, state=state, business_key=business_key, key=key,
-                   created_from=created_from, created_to=created_to, limit=limit)
+                   created_from=created_from, created_to=created_to, limit=limit,
+                   version=version)
 
     def bound(self) -> dict[str, Any]:
-        """What a cursor is bound to."""
-        return {"definition": self.definition, "state": self.state,
-                "business_key": self.business_key,
-                "created_from": self.created_from.isoformat() if self.created_from else None,
-                "created_to": self.created_to.isoformat() if self.created_to else None}
+        """What a cursor is bound to (the version only when given, so that a cursor issued
+        before the version filter existed still fits its filter)."""
+        bound: dict[str, Any] = {"definition": self.definition, "state": self.state,
+                                 "business_key": self.business_key,
+                                 "created_from": (self.created_from.isoformat()
+                                                  if self.created_from else None),
+                                 "created_to": (self.created_to.isoformat()
+                                                if self.created_to else None)}
+        if self.version is not None:
+            bound["version"] = self.version
+        return bound
 
 
 async def page(cur: Any, namespace_id: bytes, filters: ListFilters,
@@ -465,7 +523,7 @@ async def page(cur: Any, namespace_id: bytes, filters: ListFilters,
     sql, params = list_query(namespace_id, definition_id=definition_id, state=filters.state,
                              key=filters.key, created_from=filters.created_from,
                              created_to=filters.created_to, position=position,
-                             limit=filters.limit + 1)
+                             limit=filters.limit + 1, version=filters.version)
     await cur.execute(sql, params)
     rows = [dict(r) for r in await cur.fetchall()]
     more = len(rows) > filters.limit

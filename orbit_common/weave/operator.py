@@ -11,7 +11,7 @@ from orbit_common import errors
 from orbit_common.db.pool import Database
 from orbit_common.model import cursors, ids
 from orbit_common.platform import namespaces
-from orbit_common.weave import definitions, instances
+from orbit_common.weave import definitions, instances, timeline
 
 
 async def _namespace(cur: Any, name: str) -> namespaces.Namespace:
@@ -57,11 +57,12 @@ async def get_version(db: Database, *, namespace: str, name: str, version: int
 
 async def list_instances(db: Database, *, namespace: str, definition: str | None = None,
                          state: str | None = None, business_key: str | None = None,
-                         limit: int = instances.LIST_MAX) -> cursors.Page:
+                         limit: int = instances.LIST_MAX, version: int | None = None
+                         ) -> cursors.Page:
     """The newest instances (at most ``limit``), filtered like the API's list."""
     filters = instances.ListFilters.check(
         definition=definition, state=state, business_key=business_key, created_from=None,
-        created_to=None, limit=limit)
+        created_to=None, limit=limit, version=version)
 
     async def body(cur: Any) -> cursors.Page:
         ns = await _namespace(cur, namespace)
@@ -70,8 +71,10 @@ async def list_instances(db: Database, *, namespace: str, definition: str | None
     return await db.read("weave.operator.instances", body)
 
 
-async def get_instance(db: Database, *, namespace: str, instance_id: str) -> dict[str, Any]:
-    """An instance with its steps, activations and their tasks' results."""
+async def get_instance(db: Database, *, namespace: str, instance_id: str,
+                       all_activations: bool = False) -> dict[str, Any]:
+    """An instance with its steps, their current activations (every activation with
+    ``all_activations``) and their tasks' results."""
     try:
         raw_id = ids.from_hex(instance_id)
     except ValueError as exc:
@@ -79,6 +82,22 @@ async def get_instance(db: Database, *, namespace: str, instance_id: str) -> dic
 
     async def body(cur: Any) -> dict[str, Any]:
         ns = await _namespace(cur, namespace)
-        return await instances.detail(cur, ns.id, raw_id)
+        return await instances.detail(cur, ns.id, raw_id, all_activations=all_activations)
 
     return await db.read("weave.operator.instance", body)
+
+
+async def instance_timeline(db: Database, *, namespace: str, instance_id: str,
+                            order: str = "asc", limit: int = timeline.LIMIT_MAX
+                            ) -> cursors.Page:
+    """The first ``limit`` events of the instance's timeline in ``order`` (the API's view)."""
+    raw_id = timeline.check(instance_id, order, limit)
+
+    async def body(cur: Any) -> cursors.Page:
+        ns = await _namespace(cur, namespace)
+        await timeline.exists(cur, ns.id, raw_id)
+        return await timeline.page(cur, ns.id, raw_id, order=order, limit=limit, position=None,
+                                   filters={"namespace": namespace,
+                                            "workflow_id": raw_id.hex(), "order": order})
+
+    return await db.read("weave.operator.timeline", body)

@@ -101,3 +101,40 @@ async def test_signals_list_and_get(db: Database, db_url: DatabaseUrl, tenant: T
                                 "ab" * 16, "--namespace", tenant.namespace)
     assert missing.code != 0
     assert "workflow_signal_not_found" in missing.err
+
+
+async def test_instances_by_version_and_the_timeline(db: Database, db_url: DatabaseUrl,
+                                                     tenant: Tenant) -> None:
+    _, instance, _ = await workflow_task(db, tenant)
+    who = await principal(db, tenant.api_key)
+    (name,) = [d["name"] for d in await definitions.list_definitions(
+        db, who, namespace=tenant.namespace)]
+    request = signals.SignalRequest.check(
+        name="paid", correlation_key="o-1", payload_text="1", payload_version=1,
+        evidence_ref=None, expires_in_ms=None)
+    sent = await signals.send_signal(db, who, namespace=tenant.namespace,
+                                     target=signals.Target(instance_id=instance["id"]),
+                                     signal=request)
+    mine = instance["id"].hex()
+    by_version = await ok(db_url, "workflows", "instances", "list", "--namespace",
+                          tenant.namespace, "--definition", name, "--version", "1")
+    assert [json.loads(line)["id"] for line in by_version.out.splitlines()] == [mine]
+    assert (await ok(db_url, "workflows", "instances", "list", "--namespace", tenant.namespace,
+                     "--definition", name, "--version", "2")).out == ""
+    lone = await orbit_admin(db_url, "workflows", "instances", "list", "--namespace",
+                             tenant.namespace, "--version", "1")
+    assert lone.code != 0
+    assert "validation_failed" in lone.err
+    shown = await ok(db_url, "workflows", "instances", "timeline", mine, "--namespace",
+                     tenant.namespace)
+    events = [json.loads(line) for line in shown.out.splitlines()]
+    assert [(e["type"], e["aggregate_id"]) for e in events][-1] == (
+        "workflow.signal.accepted", sent.body["id"])
+    assert events[0]["type"] == "workflow.started"
+    newest = await ok(db_url, "workflows", "instances", "timeline", mine, "--namespace",
+                      tenant.namespace, "--newest-first", "--limit", "1")
+    assert [json.loads(line)["aggregate_id"] for line in newest.out.splitlines()] == [
+        sent.body["id"]]
+    missing = await orbit_admin(db_url, "workflows", "instances", "timeline", "nothex",
+                                "--namespace", tenant.namespace)
+    assert "workflow_instance_not_found" in missing.err

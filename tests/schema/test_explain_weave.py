@@ -27,6 +27,7 @@ from tests.support import migrations
 NAMESPACES = 3
 DEFINITIONS = 4  # per namespace
 INSTANCES = 500  # per namespace
+VERSIONS = 3  # per definition
 STATES = ("SUCCEEDED", "SUCCEEDED", "FAILED", "RUNNING", "CANCELLED")
 INBOX_STATES = ("CONSUMED", "CONSUMED", "CONSUMED", "PENDING", "LEASED", "QUARANTINED")
 BASE = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
@@ -52,7 +53,8 @@ def seed(cur: Any) -> WeaveSeed:
             at = to_db(BASE + dt.timedelta(milliseconds=n))
             state = STATES[n % len(STATES)]
             instance_id, step_id = secrets.token_bytes(16), secrets.token_bytes(16)
-            instance_rows.append((ns, instance_id, definition_ids[n % DEFINITIONS], state,
+            instance_rows.append((ns, instance_id, definition_ids[n % DEFINITIONS],
+                                  1 + n // DEFINITIONS % VERSIONS, state,
                                   f"key-{n % 50}".encode(), secrets.token_bytes(16), at, at,
                                   None if state == "RUNNING" else at))
             activation_id, task_id = secrets.token_bytes(16), secrets.token_bytes(16)
@@ -73,7 +75,7 @@ def seed(cur: Any) -> WeaveSeed:
         cur.executemany(
             "INSERT INTO weave_instances (namespace_id, id, definition_id, version, version_digest,"
             " state, revision, business_key, input, gate_id, started_by_credential_id,"
-            " created_at, updated_at, completed_at) VALUES (%s, %s, %s, 1, REPEAT('d', 32), %s,"
+            " created_at, updated_at, completed_at) VALUES (%s, %s, %s, %s, REPEAT('d', 32), %s,"
             " 1, %s, '{}', %s, REPEAT('c', 16), %s, %s, %s)", instance_rows)
         cur.executemany(
             "INSERT INTO weave_steps (namespace_id, instance_id, id, name, kind, state,"
@@ -143,6 +145,12 @@ READS: dict[str, tuple[Callable[[WeaveSeed], tuple[str, Any]], str, str, int]] =
         lambda s: (polls.LOAD_ADVANCES.format(ids=placeholders(20)),
                    (s.namespace_id, *s.instance_ids)),
         "weave_pending_advances", "uq_weave_advances_step", 40),
+    "instances.CURRENT_ACTIVATIONS": (
+        lambda s: (instances.CURRENT_ACTIVATIONS, (s.namespace_id, s.instance_ids[3])),
+        "a", "PRIMARY", 2),
+    "instances.ALL_ACTIVATIONS": (
+        lambda s: (instances.ALL_ACTIVATIONS, (s.namespace_id, s.instance_ids[3])),
+        "weave_activations", "PRIMARY", 2),
     "instances.list": (_list, "i", "ix_weave_instances_created", 2 * INSTANCES),
     "instances.list_by_definition": (
         lambda s: _list(s, definition_id=s.definition_id), "i",
@@ -152,6 +160,51 @@ READS: dict[str, tuple[Callable[[WeaveSeed], tuple[str, Any]], str, str, int]] =
     "instances.list_by_business_key": (
         lambda s: _list(s, key=b"key-7"), "i", "ix_weave_instances_business_key", 40),
 }
+
+
+# Every combination of instance list filters (a version only with its definition) reads the
+# index instances.list_index names for it, in order, about the rows of that index's prefix.
+COMBINATIONS = [
+    (definition, version, state, key, ranged)
+    for definition in (False, True) for version in ((False, True) if definition else (False,))
+    for state in (False, True) for key in (False, True) for ranged in (False, True)]
+PREFIX_ROWS = {"ix_weave_instances_created": 2 * INSTANCES,
+               "ix_weave_instances_definition": INSTANCES,
+               "ix_weave_instances_state": INSTANCES,
+               "ix_weave_instances_definition_state": INSTANCES // 2,
+               "ix_weave_instances_version": INSTANCES // 2,
+               "ix_weave_instances_business_key": 40}
+
+
+def _combination_name(c: tuple[bool, ...]) -> str:
+    return "+".join(n for n, on in zip(("definition", "version", "state", "key", "range"), c,
+                                       strict=True) if on) or "none"
+
+
+@pytest.mark.parametrize("combination", COMBINATIONS, ids=map(_combination_name, COMBINATIONS))
+def test_every_list_filter_combination_reads_an_index(
+        seeded: tuple[DatabaseUrl, WeaveSeed], combination: tuple[bool, ...]) -> None:
+    url, s = seeded
+    definition, version, state, key, ranged = combination
+    index = instances.list_index(definition=definition, version=version, state=state, key=key)
+    sql, params = _list(s, definition_id=s.definition_id if definition else None,
+                        version=2 if version else None, state="FAILED" if state else None,
+                        key=b"key-7" if key else None,
+                        created_from=BASE + dt.timedelta(milliseconds=100) if ranged else None,
+                        created_to=BASE + dt.timedelta(milliseconds=400) if ranged else None)
+    plan = explain(url, sql, tuple(params))
+    text = "\n".join(map(str, plan))
+    (row,) = [r for r in plan if r["table"] == "i"]
+    assert row["key"] == index, text
+    assert row["type"] in {"range", "ref"}, text
+    assert "filesort" not in (row["Extra"] or ""), text
+    assert int(row["rows"]) <= PREFIX_ROWS[index], text
+
+
+def test_a_version_needs_its_definition(seeded: tuple[DatabaseUrl, WeaveSeed]) -> None:
+    _, s = seeded
+    with pytest.raises(ValueError, match="definition"):
+        _list(s, version=1)
 
 
 @pytest.mark.parametrize("name", sorted(READS))

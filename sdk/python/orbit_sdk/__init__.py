@@ -67,6 +67,7 @@ from orbit_sdk.worker import Handler, Worker
 from orbit_sdk.workflows import (
     WorkflowActivation,
     WorkflowDefinition,
+    WorkflowEvent,
     WorkflowInstance,
     WorkflowPollRound,
     WorkflowPollRounds,
@@ -137,6 +138,7 @@ __all__ = [
     "Worker",
     "WorkflowActivation",
     "WorkflowDefinition",
+    "WorkflowEvent",
     "WorkflowInstance",
     "WorkflowPollRound",
     "WorkflowPollRounds",

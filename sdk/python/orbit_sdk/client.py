@@ -50,6 +50,7 @@ from orbit_sdk.schedules import (
 )
 from orbit_sdk.workflows import (
     WorkflowDefinition,
+    WorkflowEvent,
     WorkflowInstance,
     WorkflowPollRound,
     WorkflowPollRounds,
@@ -726,11 +727,14 @@ class Client:
                                idempotency_key=idempotency_key or new_idempotency_key())
         return WorkflowInstance.from_json(raw)
 
-    async def get_workflow(self, workflow_id: str) -> WorkflowInstance:
-        """An instance with its steps and their activations (and, for each activation with a
-        task, the task's state and whether the engine has consumed its result)."""
+    async def get_workflow(self, workflow_id: str, *, all_activations: bool = False
+                           ) -> WorkflowInstance:
+        """An instance with its steps, each with its current activation -- every activation,
+        historical ones too, with ``all_activations`` (and, for each activation with a task,
+        the task's state and whether the engine has consumed its result)."""
+        query = {"activations": "all"} if all_activations else {}
         return WorkflowInstance.from_json(await self._get(self._ns(
-            f"/workflows/{_seg(workflow_id)}")))
+            f"/workflows/{_seg(workflow_id)}"), query))
 
     async def get_poll_rounds(self, workflow_id: str, step: str, *,
                               page_size: int | None = None) -> WorkflowPollRounds:
@@ -768,10 +772,14 @@ class Client:
         created_from: dt.datetime | str | None = None,
         created_to: dt.datetime | str | None = None,
         page_size: int | None = None,
+        version: int | None = None,
     ) -> AsyncIterator[WorkflowInstance]:
         """Instances newest first, following ``next_cursor`` through every page.
-        ``created_from`` is inclusive, ``created_to`` exclusive."""
+        ``created_from`` is inclusive, ``created_to`` exclusive; ``version`` (the pinned
+        version) only with ``definition``."""
         params: dict[str, str] = {}
+        if version is not None:
+            params["version"] = str(version)
         for key, value in (("definition", definition), ("state", state),
                            ("business_key", business_key)):
             if value is not None:
@@ -824,6 +832,20 @@ class Client:
         async for item in self._pages(self._ns(f"/workflows/{_seg(workflow_id)}/signals"),
                                       params):
             yield WorkflowSignal.from_json(item)
+
+    async def list_workflow_timeline(self, workflow_id: str, *, newest_first: bool = False,
+                                     page_size: int | None = None
+                                     ) -> AsyncIterator[WorkflowEvent]:
+        """The instance's timeline (its own events and its signals' events) in database-time
+        order, oldest first unless ``newest_first``, following ``next_cursor`` through every
+        page. A history view: an event committed late may carry an earlier time, so it is not
+        a position to resume consumption from (use a result subscription for that)."""
+        params = {"order": "desc" if newest_first else "asc"}
+        if page_size is not None:
+            params["limit"] = str(page_size)
+        async for item in self._pages(self._ns(f"/workflows/{_seg(workflow_id)}/timeline"),
+                                      params):
+            yield WorkflowEvent.from_json(item)
 
     # --- result subscriptions ----------------------------------------------------------------
 

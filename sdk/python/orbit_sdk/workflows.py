@@ -247,8 +247,9 @@ class WorkflowPollRounds:
 
 @attrs.frozen(kw_only=True)
 class WorkflowStep:
-    """A step of an instance (``$root`` is the internal first one), its activations and (in
-    the detail) its waits: a TIMER or SIGNAL step's ``weave_waits`` rows."""
+    """A step of an instance (``$root`` is the internal first one), its activations (the
+    current one, ``current_activation``; every one when asked for all) and (in the detail) its
+    waits: a TIMER or SIGNAL step's ``weave_waits`` rows."""
 
     id: str
     name: str
@@ -260,6 +261,8 @@ class WorkflowStep:
     created_at: dt.datetime | None = None
     updated_at: dt.datetime | None = None
     activations: tuple[WorkflowActivation, ...] = ()
+    activation_count: int = 0
+    current_activation: int | None = None  # the current (newest) activation's sequence
     poll: WorkflowPollState | None = None  # a POLL step's query
     waits: tuple[WorkflowWait, ...] = ()
     raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
@@ -275,6 +278,8 @@ class WorkflowStep:
             updated_at=parse_time(raw.get("updated_at")),
             activations=tuple(WorkflowActivation.from_json(a)
                               for a in _objects(raw, "activations")),
+            activation_count=_int(raw, "activation_count") or 0,
+            current_activation=_int(raw, "current_activation"),
             poll=WorkflowPollState.from_json(poll) if isinstance(poll, Mapping) else None,
             waits=tuple(WorkflowWait.from_json(w) for w in _objects(raw, "waits")),
             raw=dict(raw),
@@ -321,6 +326,37 @@ class WorkflowInstance:
     def finished(self) -> bool:
         """True in a final state (SUCCEEDED, FAILED, CANCELLED)."""
         return self.state in {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowEvent:
+    """One event of an instance's timeline: the instance's own events (``aggregate_type``
+    ``workflow_instance``: ``workflow.started``, ``workflow.advanced``, …) and its signals'
+    (``workflow_signal``). ``occurred_at`` is database time; the timeline is a history view,
+    not a consumption watermark (docs/api/workflows.md § 时间线)."""
+
+    id: str
+    type: str = ""
+    aggregate_type: str = ""
+    aggregate_id: str = ""
+    aggregate_revision: int = 0
+    from_state: str | None = None
+    to_state: str | None = None
+    payload: Any = None
+    occurred_at: dt.datetime | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowEvent:
+        return cls(
+            id=_str(raw, "id") or "", type=_str(raw, "type") or "",
+            aggregate_type=_str(raw, "aggregate_type") or "",
+            aggregate_id=_str(raw, "aggregate_id") or "",
+            aggregate_revision=_int(raw, "aggregate_revision") or 0,
+            from_state=_str(raw, "from_state"), to_state=_str(raw, "to_state"),
+            payload=raw.get("payload"), occurred_at=parse_time(raw.get("occurred_at")),
+            raw=dict(raw),
+        )
 
 
 @attrs.frozen(kw_only=True)

@@ -353,6 +353,7 @@ ROUTES: dict[Route, Case] = {
     ("GET", WORKFLOWS + "/{workflow_id}/steps/{step}/rounds"): Case(
         needs=(one(A.WORKFLOWS_READ),)),
     ("GET", WORKFLOWS + "/{workflow_id}/waits"): Case(needs=(one(A.WORKFLOWS_READ),)),
+    ("GET", WORKFLOWS + "/{workflow_id}/timeline"): Case(needs=(one(A.WORKFLOWS_READ),)),
 }
 
 # Routes the router serves that the matrix does not send attacker keys to, with the reason.

@@ -409,6 +409,9 @@ def every_route(tenant: Tenant, definition: str, workflow_id: str
         ("GET", ns(tenant, "/workflows"), None),
         ("GET", ns(tenant, f"/workflows/{workflow_id}"), None),
         ("GET", ns(tenant, f"/workflows/{workflow_id}/waits"), None),
+        ("GET", ns(tenant, f"/workflows/{workflow_id}?activations=all"), None),
+        ("GET", ns(tenant, f"/workflows/{workflow_id}/timeline?order=desc"), None),
+        ("GET", ns(tenant, "/workflows?definition=orders&version=1"), None),
     ]
 
 
@@ -428,7 +431,8 @@ async def test_another_tenant_sees_nothing_through_every_route(
     # name or id that exists nowhere.
     for method, path, body in every_route(other, "orders", mine["id"]):
         response = await api.request(method, path, json=body, headers=other.auth)
-        if method == "GET" and path.endswith(("/workflow-definitions", "/workflows")):
+        if method == "GET" and (path.endswith(("/workflow-definitions", "/workflows"))
+                                or "/workflows?" in path):
             assert (await response.json())["items"] == []
         elif path.endswith(("/workflow-definitions", "/workflow-validations")):
             assert response.status in {200, 201}, await response.text()
@@ -455,7 +459,8 @@ async def test_each_route_needs_its_action(api: TestClient[Any, Any], db: Databa
     routes = every_route(tenant, "orders", mine["id"])
     needs = ["workflows.read", "workflows.manage", "workflows.read", "workflows.manage",
              "workflows.read", "workflows.manage", "workflows.start", "workflows.read",
-             "workflows.read", "workflows.read"]
+             "workflows.read", "workflows.read", "workflows.read", "workflows.read",
+             "workflows.read"]
     everything = ["workflows.read", "workflows.manage", "workflows.start", "tasks.submit"]
     keys = {action: await make_key(db, tenant, [{
         "namespaces": ["*"], "queues": ["*"], "actions": [a for a in everything if a != action]}])

@@ -1628,10 +1628,14 @@ class Engine:
         now = await db_now(cur)
         outcome = REJECTED
         book: signals.Book | None = None
+        parked: list[dict[str, Any]] = []
         if instance is None or instance["state"] != "RUNNING":
             outcome = INSTANCE_ENDED if instance else STALE
         elif rows or due or held:
             instance = dict(instance)
+            # Its parked checkpoints end with it: consumed as rejected, the RESUME row DONE.
+            if instance["checkpoints"]:
+                parked = (await _parked(cur, ns, [instance_id]))[instance_id]
             loaded = await _load_steps(cur, ns, [instance_id])
             books = await _load_polls(cur, ns, {instance_id: instance}, loaded, now)
             steps, made = loaded[instance_id]
@@ -1644,6 +1648,10 @@ class Engine:
             run.receive_signals()
             signals.sweep([(book, True)])
             await _write(cur, ns, [run], now)
+            parked_due = [r["id"] for r in parked if "source_event_id" not in r]
+            await _restore(cur, ns, [instance_id], parked_due, now)
+            rows = [*rows, *(r for r in parked if "source_event_id" in r)]
+            due = [*due, *(r for r in parked if "source_event_id" not in r)]
         await _consume(cur, ns, {r["id"]: outcome for r in rows}, [r["id"] for r in due], now)
         if book is not None:
             await signals.write(cur, ns, [(instance_id, book)], now)
@@ -1651,7 +1659,7 @@ class Engine:
             await signals.reject_orphans(cur, ns, held, now)
         counts = {outcome: len(rows) + len(due),
                   FENCED: len(inbox) + len(advances) + len(received) - len(rows) - len(due)
-                  - len(held)}
+                  - len(held) + len(parked)}
         return {k: v for k, v in counts.items() if v}
 
 

@@ -30,7 +30,7 @@ from tests.integration.weave.engine_support import (
 )
 from tests.integration.weave.support import principal
 from tests.support import database, invariants
-from tests.support.lease_fixtures import wait_db_time_past
+from tests.support.lease_fixtures import add_tasks, set_queue_limits, wait_db_time_past
 
 own_url, db = database.own_database("orbit_weave_pause")
 
@@ -299,3 +299,30 @@ async def test_a_finished_or_unknown_instance_cannot_be_paused(
     with pytest.raises(errors.NotFound):
         await controls.set_paused(db, who, namespace=tenant.namespace,
                                   instance_id="not-hex", paused=True, reason="r")
+
+
+async def test_a_refusal_during_the_replay_fails_the_instance_and_ends_its_checkpoints(
+        db: Database, engine: Engine) -> None:
+    """The replay creates a task the queue's unfinished-task limit refuses: the instance fails
+    with task_rejected, its parked results are consumed as rejected, its RESUME row is DONE
+    (a finished instance keeps no unfinished pending advance)."""
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, PAIR)
+    await drain(engine)
+    grants = await running(flow)
+    await control(flow, "pause")
+    await succeed(flow, grants)
+    await drain(engine)
+    assert (await flow.instance())["checkpoints"] == 2
+    await add_tasks(db, tenant, flow.queue, 1)
+    await set_queue_limits(db, tenant, flow.queue.id, max_unfinished_tasks=1)
+    await control(flow, "resume")
+    rounds = await drain(engine)
+    assert rounds[0].outcomes == {"rejected": 3}  # the RESUME row and both parked results
+    instance = await flow.instance()
+    assert instance["state"] == "FAILED"
+    assert json.loads(instance["error"])["error"] == "task_rejected"
+    assert instance["checkpoints"] == 0
+    assert [r["outcome"] for r in await flow.inbox()] == ["rejected", "rejected"]
+    assert [r["state"] for r in await resume_rows(flow)] == ["DONE"]
+    await clean(flow)

@@ -161,6 +161,8 @@ class Gauges:
     instances: dict[str, int]  # by state
     signals_pending: int = 0  # PENDING + LEASED signals (no wait yet, backing off, or in hand)
     advances_overdue_s: float = 0.0  # database time since the oldest due PENDING advance was due
+    paused: int = 0  # paused instances
+    checkpoints: int = 0  # checkpoints parked by paused instances, waiting for the replay
 
 
 @attrs.frozen
@@ -1671,7 +1673,8 @@ GAUGE_QUARANTINED = ("SELECT COUNT(*) AS n FROM weave_inbox FORCE INDEX (ix_weav
 GAUGE_ADVANCES = ("SELECT COUNT(*) AS n FROM weave_pending_advances"
                   " FORCE INDEX (ix_weave_advances_due)"
                   " WHERE (state = 'PENDING' AND due_at <= UTC_TIMESTAMP(6)) OR state = 'LEASED'")
-GAUGE_INSTANCES = "SELECT state, COUNT(*) AS n FROM weave_instances GROUP BY state"
+GAUGE_INSTANCES = ("SELECT state, COUNT(*) AS n, SUM(paused) AS paused,"
+                   " SUM(checkpoints) AS checkpoints FROM weave_instances GROUP BY state")
 GAUGE_SIGNALS = ("SELECT COUNT(*) AS n FROM weave_signals FORCE INDEX (ix_weave_signals_scan)"
                  " WHERE state IN ('PENDING', 'LEASED')")
 GAUGE_OVERDUE = ("SELECT TIMESTAMPDIFF(MICROSECOND, MIN(due_at), UTC_TIMESTAMP(6)) AS lag_us"
@@ -1689,7 +1692,8 @@ async def gauges(db: Database) -> Gauges:
         await cur.execute(GAUGE_ADVANCES)
         due = (await cur.fetchone())["n"]
         await cur.execute(GAUGE_INSTANCES)
-        by_state = {r["state"]: int(r["n"]) for r in await cur.fetchall()}
+        states = await cur.fetchall()
+        by_state = {r["state"]: int(r["n"]) for r in states}
         await cur.execute(GAUGE_SIGNALS)
         pending_signals = (await cur.fetchone())["n"]
         await cur.execute(GAUGE_OVERDUE)
@@ -1698,6 +1702,8 @@ async def gauges(db: Database) -> Gauges:
                       inbox_oldest_age_s=max(0, int(inbox["age_us"] or 0)) / 1e6,
                       advances_due=int(due), quarantined=int(quarantined),
                       instances=by_state, signals_pending=int(pending_signals),
-                      advances_overdue_s=max(0, int(overdue or 0)) / 1e6)
+                      advances_overdue_s=max(0, int(overdue or 0)) / 1e6,
+                      paused=sum(int(r["paused"] or 0) for r in states),
+                      checkpoints=sum(int(r["checkpoints"] or 0) for r in states))
 
     return await db.read("weave.gauges", body)

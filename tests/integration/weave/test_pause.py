@@ -18,7 +18,7 @@ from orbit_common.db.pool import Database
 from orbit_common.model import jsondoc
 from orbit_common.platform.idempotency import Replay
 from orbit_common.weave import controls, signals
-from orbit_common.weave.engine import Engine
+from orbit_common.weave.engine import Engine, gauges
 from tests.conftest import make_tenant
 from tests.integration.test_leases import claim, finish, report, start
 from tests.integration.weave.engine_support import (
@@ -129,7 +129,10 @@ async def test_pause_parks_results_of_running_tasks_and_resume_advances_once_per
     # Running tasks finish: their results are recorded, parked, never advanced.
     await succeed(flow, grants, {"v": 1})
     revision = (await flow.instance())["revision"]
+    before = await gauges(db)
     rounds = await drain(engine)
+    after = await gauges(db)
+    assert (after.paused, after.checkpoints) == (before.paused, before.checkpoints + 2)
     assert sum(r.outcomes.get("paused", 0) for r in rounds) == 2
     inbox = await flow.inbox()
     assert [(r["state"], r["outcome"]) for r in inbox] == [("CONSUMED", "paused")] * 2
@@ -326,3 +329,56 @@ async def test_a_refusal_during_the_replay_fails_the_instance_and_ends_its_check
     assert [r["outcome"] for r in await flow.inbox()] == ["rejected", "rejected"]
     assert [r["state"] for r in await resume_rows(flow)] == ["DONE"]
     await clean(flow)
+
+
+async def damage(db: Database, sql: str, *params: Any) -> None:
+    await db.transaction("test.pause.damage", lambda cur: cur.execute(sql, params))
+
+
+async def test_the_invariant_checker_finds_pause_corruptions(
+        db: Database, engine: Engine) -> None:
+    """A paused instance with parked results is clean; an open gate, a lost RESUME row, a
+    wrong checkpoint count, a resumed instance whose RESUME row is not due are each
+    ``pause_control``; another tenant stays clean."""
+    tenant, bystander = await make_tenant(db), await make_tenant(db)
+    flow = await begin(db, tenant, PAIR)
+    other = await begin(db, bystander, PAIR)
+    await drain(engine)
+    await control(other, "pause")
+    grants = await running(flow)
+    await control(flow, "pause")
+    await succeed(flow, grants)
+    await drain(engine)
+    ns, iid = tenant.namespace_id, flow.instance_id
+
+    async def found() -> list[str]:
+        return await invariants.check_db(db, [ns])
+
+    assert await found() == []
+    gate_id = (await flow.instance())["gate_id"]
+    await damage(db, "UPDATE pulse_execution_gates SET state = 'OPEN' WHERE namespace_id = %s"
+                     " AND id = %s", ns, gate_id)
+    (problem,) = await found()
+    assert problem.startswith("[pause_control]"), problem
+    assert "gate" in problem, problem
+    await damage(db, "UPDATE pulse_execution_gates SET state = 'PAUSED' WHERE namespace_id = %s"
+                     " AND id = %s", ns, gate_id)
+    await damage(db, "UPDATE weave_instances SET checkpoints = 1 WHERE namespace_id = %s"
+                     " AND id = %s", ns, iid)
+    (problem,) = await found()
+    assert "1 counted, 2 parked" in problem, problem
+    await damage(db, "UPDATE weave_instances SET checkpoints = 2 WHERE namespace_id = %s"
+                     " AND id = %s", ns, iid)
+    await damage(db, "UPDATE weave_pending_advances SET state = 'DONE',"
+                     " done_at = UTC_TIMESTAMP(6) WHERE namespace_id = %s AND instance_id = %s"
+                     " AND kind = 'RESUME'", ns, iid)
+    (problem,) = await found()
+    assert "without its PENDING RESUME row" in problem, problem
+    # Resumed (flag and gate), the RESUME row still DONE: nothing would replay the two.
+    await damage(db, "UPDATE weave_instances SET paused = 0 WHERE namespace_id = %s"
+                     " AND id = %s", ns, iid)
+    await damage(db, "UPDATE pulse_execution_gates SET state = 'OPEN' WHERE namespace_id = %s"
+                     " AND id = %s", ns, gate_id)
+    (problem,) = await found()
+    assert "no RESUME row due" in problem, problem
+    assert await invariants.check_db(db, [bystander.namespace_id]) == []

@@ -382,3 +382,59 @@ async def test_the_invariant_checker_finds_pause_corruptions(
     (problem,) = await found()
     assert "no RESUME row due" in problem, problem
     assert await invariants.check_db(db, [bystander.namespace_id]) == []
+
+
+POLLED = doc({
+    "check": {"kind": "POLL", "queue": "Q", "handler": "w.a", "until": "round.result.done",
+              "interval_ms": 100, "max_rounds": 3, "next": "done",
+              "result_schema": {"type": "object", "properties": {"done": {"type": "boolean"}},
+                                "required": ["done"]}},
+    "done": {"kind": "SUCCEED"},
+}, "check")
+
+
+async def poll_state(flow: Flow) -> dict[str, Any]:
+    (row,) = await read(flow.db, "SELECT * FROM weave_poll_states WHERE namespace_id = %s"
+                        " AND instance_id = %s", flow.tenant.namespace_id, flow.instance_id)
+    return row
+
+
+async def test_a_poll_round_due_while_paused_is_parked_and_starts_once_after_the_resume(
+        db: Database, engine: Engine) -> None:
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, POLLED)
+    await drain(engine)
+    (first,) = await flow.tasks()
+    await flow.end(first["id"], "ok", {"done": False})
+    await drain(engine)
+    waiting = await poll_state(flow)
+    assert (waiting["state"], waiting["used_rounds"]) == ("WAITING", 1)
+    await control(flow, "pause")
+    await wait_db_time_past(db, waiting["next_round_at"])
+    rounds = await drain(engine)
+    assert sum(r.outcomes.get("paused", 0) for r in rounds) == 1
+    parked = await poll_state(flow)
+    assert (parked["state"], parked["used_rounds"]) == ("WAITING", 1)  # no round counted
+    assert len(await flow.tasks()) == 1
+    await control(flow, "resume")
+    await drain(engine)
+    resumed = await poll_state(flow)
+    assert (resumed["state"], resumed["used_rounds"]) == ("ROUND", 2)  # the budget carried on
+    assert len(await flow.tasks()) == 2
+    await clean(flow)
+
+
+async def test_an_instance_paused_before_its_first_advance_starts_after_the_resume(
+        db: Database, engine: Engine) -> None:
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, PAIR)
+    await control(flow, "pause")
+    await drain(engine)
+    assert await flow.tasks() == []
+    assert (await flow.steps()).keys() == {"$root"}
+    assert (await flow.instance())["checkpoints"] == 1  # the ROOT continuation, parked
+    await clean(flow)
+    await control(flow, "resume")
+    await drain(engine)
+    assert [t["step"] for t in await flow.tasks()] == ["a", "b"]
+    await clean(flow)

@@ -8,15 +8,17 @@ namespace."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
 
 from orbit_common import errors
-from orbit_common.db.pool import Database
+from orbit_common.db.pool import Database, DatabaseUrl, connect_sync
 from orbit_common.model import jsondoc
 from orbit_common.platform.idempotency import Replay
+from orbit_common.pulse import leases
 from orbit_common.weave import controls, signals
 from orbit_common.weave.engine import Engine, gauges
 from tests.conftest import make_tenant
@@ -31,6 +33,7 @@ from tests.integration.weave.engine_support import (
 from tests.integration.weave.support import principal
 from tests.support import database, invariants
 from tests.support.lease_fixtures import add_tasks, set_queue_limits, wait_db_time_past
+from tests.support.waiting import statements_waiting, until
 
 own_url, db = database.own_database("orbit_weave_pause")
 
@@ -437,4 +440,39 @@ async def test_an_instance_paused_before_its_first_advance_starts_after_the_resu
     await control(flow, "resume")
     await drain(engine)
     assert [t["step"] for t in await flow.tasks()] == ["a", "b"]
+    await clean(flow)
+
+
+async def test_a_pause_waits_for_a_claim_in_flight_and_then_no_start_is_approved(
+        db: Database, own_url: DatabaseUrl, engine: Engine) -> None:
+    """The pause's gate lock serialises with the kernel's claim (a shared lock on the gate):
+    a claim in flight when the pause comes finishes first; the start of what it granted comes
+    after the pause and is refused (``workflow_paused``); the tasks wait again."""
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, PAIR)
+    await drain(engine)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def claiming(cur: Any) -> list[Any]:
+        grants = await leases.claim(cur, flow.session, flow.queue, 32)
+        holding.set()
+        await release.wait()
+        return grants
+
+    claimed = asyncio.create_task(db.transaction("test.claim", claiming))
+    await holding.wait()
+    pausing = asyncio.create_task(control(flow, "pause"))
+    conn = connect_sync(own_url, autocommit=True)
+    try:
+        await until(lambda: statements_waiting(
+            conn, "SELECT state, control_revision FROM pulse_execution_gates%FOR UPDATE"),
+            timeout=10, message="the pause to wait for the claim's gate lock")
+    finally:
+        conn.close()
+        release.set()
+    grants = await claimed
+    await pausing
+    assert len(grants) == 2  # the claim came first
+    outcomes = await start(db, tenant, grants)
+    assert [(o.approved, o.reason) for o in outcomes] == [(False, "workflow_paused")] * 2
     await clean(flow)

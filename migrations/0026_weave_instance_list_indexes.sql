@@ -1,5 +1,5 @@
 -- 流程实例列表的组合过滤索引（issue 16 第 4 部分：历史）。
--- depends: 0024_weave_waits
+-- depends: 0025_weave_pause
 -- transactional: false
 
 -- 按定义与版本列出实例（最新在前）：版本号只在定义内有意义，所以只与定义一起使用。

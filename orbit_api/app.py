@@ -16,6 +16,7 @@ from orbit_api.routes import (
     subscription_stream,
     subscriptions,
     tasks,
+    workflow_controls,
     workflow_signals,
     workflows,
 )
@@ -42,11 +43,12 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     subscription_stream.add_routes(app)
     workflows.add_routes(app)
     workflow_signals.add_routes(app)
+    workflow_controls.add_routes(app)
     return app
 
 
 for _module in (queues, tasks, interventions, applications, schedules, subscriptions,
-                workflows, workflow_signals):
+                workflows, workflow_signals, workflow_controls):
     openapi.merge(_module.OPENAPI_PATHS, _module.OPENAPI_SCHEMAS)
 openapi.merge(subscription_stream.OPENAPI_PATHS, {})
 

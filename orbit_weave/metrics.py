@@ -15,7 +15,9 @@
 * ``orbit_weave_signals_pending`` -- PENDING + LEASED signals (accepted, not yet consumed or
   rejected: waiting for their wait, backing off, or in an engine's hands);
 * ``orbit_weave_inbox_quarantined`` -- QUARANTINED inbox rows (links missing: a person looks);
-* ``orbit_weave_instances{state}`` -- instances by state.
+* ``orbit_weave_instances{state}`` -- instances by state;
+* ``orbit_weave_instances_paused`` / ``orbit_weave_checkpoints_parked`` -- paused instances and
+  the checkpoints they parked (results, due timers and poll rounds) that a resume replays.
 
 The gauges come from the database every ``[weave] gauge_interval_s``; no series names a tenant.
 """
@@ -67,6 +69,12 @@ class EngineMetrics:
         self.instances = prometheus_client.Gauge(
             "orbit_weave_instances", "Workflow instances by state.", ["state"],
             registry=registry)
+        self.paused = prometheus_client.Gauge(
+            "orbit_weave_instances_paused", "Paused workflow instances.", registry=registry)
+        self.checkpoints = prometheus_client.Gauge(
+            "orbit_weave_checkpoints_parked",
+            "Checkpoints parked while instances were paused, waiting for the replay.",
+            registry=registry)
         for outcome in (*OUTCOMES, FENCED, FAILED_ADVANCE):
             self.advances.labels(outcome)
 
@@ -85,6 +93,8 @@ class EngineMetrics:
         self.quarantined.set(found.quarantined)
         self.overdue.set(found.advances_overdue_s)
         self.signals_pending.set(found.signals_pending)
+        self.paused.set(found.paused)
+        self.checkpoints.set(found.checkpoints)
         for state in STATES:
             self.instances.labels(state).set(found.instances.get(state, 0))
 

@@ -750,13 +750,20 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     "Workflow": {
         "type": "object",
         "required": ["id", "definition", "version", "version_digest", "state", "revision",
-                     "business_key", "input", "output", "error", "created_at", "updated_at",
-                     "completed_at"],
+                     "paused", "control_revision", "checkpoints", "business_key", "input",
+                     "output", "error", "created_at", "updated_at", "completed_at"],
         "properties": {
             "id": ID, "definition": NAME, "version": _VERSION,
             "version_digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
             "state": {"enum": list(instances.STATES)},
             "revision": {"type": "integer", "minimum": 1},
+            "paused": {"type": "boolean",
+                       "description": "Paused (apart from state): its gate holds its tasks"
+                                      " back, its results and due checkpoints are parked"},
+            "control_revision": {"type": "integer", "minimum": 1,
+                                 "description": "+1 on each pause and resume"},
+            "checkpoints": {"type": "integer", "minimum": 0,
+                            "description": "Parked checkpoints the resume replays"},
             "business_key": {"type": ["string", "null"]}, "input": _JSON_ANY,
             "output": _JSON_ANY, "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
             "completed_at": nullable(TIME),

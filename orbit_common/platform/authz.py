@@ -55,6 +55,8 @@ class Action(enum.StrEnum):
     WORKFLOWS_START = "workflows.start"  # start instances
     WORKFLOWS_SIGNAL = "workflows.signal"  # send signals to instances (namespace-wide: a
     # signal steers an instance whose steps span queues)
+    WORKFLOWS_CONTROL = "workflows.control"  # pause and resume instances (namespace-wide: an
+    # instance's gate holds back its tasks on every queue)
 
 
 ACTIONS = frozenset(a.value for a in Action)
@@ -63,7 +65,8 @@ ACTIONS = frozenset(a.value for a in Action)
 # a grant that covers every queue (``"*"``) allows them — a key scoped to some queues may not.
 # Starting an instance is checked per queue instead (``tasks.submit`` on each queue it uses).
 NAMESPACE_WIDE = frozenset({Action.NAMESPACES_MANAGE.value, Action.WORKFLOWS_READ.value,
-                            Action.WORKFLOWS_MANAGE.value, Action.WORKFLOWS_SIGNAL.value})
+                            Action.WORKFLOWS_MANAGE.value, Action.WORKFLOWS_SIGNAL.value,
+                            Action.WORKFLOWS_CONTROL.value})
 MAX_GRANTS = 64
 MAX_PATTERNS = 64
 _NAME_PREFIX = re.compile(r"\A[a-z0-9][a-z0-9._-]{0,62}\Z")

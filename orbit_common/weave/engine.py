@@ -102,11 +102,14 @@ STALE = "stale"
 CLOSED_BLOCK = "closed_block"
 INSTANCE_ENDED = "instance_ended"
 REJECTED = "rejected"
+# The instance is paused: the row is parked (an inbox row CONSUMED with this outcome, a pending
+# advance or a signal moved out of the scans' reach) until the resume replays it (controls.py).
+PAUSED = "paused"
 # The cancel intents the engine sends (docs/weave/engine.md § 取消意图).
 CLOSED_REASON = "workflow block closed"
 ENDED_REASON = "workflow instance ended"
 CANCELLED_BY = "workflow"
-OUTCOMES = (ADVANCED, HELD, DUPLICATE, STALE, CLOSED_BLOCK, INSTANCE_ENDED, REJECTED)
+OUTCOMES = (ADVANCED, HELD, DUPLICATE, STALE, CLOSED_BLOCK, INSTANCE_ENDED, REJECTED, PAUSED)
 # Not outcomes of a row: this round's lease on it was lost before the advance locked it; the
 # advance failed with an error that is not a refusal (it rolled back, the lease will lapse).
 FENCED = "fenced"
@@ -158,6 +161,8 @@ class Gauges:
     instances: dict[str, int]  # by state
     signals_pending: int = 0  # PENDING + LEASED signals (no wait yet, backing off, or in hand)
     advances_overdue_s: float = 0.0  # database time since the oldest due PENDING advance was due
+    paused: int = 0  # paused instances
+    checkpoints: int = 0  # checkpoints parked by paused instances, waiting for the replay
 
 
 @attrs.frozen
@@ -278,6 +283,7 @@ class _Advance:
         self._book: signals.Book | None = None
         self.polls = polls.Book()
         self.now: Any = None  # the advance's database time (set before any step runs)
+        self.replayed = False  # this advance replayed the instance's parked checkpoints
         if model is not None:
             self.input = types.cel_input(model.definition.input_schema,
                                          jsondoc.loads_strict(instance["input"]))
@@ -704,6 +710,8 @@ class _Advance:
             return self.signal_timeout(row)
         if row["kind"] == "POLL":
             return self.next_round(row)
+        if row["kind"] == "RESUME":  # the replay ran first in this advance (or an earlier one)
+            return ADVANCED if self.replayed else DUPLICATE
         return STALE
 
     def fire_timer(self, row: dict[str, Any]) -> str:
@@ -922,10 +930,10 @@ class _Advance:
 # --- SQL ----------------------------------------------------------------------------------------
 
 LOCK_INSTANCE = ("SELECT id, namespace_id, definition_id, version, version_digest, state,"
-                 " revision, input, gate_id FROM weave_instances"
+                 " revision, paused, checkpoints, input, gate_id FROM weave_instances"
                  " WHERE namespace_id = %s AND id = %s FOR UPDATE")
 LOCK_INSTANCES = ("SELECT id, namespace_id, definition_id, version, version_digest, state,"
-                  " revision, input, gate_id FROM weave_instances"
+                  " revision, paused, checkpoints, input, gate_id FROM weave_instances"
                   " WHERE namespace_id = %s AND id IN ({ids}) ORDER BY id FOR UPDATE")
 FENCE = ("SELECT * FROM {table} WHERE namespace_id = %s AND id IN ({ids})"
          " ORDER BY created_at, id FOR UPDATE")
@@ -962,6 +970,35 @@ CONSUME = ("UPDATE weave_inbox SET state = 'CONSUMED', outcome = %s, consumed_at
            " WHERE namespace_id = %s AND id IN ({ids})")
 DONE = ("UPDATE weave_pending_advances SET state = 'DONE', done_at = %s, lease_owner = NULL,"
         " lease_expires_at = NULL WHERE namespace_id = %s AND id IN ({ids})")
+# Pause and resume (docs/weave/pause.md). Parking: a leased pending advance of a paused instance
+# goes back to PENDING, due never, its due time kept; a leased signal goes back to PENDING,
+# available never (the resume makes it available); the instance counts its checkpoints.
+PARK_ADVANCES = ("UPDATE weave_pending_advances SET state = 'PENDING', lease_owner = NULL,"
+                 " lease_expires_at = NULL, parked_due_at = CASE WHEN kind = 'RESUME' THEN NULL"
+                 " ELSE COALESCE(parked_due_at, due_at) END, due_at = %s"
+                 " WHERE namespace_id = %s AND id IN ({ids})")
+PARK_SIGNALS = ("UPDATE weave_signals SET state = 'PENDING', lease_owner = NULL,"
+                " lease_expires_at = NULL, available_at = %s"
+                " WHERE namespace_id = %s AND id IN ({ids})")
+COUNT_CHECKPOINTS = ("UPDATE weave_instances SET checkpoints = checkpoints + CASE id {n} END"
+                     " WHERE namespace_id = %s AND id IN ({ids})")
+# Replay: the parked rows of resumed instances, locked (after the instance rows and this round's
+# leased rows), restored, handled in order; the RESUME row DONE, the count back to zero.
+PARKED_INBOX = ("SELECT * FROM weave_inbox WHERE namespace_id = %s AND instance_id IN ({ids})"
+                " AND state = 'CONSUMED' AND outcome = 'paused' ORDER BY created_at, id"
+                " FOR UPDATE")
+PARKED_ADVANCES = ("SELECT * FROM weave_pending_advances WHERE namespace_id = %s"
+                   " AND instance_id IN ({ids}) AND state = 'PENDING'"
+                   " AND parked_due_at IS NOT NULL ORDER BY parked_due_at, id FOR UPDATE")
+RESTORE = ("UPDATE weave_pending_advances SET due_at = parked_due_at, parked_due_at = NULL"
+           " WHERE namespace_id = %s AND id IN ({ids})")
+RESUMED = ("UPDATE weave_pending_advances SET state = 'DONE', done_at = %s, lease_owner = NULL,"
+           " lease_expires_at = NULL WHERE namespace_id = %s AND instance_id IN ({ids})"
+           " AND kind = 'RESUME' AND state <> 'DONE'")
+REPLAYED = ("UPDATE weave_instances SET checkpoints = 0 WHERE namespace_id = %s"
+            " AND id IN ({ids})")
+# A parked row's due time: the scans (due_at <= now) never reach it.
+PARKED_AT = dt.datetime(9999, 12, 31, tzinfo=dt.UTC)
 
 
 async def _fence(cur: Any, table: str, namespace_id: bytes, leased: Sequence[dict[str, Any]],
@@ -1216,6 +1253,109 @@ async def _consume(cur: Any, ns: bytes, outcomes: Mapping[bytes, str], done: Seq
         await cur.execute(DONE.format(ids=placeholders(len(done))), (to_db(now), ns, *done))
 
 
+def _classify(instance_ids: Sequence[bytes], found: Mapping[bytes, dict[str, Any]],
+              rows_of: Mapping[bytes, Sequence[dict[str, Any]]],
+              due_of: Mapping[bytes, Sequence[dict[str, Any]]],
+              received_of: Mapping[bytes, Sequence[dict[str, Any]]]
+              ) -> tuple[dict[bytes, str], list[bytes], list[bytes]]:
+    """The locked instances by what their leased rows become: the inbox rows of ended (or
+    missing) instances get their outcome now, those of paused instances ``paused``; the
+    running instances advance; the paused ones park their rows."""
+    outcomes: dict[bytes, str] = {}
+    running, paused = [], []
+    for instance_id in instance_ids:
+        instance = found.get(instance_id)
+        if instance is None or instance["state"] != "RUNNING":
+            for r in rows_of.get(instance_id, []):
+                outcomes[r["id"]] = INSTANCE_ENDED if instance else STALE
+        elif instance["paused"]:
+            paused.append(instance_id)
+            for r in rows_of.get(instance_id, []):
+                outcomes[r["id"]] = PAUSED
+        elif any(instance_id in of for of in (rows_of, due_of, received_of)):
+            running.append(instance_id)
+    return outcomes, running, paused
+
+
+def _replay(run: _Advance, parked: Sequence[dict[str, Any]] | None,
+            outcomes: dict[bytes, str], outcomes_due: dict[bytes, str]
+            ) -> list[dict[str, Any]]:
+    """A resumed instance's parked checkpoints, in order, before anything else of its advance:
+    each inbox row consumed, each pending advance handled, as if it came now. Returns the
+    pending advances (written like the leased ones)."""
+    if parked is None:
+        return []
+    run.replayed = True
+    handled = []
+    for row in parked:
+        if "source_event_id" in row:
+            outcomes[row["id"]] = run.consume(row)
+        else:
+            handled.append(row)
+            outcomes_due[row["id"]] = run.due(row)
+    return handled
+
+
+async def _parked(cur: Any, ns: bytes, instance_ids: Sequence[bytes]
+                  ) -> dict[bytes, list[dict[str, Any]]]:
+    """The parked checkpoints of ``instance_ids`` (resumed instances that still count some),
+    locked, each instance's in the order they came: inbox rows by their writing, pending
+    advances by their due time -- both database time."""
+    if not instance_ids:
+        return {}
+    marks = placeholders(len(instance_ids))
+    await cur.execute(PARKED_INBOX.format(ids=marks), (ns, *instance_ids))
+    found: list[tuple[Any, int, dict[str, Any]]] = [
+        (as_utc(r["created_at"]), 1, dict(r)) for r in await cur.fetchall()]
+    await cur.execute(PARKED_ADVANCES.format(ids=marks), (ns, *instance_ids))
+    for r in await cur.fetchall():
+        row = dict(r)
+        row["due_at"] = row["parked_due_at"]
+        found.append((as_utc(row["parked_due_at"]), 0, row))
+    replays: dict[bytes, list[dict[str, Any]]] = {i: [] for i in instance_ids}
+    for _, _, row in sorted(found, key=lambda f: (f[0], f[1], f[2]["id"])):
+        replays[row["instance_id"]].append(row)
+    return replays
+
+
+async def _restore(cur: Any, ns: bytes, instance_ids: Sequence[bytes],
+                   advance_ids: Sequence[bytes], now: Any) -> None:
+    """After a replay: the parked pending advances due again at their own time (then DONE,
+    released or re-armed like any handled row), the RESUME rows DONE, the count zero."""
+    if advance_ids:
+        await cur.execute(RESTORE.format(ids=placeholders(len(advance_ids))),
+                          (ns, *advance_ids))
+    marks = placeholders(len(instance_ids))
+    await cur.execute(RESUMED.format(ids=marks), (to_db(now), ns, *instance_ids))
+    await cur.execute(REPLAYED.format(ids=marks), (ns, *instance_ids))
+
+
+async def _park(cur: Any, ns: bytes, paused: Sequence[bytes],  # noqa: PLR0917
+                rows_of: Mapping[bytes, Sequence[dict[str, Any]]],
+                due: Sequence[dict[str, Any]], received: Sequence[dict[str, Any]]
+                ) -> dict[str, int]:
+    """The leased rows of paused instances: the inbox rows are already consumed as
+    ``paused``; the pending advances and signals are parked; each instance counts its new
+    checkpoints (the RESUME row itself is none)."""
+    if due:
+        await cur.execute(PARK_ADVANCES.format(ids=placeholders(len(due))),
+                          (to_db(PARKED_AT), ns, *[r["id"] for r in due]))
+    if received:
+        await cur.execute(PARK_SIGNALS.format(ids=placeholders(len(received))),
+                          (to_db(PARKED_AT), ns, *[r["id"] for r in received]))
+    added = {i: len(rows_of.get(i, [])) for i in paused}
+    for r in due:
+        if r["kind"] != "RESUME" and r["parked_due_at"] is None:
+            added[r["instance_id"]] += 1
+    counted = sorted((i, n) for i, n in added.items() if n)
+    if counted:
+        await _update(cur, COUNT_CHECKPOINTS, {"n": counted}, (ns,),
+                      ids=[i for i, _ in counted])
+    return {k: v for k, v in (
+        (PAUSED, len(due)),  # the inbox rows are counted with the other outcomes
+        (f"signal_{PAUSED}", len(received))) if v}
+
+
 _Rows = list[dict[str, Any]]
 # (instance id, leased inbox rows, leased pending advances, leased signals)
 Item = tuple[bytes, Sequence[dict[str, Any]], Sequence[dict[str, Any]],
@@ -1400,23 +1540,22 @@ class Engine:
             now = await db_now(cur)
             rows_of, due_of, received_of = (_by_instance(rows), _by_instance(due),
                                              _by_instance(received))
-            outcomes: dict[bytes, str] = {}
             outcomes_due: dict[bytes, str] = {r["id"]: INSTANCE_ENDED for r in due}
-            running = []
-            for instance_id in instance_ids:
-                instance = found.get(instance_id)
-                if instance is None or instance["state"] != "RUNNING":
-                    for r in rows_of.get(instance_id, []):
-                        outcomes[r["id"]] = INSTANCE_ENDED if instance else STALE
-                elif any(instance_id in of for of in (rows_of, due_of, received_of)):
-                    running.append(instance_id)
+            outcomes, running, paused = _classify(instance_ids, found, rows_of, due_of,
+                                                  received_of)
+            parked_due = [r for i in paused for r in due_of.get(i, [])]
+            parked_ids = {r["id"] for r in parked_due}
+            # Resumed instances with parked checkpoints replay them first, in order.
+            replays = await _parked(cur, ns, [i for i in running if found[i]["checkpoints"]])
             runs = await self._prepare(cur, ns, running, found, now,
                                        [i for i in running if i in received_of
                                         or self._may_signal(found[i])],
                                        [r["id"] for r in received])
             changed: list[_Advance] = []
+            replayed_due: list[dict[str, Any]] = []
             for run in runs:
                 instance_id = run.instance["id"]
+                replayed_due += _replay(run, replays.get(instance_id), outcomes, outcomes_due)
                 for row in due_of.get(instance_id, []):
                     outcomes_due[row["id"]] = run.due(row)
                 for row in rows_of.get(instance_id, []):
@@ -1426,18 +1565,26 @@ class Engine:
                 run.receive_signals()
                 if run.changed:
                     changed.append(run)
+            if replays:
+                await _restore(cur, ns, sorted(replays), [r["id"] for r in replayed_due], now)
             if changed:
                 await _write(cur, ns, changed, now)
-            early = [r["id"] for r in due if outcomes_due[r["id"]] == timers.EARLY]
-            await _consume(cur, ns, outcomes, [r["id"] for r in due if r["id"] not in early],
-                           now)
+            handled = [r for r in (*due, *replayed_due) if r["id"] not in parked_ids]
+            early = [r["id"] for r in handled if outcomes_due[r["id"]] == timers.EARLY]
+            await _consume(cur, ns, outcomes, [r["id"] for r in handled
+                                               if r["id"] not in early], now)
             await timers.release(cur, ns, early)
+            if paused:
+                counts.update(await _park(cur, ns, paused, rows_of, parked_due, [
+                    r for r in received if r["instance_id"] in paused]))
             counts.update(await _write_signals(cur, ns, runs, [  # of ended instances
-                r for r in received if r["instance_id"] not in running], now))
+                r for r in received
+                if r["instance_id"] not in running and r["instance_id"] not in paused], now))
             await polls.rearm(cur, ns, [run.polls for run in runs])
             await _insert_tasks(cur, ns, changed, now)
-            for outcome in (*outcomes.values(), *outcomes_due.values()):
-                counts[outcome] = counts.get(outcome, 0) + 1
+            for row_id, outcome in (*outcomes.items(), *outcomes_due.items()):
+                if row_id not in parked_ids:
+                    counts[outcome] = counts.get(outcome, 0) + 1
             return {k: v for k, v in counts.items() if v}
 
         counts = await self.db.transaction("weave.advance", body)
@@ -1483,10 +1630,14 @@ class Engine:
         now = await db_now(cur)
         outcome = REJECTED
         book: signals.Book | None = None
+        parked: list[dict[str, Any]] = []
         if instance is None or instance["state"] != "RUNNING":
             outcome = INSTANCE_ENDED if instance else STALE
         elif rows or due or held:
             instance = dict(instance)
+            # Its parked checkpoints end with it: consumed as rejected, the RESUME row DONE.
+            if instance["checkpoints"]:
+                parked = (await _parked(cur, ns, [instance_id]))[instance_id]
             loaded = await _load_steps(cur, ns, [instance_id])
             books = await _load_polls(cur, ns, {instance_id: instance}, loaded, now)
             steps, made = loaded[instance_id]
@@ -1499,6 +1650,10 @@ class Engine:
             run.receive_signals()
             signals.sweep([(book, True)])
             await _write(cur, ns, [run], now)
+            parked_due = [r["id"] for r in parked if "source_event_id" not in r]
+            await _restore(cur, ns, [instance_id], parked_due, now)
+            rows = [*rows, *(r for r in parked if "source_event_id" in r)]
+            due = [*due, *(r for r in parked if "source_event_id" not in r)]
         await _consume(cur, ns, {r["id"]: outcome for r in rows}, [r["id"] for r in due], now)
         if book is not None:
             await signals.write(cur, ns, [(instance_id, book)], now)
@@ -1506,7 +1661,7 @@ class Engine:
             await signals.reject_orphans(cur, ns, held, now)
         counts = {outcome: len(rows) + len(due),
                   FENCED: len(inbox) + len(advances) + len(received) - len(rows) - len(due)
-                  - len(held)}
+                  - len(held) + len(parked)}
         return {k: v for k, v in counts.items() if v}
 
 
@@ -1518,7 +1673,8 @@ GAUGE_QUARANTINED = ("SELECT COUNT(*) AS n FROM weave_inbox FORCE INDEX (ix_weav
 GAUGE_ADVANCES = ("SELECT COUNT(*) AS n FROM weave_pending_advances"
                   " FORCE INDEX (ix_weave_advances_due)"
                   " WHERE (state = 'PENDING' AND due_at <= UTC_TIMESTAMP(6)) OR state = 'LEASED'")
-GAUGE_INSTANCES = "SELECT state, COUNT(*) AS n FROM weave_instances GROUP BY state"
+GAUGE_INSTANCES = ("SELECT state, COUNT(*) AS n, SUM(paused) AS paused,"
+                   " SUM(checkpoints) AS checkpoints FROM weave_instances GROUP BY state")
 GAUGE_SIGNALS = ("SELECT COUNT(*) AS n FROM weave_signals FORCE INDEX (ix_weave_signals_scan)"
                  " WHERE state IN ('PENDING', 'LEASED')")
 GAUGE_OVERDUE = ("SELECT TIMESTAMPDIFF(MICROSECOND, MIN(due_at), UTC_TIMESTAMP(6)) AS lag_us"
@@ -1536,7 +1692,8 @@ async def gauges(db: Database) -> Gauges:
         await cur.execute(GAUGE_ADVANCES)
         due = (await cur.fetchone())["n"]
         await cur.execute(GAUGE_INSTANCES)
-        by_state = {r["state"]: int(r["n"]) for r in await cur.fetchall()}
+        states = await cur.fetchall()
+        by_state = {r["state"]: int(r["n"]) for r in states}
         await cur.execute(GAUGE_SIGNALS)
         pending_signals = (await cur.fetchone())["n"]
         await cur.execute(GAUGE_OVERDUE)
@@ -1545,6 +1702,8 @@ async def gauges(db: Database) -> Gauges:
                       inbox_oldest_age_s=max(0, int(inbox["age_us"] or 0)) / 1e6,
                       advances_due=int(due), quarantined=int(quarantined),
                       instances=by_state, signals_pending=int(pending_signals),
-                      advances_overdue_s=max(0, int(overdue or 0)) / 1e6)
+                      advances_overdue_s=max(0, int(overdue or 0)) / 1e6,
+                      paused=sum(int(r["paused"] or 0) for r in states),
+                      checkpoints=sum(int(r["checkpoints"] or 0) for r in states))
 
     return await db.read("weave.gauges", body)

@@ -59,6 +59,7 @@ def _iso(value: Any) -> str | None:
 
 INSTANCE_COLUMNS = (
     "i.namespace_id, i.id, i.definition_id, i.version, i.version_digest, i.state, i.revision,"
+    " i.paused, i.control_revision, i.checkpoints,"
     " i.business_key, i.input, i.output, i.error, i.gate_id, i.created_at, i.updated_at,"
     " i.completed_at, d.name AS definition_name"
 )
@@ -70,7 +71,8 @@ def instance_view(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": row["id"].hex(), "definition": row["definition_name"], "version": row["version"],
         "version_digest": row["version_digest"].hex(), "state": row["state"],
-        "revision": row["revision"],
+        "revision": row["revision"], "paused": bool(row["paused"]),
+        "control_revision": row["control_revision"], "checkpoints": row["checkpoints"],
         "business_key": tasks.business_key_text(row["business_key"]),
         "input": jsondoc.RawJson(row["input"]),
         "output": jsondoc.RawJson(row["output"]) if row["output"] is not None else None,
@@ -83,10 +85,12 @@ def instance_view(row: dict[str, Any]) -> dict[str, Any]:
 # What the result of an activation's task has become (000 §6.3: "the task has a result" is not
 # "orchestration has advanced"), from its newest weave_inbox row: none (no row: the task has not
 # ended, or is not linked), recorded (PENDING or LEASED: the engine has not consumed it yet),
-# advanced (CONSUMED), quarantined (its links were incomplete; never guessed).
+# advanced (CONSUMED), quarantined (its links were incomplete; never guessed). A row the engine
+# parked while the instance was paused (CONSUMED, outcome ``paused``) is still recorded.
 RESULT_STATES = {"PENDING": "recorded", "LEASED": "recorded", "CONSUMED": "advanced",
                  "QUARANTINED": "quarantined"}
 RESULTS = ("none", "recorded", "advanced", "quarantined")
+PARKED_OUTCOME = "paused"
 
 
 @attrs.frozen(kw_only=True)
@@ -228,7 +232,8 @@ async def start_instance(db: Database, principal: credentials.Principal, *, name
         # The receipt from what this transaction wrote (the row as _instance would read it).
         view = {"namespace_id": namespace_id, "id": instance_id, "definition_id": row["id"],
                 "version": pinned.version, "version_digest": pinned.digest,
-                "state": "RUNNING", "revision": 1, "business_key": key, "input": input_text,
+                "state": "RUNNING", "revision": 1, "paused": 0, "control_revision": 1,
+                "checkpoints": 0, "business_key": key, "input": input_text,
                 "output": None, "error": None, "gate_id": gate_id, "created_at": now,
                 "updated_at": now, "completed_at": None, "definition_name": row["name"]}
         return 201, instance_view(view), instance_id
@@ -367,10 +372,11 @@ async def task_results(cur: Any, namespace_id: bytes, task_ids: list[bytes]
         await cur.execute(f"SELECT id, state FROM pulse_tasks WHERE namespace_id = %s"
                           f" AND id IN ({marks})", (namespace_id, *chunk))
         states = {r["id"]: r["state"] for r in await cur.fetchall()}
-        await cur.execute(f"SELECT task_id, state FROM weave_inbox WHERE namespace_id = %s"
-                          f" AND task_id IN ({marks}) ORDER BY created_at, id",
-                          (namespace_id, *chunk))
-        inbox = {r["task_id"]: RESULT_STATES[r["state"]] for r in await cur.fetchall()}
+        await cur.execute(f"SELECT task_id, state, outcome FROM weave_inbox"
+                          f" WHERE namespace_id = %s AND task_id IN ({marks})"
+                          f" ORDER BY created_at, id", (namespace_id, *chunk))
+        inbox = {r["task_id"]: "recorded" if r["outcome"] == PARKED_OUTCOME
+                 else RESULT_STATES[r["state"]] for r in await cur.fetchall()}
         for task_id in chunk:
             if task_id in states or task_id in inbox:
                 found[task_id] = TaskResult(task_state=states.get(task_id),

@@ -1268,5 +1268,7 @@ def test_every_code_has_a_corruption_test() -> None:
                   # tests/integration/weave/test_signals.py (real signals through the engine)
                   "wait_winner",
                   # tests/integration/weave/test_polls.py
-                  "poll_rounds"})
+                  "poll_rounds",
+                  # tests/integration/weave/test_pause.py
+                  "pause_control"})
     assert covered == set(CODES)

@@ -127,6 +127,12 @@ Invariants (code: what must hold)
     poll_rounds           (Weave POLL) a query's rounds number 1..used_rounds without gaps and
                           never more than its max_rounds; every WAITING query has its POLL
                           pending advance (PENDING or LEASED, for the query's activation)
+    pause_control         (Weave pause) a RUNNING instance's gate is PAUSED exactly when it is
+                          paused; a paused instance has its PENDING RESUME row, due never; its
+                          ``checkpoints`` equals its parked rows (inbox rows consumed as
+                          ``paused``, PENDING pending advances with ``parked_due_at``); a
+                          resumed instance that still counts some has a RESUME row due to
+                          replay them
     wait_pending_advance  (Weave waits) every WAITING TIMER step has a WAITING wait and a
                           PENDING/LEASED TIMER pending advance for its LIVE activation; every
                           WAITING SIGNAL wait with a deadline has its SIGNAL pending advance
@@ -169,7 +175,7 @@ CODES = (
     "subscription_backlog", "delivery_unique", "delivery_source", "delivery_lease",
     "delivery_attempts", "scan_position", "delivery_stuck", "live_activation",
     "workflow_inbox", "instance_state", "inbox_outcome", "wait_pending_advance", "wait_winner",
-    "poll_rounds",
+    "poll_rounds", "pause_control",
 )
 
 
@@ -1004,6 +1010,41 @@ WHERE i.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
 GROUP BY i.namespace_id, i.id, i.state"""
 
 
+def _pause_control_sql(s: Scope) -> str:
+    return f"""
+SELECT i.namespace_id, i.id AS instance_id, i.paused, g.state AS detail,
+  'its gate is not PAUSED exactly when it is paused' AS problem
+FROM weave_instances i
+JOIN pulse_execution_gates g ON g.namespace_id = i.namespace_id AND g.id = i.gate_id
+WHERE i.state = 'RUNNING' AND (i.paused = 1) <> (g.state = 'PAUSED'){s.ns('i')}
+UNION ALL
+SELECT i.namespace_id, i.id, i.paused, NULL, 'paused without its PENDING RESUME row due never'
+FROM weave_instances i
+LEFT JOIN weave_pending_advances p ON p.namespace_id = i.namespace_id AND p.instance_id = i.id
+  AND p.kind = 'RESUME' AND p.state = 'PENDING' AND p.due_at >= '9999-01-01'
+WHERE i.state = 'RUNNING' AND i.paused = 1 AND p.id IS NULL{s.ns('i')}
+UNION ALL
+SELECT i.namespace_id, i.id, i.paused,
+  CONCAT(i.checkpoints, ' counted, ', COALESCE(x.n, 0), ' parked'), 'parked checkpoints'
+FROM weave_instances i
+LEFT JOIN (SELECT u.namespace_id, u.instance_id, COUNT(*) AS n FROM (
+    SELECT namespace_id, instance_id FROM weave_inbox
+    WHERE state = 'CONSUMED' AND outcome = 'paused'
+    UNION ALL
+    SELECT namespace_id, instance_id FROM weave_pending_advances
+    WHERE state = 'PENDING' AND parked_due_at IS NOT NULL) u
+  GROUP BY u.namespace_id, u.instance_id) x
+  ON x.namespace_id = i.namespace_id AND x.instance_id = i.id
+WHERE i.checkpoints <> COALESCE(x.n, 0){s.ns('i')}
+UNION ALL
+SELECT i.namespace_id, i.id, i.paused, CONCAT(i.checkpoints, ' counted'),
+  'resumed with parked checkpoints but no RESUME row due to replay them'
+FROM weave_instances i
+LEFT JOIN weave_pending_advances p ON p.namespace_id = i.namespace_id AND p.instance_id = i.id
+  AND p.kind = 'RESUME' AND p.state IN ('PENDING', 'LEASED') AND p.due_at < '9999-01-01'
+WHERE i.state = 'RUNNING' AND i.paused = 0 AND i.checkpoints > 0 AND p.id IS NULL{s.ns('i')}"""
+
+
 def _wait_winner_sql(s: Scope) -> str:
     return f"""
 SELECT w.namespace_id, w.id AS wait_id, w.winner_signal_id AS signal_id,
@@ -1262,6 +1303,9 @@ PROBES: tuple[Probe, ...] = (
           lambda r, s: f"wait {_h(r['namespace_id'])}/{_h(r['wait_id'])}: {r['problem']}"
                        f" (signal {_h(r['signal_id'])})"),
     Probe("poll_rounds", _poll_rounds_sql, _poll_rounds_render),
+    Probe("pause_control", _pause_control_sql,
+          lambda r, s: f"instance {_h(r['namespace_id'])}/{_h(r['instance_id'])} (paused"
+                       f" {r['paused']}): {r['problem']} ({_h(r['detail'])})"),
     Probe("wait_pending_advance", _wait_pending_advance_sql,
           lambda r, s: f"{r['kind']} wait of step {_h(r['namespace_id'])}/"
                        f"{_h(r['instance_id'])}/{r['name']} (activation"

@@ -736,6 +736,36 @@ class Client:
         return WorkflowInstance.from_json(await self._get(self._ns(
             f"/workflows/{_seg(workflow_id)}"), query))
 
+    async def pause_workflow(self, workflow_id: str, reason: str, *,
+                             control_revision: int | None = None,
+                             idempotency_key: str | None = None) -> WorkflowInstance:
+        """Pause the instance (credential action ``workflows.control``): its gate closes (no
+        new grant or start for its tasks), results of running tasks are recorded and parked,
+        due timers and poll rounds are parked, nothing advances. ``control_revision``: a
+        compare-and-set on the instance's control revision (:class:`~orbit_sdk.Conflict`
+        ``stale_revision`` when it moved). Pausing a paused instance returns it unchanged;
+        an ended one is ``workflow_instance_finished``."""
+        return await self._control(workflow_id, "pause", reason, control_revision,
+                                   idempotency_key)
+
+    async def resume_workflow(self, workflow_id: str, reason: str, *,
+                              control_revision: int | None = None,
+                              idempotency_key: str | None = None) -> WorkflowInstance:
+        """Resume a paused instance: its gate opens and the engine replays the parked
+        checkpoints in order, exactly once (see :meth:`pause_workflow`)."""
+        return await self._control(workflow_id, "resume", reason, control_revision,
+                                   idempotency_key)
+
+    async def _control(self, workflow_id: str, verb: str, reason: str,
+                       control_revision: int | None, idempotency_key: str | None
+                       ) -> WorkflowInstance:
+        body: dict[str, Any] = {"reason": reason}
+        if control_revision is not None:
+            body["control_revision"] = control_revision
+        raw = await self._post(self._ns(f"/workflows/{_seg(workflow_id)}/{verb}"), body,
+                               idempotency_key=idempotency_key or new_idempotency_key())
+        return WorkflowInstance.from_json(raw)
+
     async def get_poll_rounds(self, workflow_id: str, step: str, *,
                               page_size: int | None = None) -> WorkflowPollRounds:
         """A POLL step's bounded query (rounds used of the maximum, the fixed deadline, the

@@ -297,6 +297,9 @@ class WorkflowInstance:
     version_digest: str = ""
     state: str = ""
     revision: int = 0
+    paused: bool = False  # apart from state: its gate holds its tasks back (pause / resume)
+    control_revision: int = 0  # +1 on each pause and resume (the CAS of pause / resume)
+    checkpoints: int = 0  # parked checkpoints a resume replays
     business_key: str | None = None
     input: Any = None
     output: Any = None
@@ -313,7 +316,9 @@ class WorkflowInstance:
             id=_str(raw, "id") or "", definition=_str(raw, "definition") or "",
             version=_int(raw, "version") or 0,
             version_digest=_str(raw, "version_digest") or "", state=_str(raw, "state") or "",
-            revision=_int(raw, "revision") or 0, business_key=_str(raw, "business_key"),
+            revision=_int(raw, "revision") or 0, paused=raw.get("paused") is True,
+            control_revision=_int(raw, "control_revision") or 0,
+            checkpoints=_int(raw, "checkpoints") or 0, business_key=_str(raw, "business_key"),
             input=raw.get("input"), output=raw.get("output"), error=raw.get("error"),
             created_at=parse_time(raw.get("created_at")),
             updated_at=parse_time(raw.get("updated_at")),

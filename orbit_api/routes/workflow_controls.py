@@ -1,0 +1,111 @@
+"""Pause and resume of a workflow instance over HTTP (docs/api/workflows.md § 暂停与继续).
+
+The routes check the shape of the body (unknown fields, types) and hand the rest to
+``orbit_common.weave.controls``: a refused request writes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from orbit_api.openapi import (
+    BODY_ERRORS,
+    ID,
+    IDEMPOTENCY_PARAM,
+    NAME,
+    _json,
+    _problem,
+    path_param,
+    request_body,
+    resource_errors,
+)
+from orbit_api.routes.platform import idempotency_key
+from orbit_api.routes.tasks import json_response
+from orbit_api.routes.workflows import INSTANCE, _namespace, _object
+from orbit_common import errors
+from orbit_common.platform.principals import principal_of
+from orbit_common.service.http.body import query_params
+from orbit_common.service.http.context import DB, request_id_of
+from orbit_common.weave import controls
+
+PAUSE = INSTANCE + "/pause"
+RESUME = INSTANCE + "/resume"
+FIELDS = frozenset({"reason", "control_revision"})
+
+
+async def _control(request: web.Request, *, paused: bool) -> web.Response:
+    query_params(request, ())
+    key = idempotency_key(request)
+    body, problems = await _object(request, FIELDS)
+    try:
+        controls.check_request(body.get("reason"), body.get("control_revision"))
+    except errors.ValidationFailed as exc:
+        problems += exc.errors
+    if problems:
+        raise errors.ValidationFailed(problems)
+    outcome = await controls.set_paused(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"], paused=paused, reason=body["reason"],
+        control_revision=body.get("control_revision"), idempotency_key=key,
+        request_id=request_id_of(request))
+    return json_response(outcome.body, status=outcome.status)
+
+
+async def pause_workflow(request: web.Request) -> web.Response:
+    return await _control(request, paused=True)
+
+
+async def resume_workflow(request: web.Request) -> web.Response:
+    return await _control(request, paused=False)
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the pause and resume routes."""
+    app.router.add_post(PAUSE, pause_workflow)
+    app.router.add_post(RESUME, resume_workflow)
+
+
+# --- OpenAPI ------------------------------------------------------------------------------------
+
+_PARAMS = [path_param("namespace", NAME), path_param("workflow_id", ID)]
+_RESPONSES: dict[str, Any] = {
+    "200": _json("Workflow", "The instance after the change (unchanged when it already was; "
+                             "or the replay of the original receipt)"),
+    **resource_errors("forbidden: the credential may not workflows.control here"),
+    "404": _problem("namespace_not_found, or workflow_instance_not_found"),
+    "409": _problem("workflow_instance_finished (the instance has ended; nothing written), "
+                    "stale_revision (the control revision given is not the instance's), or "
+                    "idempotency_conflict"),
+    **BODY_ERRORS,
+}
+
+
+def _operation(verb: str, summary: str) -> dict[str, Any]:
+    return {"summary": summary, "operationId": f"{verb}Workflow",
+            "parameters": [IDEMPOTENCY_PARAM],
+            "requestBody": request_body("WorkflowControlRequest"), "responses": _RESPONSES}
+
+
+OPENAPI_PATHS: dict[str, Any] = {
+    PAUSE: {"parameters": _PARAMS, "post": _operation(
+        "pause", "Pause an instance: its gate closes, its results and due checkpoints are "
+                 "parked")},
+    RESUME: {"parameters": _PARAMS, "post": _operation(
+        "resume", "Resume an instance: its gate opens, its parked checkpoints are replayed in "
+                  "order, once")},
+}
+
+OPENAPI_SCHEMAS: dict[str, Any] = {
+    "WorkflowControlRequest": {
+        "type": "object", "additionalProperties": False, "required": ["reason"],
+        "properties": {
+            "reason": {"type": "string", "minLength": 1, "maxLength": controls.REASON_MAX,
+                       "description": "Why (kept in the audit record and the event)"},
+            "control_revision": {"type": "integer", "minimum": 1,
+                                 "description": "Compare-and-set: the instance's control "
+                                                "revision as read (stale_revision if it moved)"},
+        },
+    },
+}

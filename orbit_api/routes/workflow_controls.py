@@ -103,9 +103,10 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         "properties": {
             "reason": {"type": "string", "minLength": 1, "maxLength": controls.REASON_MAX,
                        "description": "Why (kept in the audit record and the event)"},
-            "control_revision": {"type": "integer", "minimum": 1,
+            "control_revision": {"type": ["integer", "null"], "minimum": 1,
                                  "description": "Compare-and-set: the instance's control "
-                                                "revision as read (stale_revision if it moved)"},
+                                                "revision as read (stale_revision if it moved);"
+                                                " null is the same as absent"},
         },
     },
 }

@@ -5,7 +5,8 @@ Every phase runs on a fresh database with its own API, dispatcher and SDK no-op 
 
 1. **plain** -- N no-op tasks end to end: the reference throughput (``plain_tasks_per_s``).
 2. **linear** -- N/3 instances of a 3-step linear workflow (TASK → TASK → TASK → SUCCEED, the
-   tasks no-ops on the same queue), started as fast as the starters go;
+   tasks no-ops on the same queue), started through the API's batch start (100 a request,
+   like the plain phase's batch submissions) as fast as the starters go;
    ``linear_steps_per_s`` is the workflow tasks over the time from the first instance's start
    to the last instance's end (database time).
 3. **parallel** -- N/10 instances of a 10-branch PARALLEL workflow (each branch one TASK, the
@@ -22,7 +23,7 @@ activations with more than one task, plus workflow tasks no activation reference
 ``engine_cpu_us_per_step`` is the engine process's CPU over the linear and parallel phases per
 workflow task; ``cpu_us_per_step_linear`` / ``_parallel`` give every process's CPU (by role: api,
 dispatcher, workers, engine, the bench's own database) per workflow task in those phases (the
-starts included: this process starts the instances through the domain layer), beside the plain
+starts included: the API's batch start), beside the plain
 phase's ``cpu_us_per_task_plain``.
 """
 
@@ -36,14 +37,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from bench.common import bench_server, cpu_seconds, free_port, percentile, poll_until, wait_ready
 from bench.tasks import _end_to_end, _Phase, _wait_purged
-from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
+from orbit_common.db.pool import DatabaseUrl, connect_sync, open_database
 from orbit_common.platform import credentials
-from orbit_common.weave import definitions, instances
+from orbit_common.weave import definitions
 
 BRANCHES = 10
 STARTERS = 4
+START_BATCH = 100  # the batch start's limit (orbit_common.weave.starts.MAX_BATCH)
 
 
 def linear_document() -> dict[str, Any]:
@@ -96,39 +100,42 @@ class _WorkflowPhase:
 
     def start(self, definition: str, count: int, rate: float | None = None,
               inputs: Callable[[int], dict[str, Any]] | None = None) -> float:
-        """Start ``count`` instances of ``definition`` (``rate`` per second at most), as the
-        API's start command does, from STARTERS concurrent starters; instance ``n``'s input is
-        ``inputs(n)`` (default ``{"n": n}``). Returns the starts per second."""
-        return asyncio.run(_start_all(self.phase.url, self.api_key, self.namespace,
+        """Start ``count`` instances of ``definition`` (``rate`` per second at most) through
+        the API's batch start (``POST …/workflows/batch``, up to 100 a request, from STARTERS
+        concurrent clients -- as the plain phase submits its tasks in batches); instance ``n``'s
+        input is ``inputs(n)`` (default ``{"n": n}``). Returns the starts per second."""
+        return asyncio.run(_start_all(self.phase.api, self.api_key, self.namespace,
                                       definition, count, rate, inputs))
 
     def close(self) -> None:
         self.phase.close()
 
 
-async def _start_all(url: DatabaseUrl, api_key: str, namespace: str, definition: str,
+async def _start_all(api: str, api_key: str, namespace: str, definition: str,
                      count: int, rate: float | None,
                      inputs: Callable[[int], dict[str, Any]] | None = None) -> float:
-    db: Database = await open_database(url, minsize=1, maxsize=STARTERS)
-    try:
-        who = await db.read("bench.auth", lambda cur: credentials.authenticate(cur, api_key))
-        started = time.monotonic()
-        numbers = iter(range(count))
+    url = f"{api}/v1/namespaces/{namespace}/workflows/batch"
+    batch = START_BATCH if rate is None else max(1, min(START_BATCH, int(rate / 50)))
+    chunks = iter(range(0, count, batch))
+    started = time.monotonic()
+
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {api_key}"}) as session:
 
         async def starter() -> None:
-            for n in numbers:
+            for first in chunks:
                 if rate is not None:
-                    wait = started + n / rate - time.monotonic()
+                    wait = started + first / rate - time.monotonic()
                     if wait > 0:
                         await asyncio.sleep(wait)
-                body = json.dumps(inputs(n)).encode() if inputs else b'{"n": %d}' % n
-                await instances.start_instance(db, who, namespace=namespace,
-                                               definition=definition, input_json=body)
+                items = [{"definition": definition,
+                          "input": inputs(n) if inputs else {"n": n}}
+                         for n in range(first, min(count, first + batch))]
+                async with session.post(url, json={"instances": items}) as response:
+                    if response.status != 201:
+                        raise RuntimeError(await response.text())
 
         await asyncio.gather(*(starter() for _ in range(STARTERS)))
-        return count / (time.monotonic() - started)
-    finally:
-        await db.close()
+    return count / (time.monotonic() - started)
 
 
 def _one(conn: Any, sql: str, *params: Any) -> Any:

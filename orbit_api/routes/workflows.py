@@ -41,7 +41,7 @@ from orbit_common.pulse import tasks
 from orbit_common.pulse.model import TaskState
 from orbit_common.service.http.body import int_param, query_params, read_document, read_json
 from orbit_common.service.http.context import DB, request_id_of
-from orbit_common.weave import definitions, instances, timeline
+from orbit_common.weave import definitions, instances, starts, timeline
 
 DEFINITIONS = "/v1/namespaces/{namespace}/workflow-definitions"
 DEFINITION = DEFINITIONS + "/{definition}"
@@ -50,6 +50,7 @@ VERSION = VERSIONS + "/{version}"
 VALIDATIONS = "/v1/namespaces/{namespace}/workflow-validations"
 INSTANCES = "/v1/namespaces/{namespace}/workflows"
 INSTANCE = INSTANCES + "/{workflow_id}"
+BATCH = INSTANCES + "/batch"
 ROUNDS = INSTANCE + "/steps/{step}/rounds"
 WAITS = INSTANCE + "/waits"
 TIMELINE = INSTANCE + "/timeline"
@@ -58,6 +59,8 @@ PAGE_MAX = definitions.LIST_MAX
 PUBLISH_FIELDS = frozenset({"revision", "document"})
 VALIDATE_FIELDS = frozenset({"document"})
 START_FIELDS = frozenset({"definition", "version", "input", "business_key"})
+BATCH_FIELDS = frozenset({"instances"})
+BATCH_ITEM_FIELDS = START_FIELDS | {"idempotency_key"}
 VERSION_MAX = 2**31 - 1  # weave_definition_versions.version is an INT
 
 Problems = list[dict[str, str]]
@@ -206,37 +209,104 @@ async def validate_definition(request: web.Request) -> web.Response:
 # --- instances ----------------------------------------------------------------------------------
 
 
+def _start_fields(exact: dict[str, Any], path: str, problems: Problems
+                  ) -> tuple[str | None, int | None, str | None, bytes]:
+    """A start request's fields (one start, or one item of a batch at ``path``): the
+    definition, version and business key as the normal parse makes them (a number is no
+    string), the input with every number's text kept (it is stored as written)."""
+    plain = {k: jsondoc.plain_numbers(v) for k, v in exact.items() if k != "input"}
+    definition = plain.get("definition")
+    if "definition" not in plain:
+        problems.insert(0, {"path": f"{path}.definition", "message": "required"})
+    elif not isinstance(definition, str) or not names.is_valid_name(definition):
+        problems.insert(0, {"path": f"{path}.definition", "message": names.NAME_RULE})
+    version = None
+    if plain.get("version") is not None:
+        version = _positive(plain["version"], f"{path}.version", VERSION_MAX, problems)
+    business_key = plain.get("business_key")
+    if business_key is not None and not (
+            isinstance(business_key, str)
+            and 1 <= len(business_key.encode()) <= instances.BUSINESS_KEY_MAX_BYTES):
+        problems.append({"path": f"{path}.business_key",
+                         "message": f"a string of 1-{instances.BUSINESS_KEY_MAX_BYTES} bytes"
+                                    " of UTF-8"})
+        business_key = None
+    input_json = jsondoc.dumps(exact.get("input", {})).encode()
+    return (definition if isinstance(definition, str) else None), version, business_key, \
+        input_json
+
+
 async def start_workflow(request: web.Request) -> web.Response:
     query_params(request, ())
     key = idempotency_key(request)
     # One parse keeping every number's text: the input is stored as written.
     exact, problems = await _object(request, START_FIELDS, keep_number_text=True,
                                     check_numbers=True)
-    # Every field but the input as the normal parse makes it (a number is no string).
-    plain = {k: jsondoc.plain_numbers(v) for k, v in exact.items() if k != "input"}
-    definition = plain.get("definition")
-    if "definition" not in plain:
-        problems.insert(0, {"path": "$.definition", "message": "required"})
-    elif not isinstance(definition, str) or not names.is_valid_name(definition):
-        problems.insert(0, {"path": "$.definition", "message": names.NAME_RULE})
-    version = None
-    if plain.get("version") is not None:
-        version = _positive(plain["version"], "$.version", VERSION_MAX, problems)
-    business_key = plain.get("business_key")
-    if business_key is not None and not (
-            isinstance(business_key, str)
-            and 1 <= len(business_key.encode()) <= instances.BUSINESS_KEY_MAX_BYTES):
-        problems.append({"path": "$.business_key",
-                         "message": f"a string of 1-{instances.BUSINESS_KEY_MAX_BYTES} bytes"
-                                    " of UTF-8"})
-    input_json = jsondoc.dumps(exact.get("input", {})).encode()
-    if problems or not isinstance(definition, str):
+    definition, version, business_key, input_json = _start_fields(exact, "$", problems)
+    if problems or definition is None:
         raise errors.ValidationFailed(problems)
     outcome = await instances.start_instance(
         request.app[DB], principal_of(request), namespace=_namespace(request),
         definition=definition, input_json=input_json, version=version,
         business_key=business_key, idempotency_key=key, request_id=request_id_of(request))
     return json_response(outcome.body, status=outcome.status)
+
+
+def _check_batch_size(raw: bytes) -> None:
+    """Refuse more than :data:`starts.MAX_BATCH` items while the array is read."""
+    if jsondoc.array_longer_than(raw, "instances", starts.MAX_BATCH):
+        raise errors.ValidationFailed([{"path": "$.instances",
+                                        "message": f"1-{starts.MAX_BATCH} items"}])
+
+
+async def start_workflows(request: web.Request) -> web.Response:
+    """``POST …/workflows/batch``: 1–100 starts in one transaction (orbit_common.weave.starts),
+    each item with its own optional ``idempotency_key`` (the header is refused: it would name
+    the whole batch)."""
+    query_params(request, ())
+    if idempotency_key(request) is not None:
+        raise errors.ValidationFailed([{
+            "path": "Idempotency-Key",
+            "message": "a batch takes one idempotency_key per item"
+                       " ($.instances[i].idempotency_key)"}])
+    principal = principal_of(request)
+    exact, problems = await _object(request, BATCH_FIELDS, precheck=_check_batch_size,
+                                    keep_number_text=True, check_numbers=True)
+    raw_items = exact.get("instances")
+    if type(raw_items) is not list or not 1 <= len(raw_items) <= starts.MAX_BATCH:
+        problems.insert(0, {"path": "$.instances",
+                            "message": f"an array of 1-{starts.MAX_BATCH} start requests"})
+        raise errors.ValidationFailed(problems)
+    items: list[starts.StartItem] = []
+    for index, raw in enumerate(raw_items):
+        path = f"$.instances[{index}]"
+        if type(raw) is not dict:
+            problems.append({"path": path, "message": "expected a JSON object"})
+            continue
+        problems += [{"path": f"{path}.{name}", "message": "unknown field"}
+                     for name in sorted(set(raw) - BATCH_ITEM_FIELDS)]
+        found: Problems = []
+        definition, version, business_key, input_json = _start_fields(raw, path, found)
+        key = jsondoc.plain_numbers(raw.get("idempotency_key"))
+        if key is not None and not isinstance(key, str):
+            found.append({"path": f"{path}.idempotency_key", "message": "a string"})
+            key = None
+        problems += found
+        if found or definition is None:
+            continue
+        try:
+            items.append(starts.start_item(
+                principal, index=index, definition=definition, input_json=input_json,
+                version=version, business_key=business_key, idempotency_key=key))
+        except errors.ValidationFailed as exc:
+            problems += exc.errors
+    if problems:
+        raise errors.ValidationFailed(problems)
+    started = await starts.start_instances(
+        request.app[DB], principal, namespace=_namespace(request), items=items,
+        request_id=request_id_of(request))
+    return json_response({"instances": [{**s.receipt, "replayed": s.replayed} for s in started]},
+                         status=201)
 
 
 async def get_workflow(request: web.Request) -> web.Response:
@@ -350,7 +420,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(VALIDATIONS, validate_definition)
     app.router.add_post(INSTANCES, start_workflow)
     app.router.add_get(INSTANCES, list_workflows)
-    app.router.add_get(INSTANCE, get_workflow)
+    app.router.add_post(BATCH, start_workflows)
+    # Not "batch": GET …/workflows/batch is no route (a 405 naming POST), not a malformed id.
+    app.router.add_get(INSTANCES + "/{workflow_id:(?!batch$)[^/]+}", get_workflow)
     app.router.add_get(ROUNDS, list_rounds)
     app.router.add_get(WAITS, list_waits)
     app.router.add_get(TIMELINE, get_timeline)
@@ -489,6 +561,29 @@ OPENAPI_PATHS: dict[str, Any] = {
                           "404": _problem("namespace_not_found")},
         },
     },
+    BATCH: {
+        "parameters": [_NAMESPACE_PARAM],
+        "post": {
+            "summary": "Start 1-100 workflow instances in one transaction (all or nothing)",
+            "description": "Each item is a start request with its own optional idempotency_key "
+                           "(the identity of a single start with that key: either replays the "
+                           "other); the Idempotency-Key header is refused.",
+            "operationId": "startWorkflows",
+            "requestBody": request_body("StartWorkflowBatchRequest"),
+            "responses": {
+                "201": _json("WorkflowBatch", "One receipt per item, in order; replayed marks "
+                                              "the original receipt of a key already used"),
+                **_ERRORS,
+                "404": _problem("namespace_not_found, definition_not_found, or "
+                                "definition_version_not_found"),
+                "409": _problem("definition_not_published, or idempotency_conflict (naming "
+                                "the item)"),
+                "500": _problem("version_scope_mismatch: the version's stored scope or "
+                                "document does not match its digest"),
+                **_BODY_ERRORS,
+            },
+        },
+    },
     INSTANCE: {
         "parameters": [_NAMESPACE_PARAM, _WORKFLOW_PARAM],
         "get": {
@@ -563,6 +658,18 @@ _DOCUMENT = {"type": "object",
              "description": "A definition document (docs/weave/language.md), format "
                             "orbit.weave/1; the validator's rules are not in this schema"}
 
+_START_PROPERTIES: dict[str, Any] = {
+    "definition": NAME,
+    "version": {**nullable(_VERSION), "description": "Default: the latest version"},
+    "input": {"type": "object", "default": {},
+              "description": "Checked against the version's input_schema; kept "
+                             "byte-exact"},
+    "business_key": {**nullable({"type": "string", "minLength": 1,
+                                  "maxLength": instances.BUSINESS_KEY_MAX_BYTES}),
+                     "description": "1-512 bytes of UTF-8, compared as exact bytes"},
+}
+
+
 OPENAPI_SCHEMAS: dict[str, Any] = {
     "CreateWorkflowDefinitionRequest": {
         "type": "object", "additionalProperties": False, "required": ["name"],
@@ -615,18 +722,32 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         "properties": {"items": {"type": "array", "items": ref("WorkflowDefinition")},
                        "next_cursor": {"type": ["string", "null"]}},
     },
+    "StartWorkflowBatchRequest": {
+        "type": "object", "additionalProperties": False, "required": ["instances"],
+        "properties": {
+            "instances": {"type": "array", "minItems": 1, "maxItems": starts.MAX_BATCH,
+                          "items": {
+                              "type": "object", "additionalProperties": False,
+                              "required": ["definition"],
+                              "properties": {
+                                  **_START_PROPERTIES,
+                                  "idempotency_key": {
+                                      **nullable({"type": "string", "minLength": 1,
+                                                  "maxLength": 255}),
+                                      "description": "This item's Idempotency-Key"},
+                              }}},
+        },
+    },
+    "WorkflowBatch": {
+        "type": "object", "required": ["instances"],
+        "properties": {"instances": {"type": "array", "items": {"allOf": [
+            ref("Workflow"),
+            {"type": "object", "required": ["replayed"],
+             "properties": {"replayed": {"type": "boolean"}}}]}}},
+    },
     "StartWorkflowRequest": {
         "type": "object", "additionalProperties": False, "required": ["definition"],
-        "properties": {
-            "definition": NAME,
-            "version": {**nullable(_VERSION), "description": "Default: the latest version"},
-            "input": {"type": "object", "default": {},
-                      "description": "Checked against the version's input_schema; kept "
-                                     "byte-exact"},
-            "business_key": {**nullable({"type": "string", "minLength": 1,
-                                          "maxLength": instances.BUSINESS_KEY_MAX_BYTES}),
-                             "description": "1-512 bytes of UTF-8, compared as exact bytes"},
-        },
+        "properties": _START_PROPERTIES,
     },
     "WorkflowActivation": {
         "type": "object",

@@ -48,12 +48,13 @@ class AuditRecord:
     request_id: str | None = None
 
 
-INSERT_AUDIT = """
+INSERT_AUDIT_PREFIX = """
 INSERT INTO orbit_audit_events (id, namespace_id, application_id, actor_kind, actor_id, action,
   resource_type, resource_id, resource_revision, reason, evidence_ref, before_doc, after_doc,
-  request_id, occurred_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))
-"""
+  request_id, occurred_at)"""
+# One row (``multi_insert`` repeats it for many records written at once, e.g. a batch start).
+INSERT_AUDIT_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, UTC_TIMESTAMP(6))"
+INSERT_AUDIT = INSERT_AUDIT_PREFIX + "\nVALUES " + INSERT_AUDIT_ROW
 
 
 async def append_audit(cur: Any, record: AuditRecord) -> bytes:

@@ -56,6 +56,7 @@ from orbit_sdk.workflows import (
     WorkflowPollRounds,
     WorkflowPollState,
     WorkflowSignal,
+    WorkflowStart,
     WorkflowValidation,
     WorkflowVersion,
     WorkflowWait,
@@ -726,6 +727,20 @@ class Client:
         raw = await self._post(self._ns("/workflows"), body,
                                idempotency_key=idempotency_key or new_idempotency_key())
         return WorkflowInstance.from_json(raw)
+
+    async def start_workflows(self, starts: Sequence[WorkflowStart]) -> list[WorkflowInstance]:
+        """Start up to 100 instances in one all-or-nothing request (``POST …/workflows/batch``);
+        receipts in order. Every item carries an idempotency key (generated where missing), so
+        the whole batch is retried safely and a replayed item answers its original receipt
+        (``raw["replayed"]`` is true)."""
+        items = []
+        for start in starts:
+            body = start.to_json()
+            body["idempotency_key"] = start.idempotency_key or new_idempotency_key()
+            items.append(body)
+        raw = await self._post(self._ns("/workflows/batch"), {"instances": items}, retry=True)
+        receipts = raw.get("instances") if isinstance(raw, dict) else None
+        return [WorkflowInstance.from_json(r) for r in receipts or []]
 
     async def get_workflow(self, workflow_id: str, *, all_activations: bool = False
                            ) -> WorkflowInstance:

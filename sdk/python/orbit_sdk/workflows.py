@@ -27,6 +27,7 @@ __all__ = [
     "WorkflowPollRounds",
     "WorkflowPollState",
     "WorkflowSignal",
+    "WorkflowStart",
     "WorkflowStep",
     "WorkflowValidation",
     "WorkflowVersion",
@@ -284,6 +285,29 @@ class WorkflowStep:
             waits=tuple(WorkflowWait.from_json(w) for w in _objects(raw, "waits")),
             raw=dict(raw),
         )
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowStart:
+    """One start of :meth:`~orbit_sdk.Client.start_workflows` (the arguments of
+    :meth:`~orbit_sdk.Client.start_workflow`): ``input`` is a JSON object (``RawJson`` is sent
+    byte-exact); ``idempotency_key`` is generated when not given, so the batch is retried
+    safely."""
+
+    definition: str
+    input: Any = None
+    version: int | None = None
+    business_key: str | None = None
+    idempotency_key: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"definition": self.definition,
+                                "input": {} if self.input is None else self.input}
+        if self.version is not None:
+            body["version"] = self.version
+        if self.business_key is not None:
+            body["business_key"] = self.business_key
+        return body
 
 
 @attrs.frozen(kw_only=True)

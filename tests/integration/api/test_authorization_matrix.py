@@ -336,6 +336,10 @@ ROUTES: dict[Route, Case] = {
         # without TASK steps first, which a queue-scoped key with workflows.start may start.
         body=lambda o: {"definition": o.definition, "version": 1, "input": {"n": 1}},
         body2=lambda o: {"definition": o.definition, "version": 1, "input": {"n": 2}}),
+    ("POST", WORKFLOWS + "/batch"): Case(
+        needs=(one(A.WORKFLOWS_START), one(A.TASKS_SUBMIT)),
+        body=lambda o: {"instances": [{"definition": o.definition, "version": 1,
+                                       "input": {"n": 1}}]}),
     ("GET", WORKFLOWS + "/{workflow_id}"): Case(needs=(one(A.WORKFLOWS_READ),)),
     ("POST", WORKFLOWS + "/{workflow_id}/signals"): Case(
         needs=(one(A.WORKFLOWS_SIGNAL),),

@@ -11,7 +11,7 @@ from orbit_common import errors
 from orbit_common.db.pool import Database
 from orbit_common.model import cursors, ids
 from orbit_common.platform import namespaces
-from orbit_common.weave import definitions, instances, timeline
+from orbit_common.weave import definitions, instance_tasks, instances, timeline, waits
 
 
 async def _namespace(cur: Any, name: str) -> namespaces.Namespace:
@@ -101,3 +101,34 @@ async def instance_timeline(db: Database, *, namespace: str, instance_id: str,
                                             "workflow_id": raw_id.hex(), "order": order})
 
     return await db.read("weave.operator.timeline", body)
+
+
+async def instance_waits(db: Database, *, namespace: str, instance_id: str
+                         ) -> list[dict[str, Any]]:
+    """Every wait of the instance (TIMER and SIGNAL), oldest first (the API's view)."""
+    try:
+        raw_id = ids.from_hex(instance_id)
+    except ValueError as exc:
+        raise instances.InstanceNotFound("no such workflow instance in this namespace") from exc
+
+    async def body(cur: Any) -> list[dict[str, Any]]:
+        ns = await _namespace(cur, namespace)
+        await timeline.exists(cur, ns.id, raw_id)
+        return await waits.waits_of(cur, ns.id, raw_id)
+
+    return await db.read("weave.operator.waits", body)
+
+
+async def list_instance_tasks(db: Database, *, namespace: str, instance_id: str,
+                              limit: int = instance_tasks.LIST_MAX) -> cursors.Page:
+    """The first ``limit`` tasks the instance created, each verified back to its activation
+    (the API's view, task id order)."""
+    raw_id = instance_tasks.check(instance_id, limit)
+
+    async def body(cur: Any) -> cursors.Page:
+        ns = await _namespace(cur, namespace)
+        return await instance_tasks.page(cur, ns.id, raw_id, after=instance_tasks.ID_MIN,
+                                         limit=limit, filters={"namespace": namespace,
+                                                               "workflow_id": raw_id.hex()})
+
+    return await db.read("weave.operator.tasks", body)

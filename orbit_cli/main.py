@@ -168,7 +168,7 @@ def migrate_manifest(write: bool) -> None:
 @click.pass_context
 def admin(ctx: click.Context, actor: str) -> None:
     """Applications, namespaces, credentials, the dispatch freeze, worker sessions, result
-    subscriptions and workflows (read only)."""
+    subscriptions, tasks (read only) and workflows."""
     ctx.ensure_object(dict)["actor"] = Actor.operator(actor)
 
 
@@ -568,7 +568,45 @@ def _echo_line(value: Any) -> None:
 
 @admin.group("workflows")
 def admin_workflows() -> None:
-    """Workflow definitions, versions and instances (read only; docs/api/workflows.md)."""
+    """Workflow definitions, versions and instances (docs/api/workflows.md); pause and resume
+    of an instance (docs/weave/pause.md)."""
+
+
+def _workflow_control(ctx: click.Context, instance_id: str, namespace: str, reason: str,
+                      control_revision: int | None, *, paused: bool) -> None:
+    view = _with_db(ctx, lambda db: weave_operator.set_paused(
+        db, namespace=namespace, instance_id=instance_id, paused=paused, actor=_actor(ctx),
+        reason=reason, control_revision=control_revision))
+    _echo_line({k: view[k] for k in ("id", "definition", "version", "state", "paused",
+                                     "control_revision", "checkpoints")})
+
+
+@admin_workflows.command("pause")
+@click.argument("instance_id")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why (kept in the audit record and the event).")
+@click.option("--control-revision", type=click.IntRange(min=1),
+              help="Only if the instance's control revision is still this one.")
+@click.pass_context
+def workflows_pause(ctx: click.Context, instance_id: str, namespace: str, reason: str,
+                    control_revision: int | None) -> None:
+    """Pause an instance: its gate closes (no new grant or start for its tasks), results are
+    recorded and parked, nothing advances until the resume (docs/weave/pause.md)."""
+    _workflow_control(ctx, instance_id, namespace, reason, control_revision, paused=True)
+
+
+@admin_workflows.command("resume")
+@click.argument("instance_id")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why (kept in the audit record and the event).")
+@click.option("--control-revision", type=click.IntRange(min=1),
+              help="Only if the instance's control revision is still this one.")
+@click.pass_context
+def workflows_resume(ctx: click.Context, instance_id: str, namespace: str, reason: str,
+                     control_revision: int | None) -> None:
+    """Resume a paused instance: its gate opens and the engine replays the parked checkpoints
+    in order, once."""
+    _workflow_control(ctx, instance_id, namespace, reason, control_revision, paused=False)
 
 
 @admin_workflows.group("definitions")

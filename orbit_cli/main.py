@@ -23,10 +23,11 @@ from orbit_common.platform import admin as admin_tx
 from orbit_common.platform import authz, commands
 from orbit_common.platform.audit import Actor
 from orbit_common.platform.namespaces import NamespaceState
-from orbit_common.pulse import control, quotas
+from orbit_common.pulse import control, queries, quotas
 from orbit_common.relay import operator as relay_operator
 from orbit_common.relay.model import BUDGET_ADD_MAX, SubscriptionState
 from orbit_common.service.config import ConfigError, OrbitConfig, load_config
+from orbit_common.weave import instance_tasks as weave_instance_tasks
 from orbit_common.weave import instances as weave_instances
 from orbit_common.weave import operator as weave_operator
 from orbit_common.weave import signals as weave_signals
@@ -167,7 +168,7 @@ def migrate_manifest(write: bool) -> None:
 @click.pass_context
 def admin(ctx: click.Context, actor: str) -> None:
     """Applications, namespaces, credentials, the dispatch freeze, worker sessions, result
-    subscriptions and workflows (read only)."""
+    subscriptions, tasks (read only) and workflows."""
     ctx.ensure_object(dict)["actor"] = Actor.operator(actor)
 
 
@@ -567,7 +568,45 @@ def _echo_line(value: Any) -> None:
 
 @admin.group("workflows")
 def admin_workflows() -> None:
-    """Workflow definitions, versions and instances (read only; docs/api/workflows.md)."""
+    """Workflow definitions, versions and instances (docs/api/workflows.md); pause and resume
+    of an instance (docs/weave/pause.md)."""
+
+
+def _workflow_control(ctx: click.Context, instance_id: str, namespace: str, reason: str,
+                      control_revision: int | None, *, paused: bool) -> None:
+    view = _with_db(ctx, lambda db: weave_operator.set_paused(
+        db, namespace=namespace, instance_id=instance_id, paused=paused, actor=_actor(ctx),
+        reason=reason, control_revision=control_revision))
+    _echo_line({k: view[k] for k in ("id", "definition", "version", "state", "paused",
+                                     "control_revision", "checkpoints")})
+
+
+@admin_workflows.command("pause")
+@click.argument("instance_id")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why (kept in the audit record and the event).")
+@click.option("--control-revision", type=click.IntRange(min=1),
+              help="Only if the instance's control revision is still this one.")
+@click.pass_context
+def workflows_pause(ctx: click.Context, instance_id: str, namespace: str, reason: str,
+                    control_revision: int | None) -> None:
+    """Pause an instance: its gate closes (no new grant or start for its tasks), results are
+    recorded and parked, nothing advances until the resume (docs/weave/pause.md)."""
+    _workflow_control(ctx, instance_id, namespace, reason, control_revision, paused=True)
+
+
+@admin_workflows.command("resume")
+@click.argument("instance_id")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why (kept in the audit record and the event).")
+@click.option("--control-revision", type=click.IntRange(min=1),
+              help="Only if the instance's control revision is still this one.")
+@click.pass_context
+def workflows_resume(ctx: click.Context, instance_id: str, namespace: str, reason: str,
+                     control_revision: int | None) -> None:
+    """Resume a paused instance: its gate opens and the engine replays the parked checkpoints
+    in order, once."""
+    _workflow_control(ctx, instance_id, namespace, reason, control_revision, paused=False)
 
 
 @admin_workflows.group("definitions")
@@ -669,6 +708,34 @@ def workflows_instances_timeline(ctx: click.Context, instance_id: str, namespace
         _echo_line(view)
 
 
+@workflows_instances.command("waits")
+@click.argument("instance_id")
+@click.option("--namespace", required=True)
+@click.pass_context
+def workflows_instances_waits(ctx: click.Context, instance_id: str, namespace: str) -> None:
+    """One JSON line per wait of the instance (TIMER and SIGNAL), oldest first: state,
+    deadlines, generation, when it fired and how late."""
+    for view in _with_db(ctx, lambda db: weave_operator.instance_waits(
+            db, namespace=namespace, instance_id=instance_id)):
+        _echo_line(view)
+
+
+@workflows_instances.command("tasks")
+@click.argument("instance_id")
+@click.option("--namespace", required=True)
+@click.option("--limit", type=click.IntRange(1, weave_instance_tasks.LIST_MAX), default=100,
+              show_default=True)
+@click.pass_context
+def workflows_instances_tasks(ctx: click.Context, instance_id: str, namespace: str,
+                              limit: int) -> None:
+    """One JSON line per task the instance created (task id order): its state, step,
+    activation sequence and state, POLL round, and whether the link was verified both ways."""
+    page = _with_db(ctx, lambda db: weave_operator.list_instance_tasks(
+        db, namespace=namespace, instance_id=instance_id, limit=limit))
+    for view in page.items:
+        _echo_line(view)
+
+
 @admin_workflows.group("signals")
 def workflows_signals() -> None:
     """Signals sent to workflow instances, with their dispositions."""
@@ -701,6 +768,22 @@ def workflows_signals_get(ctx: click.Context, instance_id: str, signal_id: str,
     """One signal with its payload, state, disposition and the wait it won."""
     _echo_document(_with_db(ctx, lambda db: weave_signals.operator_signal(
         db, namespace=namespace, instance_id=instance_id, signal_id=signal_id)))
+
+
+@admin.group("tasks")
+def admin_tasks() -> None:
+    """Tasks (read only)."""
+
+
+@admin_tasks.command("get")
+@click.argument("task_id")
+@click.option("--namespace", required=True)
+@click.pass_context
+def tasks_get(ctx: click.Context, task_id: str, namespace: str) -> None:
+    """A task's detail with its verified source (a workflow's task names its instance, step
+    and activation)."""
+    _echo_document(_with_db(ctx, lambda db: queries.operator_task(
+        db, namespace=namespace, task_id=task_id)))
 
 
 # --- daemons ---------------------------------------------------------------------------------

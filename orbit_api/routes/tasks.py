@@ -428,6 +428,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                 "jitter": {"type": "number"}}},
             "offer_lease_ms": {"type": "integer"}, "execution_lease_ms": {"type": "integer"},
             "first_started_at": nullable(TIME),
+            "source": {**ref("TaskSourceView"),
+                       "description": "Who made the task (the …/source answer), verified"},
         },
     },
     "TaskSource": {"oneOf": [
@@ -446,13 +448,39 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                         "occurrence_id": ID, "fire_at": TIME}},
         {"type": "object", "additionalProperties": False,
          "required": ["kind", "workflow_id", "definition", "version", "step", "activation",
-                      "sequence"],
+                      "sequence", "round", "retry_of"],
          "description": "Made by an activation of a workflow instance's step",
          "properties": {"kind": {"const": "workflow"}, "workflow_id": ID, "definition": NAME,
                         "version": {"type": "integer", "minimum": 1},
                         "step": {"type": "string"}, "activation": ID,
-                        "sequence": {"type": "integer", "minimum": 1}}},
+                        "sequence": {"type": "integer", "minimum": 1},
+                        "round": {"type": ["integer", "null"], "minimum": 1,
+                                  "description": "The POLL round whose task it is; null for "
+                                                 "a TASK step's task"},
+                        "retry_of": {**nullable(ID),
+                                     "description": "The task a step's manual retry made this "
+                                                    "one to replace (its direct parent)"}}},
     ]},
+    "TaskSourceView": {
+        "type": "object", "required": ["kind", "verified", "problem"],
+        "description": "The task's source in its detail: the fields of TaskSource with "
+                       "verified true; when a link does not hold, only what the task's own "
+                       "columns claim (workflow_id, schedule_id, retry_of) with verified false "
+                       "and the problem",
+        "properties": {
+            "kind": {"enum": ["submitted", "retry", "schedule", "workflow"]},
+            "verified": {"type": "boolean",
+                         "description": "Every link checked both ways in the read"},
+            "problem": {"type": ["string", "null"],
+                        "description": "Which link does not hold (verified false)"},
+            "retry_of": nullable(ID), "schedule_id": ID, "schedule_name": NAME,
+            "version": {"type": "integer", "minimum": 1}, "occurrence_id": ID,
+            "fire_at": TIME, "workflow_id": ID, "definition": NAME,
+            "step": {"type": "string"}, "activation": ID,
+            "sequence": {"type": "integer", "minimum": 1},
+            "round": {"type": ["integer", "null"], "minimum": 1},
+        },
+    },
     "TaskAttempt": {
         "type": "object",
         "properties": {

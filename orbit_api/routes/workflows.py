@@ -41,7 +41,7 @@ from orbit_common.pulse import tasks
 from orbit_common.pulse.model import TaskState
 from orbit_common.service.http.body import int_param, query_params, read_document, read_json
 from orbit_common.service.http.context import DB, request_id_of
-from orbit_common.weave import definitions, instances, starts, timeline
+from orbit_common.weave import definitions, instance_tasks, instances, starts, timeline
 
 DEFINITIONS = "/v1/namespaces/{namespace}/workflow-definitions"
 DEFINITION = DEFINITIONS + "/{definition}"
@@ -54,6 +54,7 @@ BATCH = INSTANCES + "/batch"
 ROUNDS = INSTANCE + "/steps/{step}/rounds"
 WAITS = INSTANCE + "/waits"
 TIMELINE = INSTANCE + "/timeline"
+TASKS = INSTANCE + "/tasks"
 ACTIVATION_VIEWS = ("current", "all")
 PAGE_MAX = definitions.LIST_MAX
 PUBLISH_FIELDS = frozenset({"revision", "document"})
@@ -410,6 +411,19 @@ async def get_timeline(request: web.Request) -> web.Response:
     return json_response({"items": page.items, "next_cursor": page.next_cursor})
 
 
+async def list_tasks(request: web.Request) -> web.Response:
+    """Every task the instance created, verified back to it (docs/api/workflows.md
+    § 实例的任务)."""
+    params = query_params(request, {"limit", "cursor"})
+    limit = int_param(params, "limit", default=instance_tasks.LIST_MAX, low=1,
+                      high=instance_tasks.LIST_MAX)
+    page = await instance_tasks.list_tasks(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"], limit=limit,
+        cursor=params.get("cursor"))
+    return json_response({"items": page.items, "next_cursor": page.next_cursor})
+
+
 def add_routes(app: web.Application) -> None:
     """Register the workflow routes."""
     app.router.add_post(DEFINITIONS, create_definition)
@@ -426,6 +440,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(ROUNDS, list_rounds)
     app.router.add_get(WAITS, list_waits)
     app.router.add_get(TIMELINE, get_timeline)
+    app.router.add_get(TASKS, list_tasks)
 
 
 # --- OpenAPI ------------------------------------------------------------------------------------
@@ -646,6 +661,24 @@ OPENAPI_PATHS: dict[str, Any] = {
                 _CURSOR_PARAM,
             ],
             "responses": {"200": _json("WorkflowTimelinePage", "A page of events"),
+                          **_ERRORS,
+                          "404": _problem("namespace_not_found, or "
+                                          "workflow_instance_not_found")},
+        },
+    },
+    TASKS: {
+        "parameters": [_NAMESPACE_PARAM, _WORKFLOW_PARAM],
+        "get": {
+            "summary": "Every task the instance created (TASK steps, POLL rounds, step "
+                       "retries), each verified back to its activation, in task id order",
+            "operationId": "listWorkflowTasks",
+            "parameters": [
+                {**_LIMIT_PARAM, "schema": {"type": "integer", "minimum": 1,
+                                            "maximum": instance_tasks.LIST_MAX,
+                                            "default": instance_tasks.LIST_MAX}},
+                _CURSOR_PARAM,
+            ],
+            "responses": {"200": _json("WorkflowTaskPage", "A page of the instance's tasks"),
                           **_ERRORS,
                           "404": _problem("namespace_not_found, or "
                                           "workflow_instance_not_found")},
@@ -909,6 +942,37 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     "WorkflowTimelinePage": {
         **_PAGE,
         "properties": {"items": {"type": "array", "items": ref("WorkflowEvent")},
+                       "next_cursor": {"type": ["string", "null"]}},
+    },
+    "WorkflowTask": {
+        "type": "object",
+        "required": ["task_id", "queue", "handler", "state", "retry_of", "created_at",
+                     "completed_at", "verified", "step", "step_kind", "activation_id",
+                     "activation_sequence", "activation_state", "round"],
+        "properties": {
+            "task_id": ID, "queue": NAME, "handler": {"type": "string"},
+            "state": {"enum": [s.value for s in TaskState],
+                      "description": "The task's state now"},
+            "retry_of": {**nullable(ID),
+                         "description": "The task a step's manual retry replaced"},
+            "created_at": TIME, "completed_at": nullable(TIME),
+            "verified": {"type": "boolean",
+                         "description": "An activation of this instance (directly or through "
+                                        "its POLL round) references the task and its step "
+                                        "exists; false: the fields below are null"},
+            "step": {"type": ["string", "null"]},
+            "step_kind": {"enum": ["TASK", "POLL", None]},
+            "activation_id": nullable(ID),
+            "activation_sequence": {"type": ["integer", "null"], "minimum": 1},
+            "activation_state": {"enum": ["LIVE", "SUCCEEDED", "FAILED", "CANCELLED",
+                                          "SUPERSEDED", None]},
+            "round": {"type": ["integer", "null"], "minimum": 1,
+                      "description": "The POLL round whose task it is"},
+        },
+    },
+    "WorkflowTaskPage": {
+        **_PAGE,
+        "properties": {"items": {"type": "array", "items": ref("WorkflowTask")},
                        "next_cursor": {"type": ["string", "null"]}},
     },
     "WorkflowPage": {

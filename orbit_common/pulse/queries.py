@@ -45,7 +45,7 @@ from orbit_common.db.pool import Database
 from orbit_common.model import cursors, ids, jsondoc, names
 from orbit_common.platform import authz
 from orbit_common.platform import credentials as creds
-from orbit_common.platform.namespaces import Namespace
+from orbit_common.platform.namespaces import Namespace, find_namespace
 from orbit_common.pulse.model import AttemptState, Task, TaskState
 from orbit_common.pulse.tasks import (
     BUSINESS_KEY_MAX_BYTES,
@@ -338,10 +338,30 @@ def detail_view(task: Task, queue: str) -> dict[str, Any]:
 async def get_task(db: Database, principal: creds.Principal, *, namespace: str,
                    task_id: bytes) -> dict[str, Any]:
     async def body(cur: Any) -> dict[str, Any]:
-        _, task, queue = await _readable_task(cur, principal, namespace, task_id)
-        return detail_view(task, queue)
+        ns, task, queue = await _readable_task(cur, principal, namespace, task_id)
+        return {**detail_view(task, queue), "source": await source_view(cur, ns.id, task)}
 
     return await db.read("tasks.get", body)
+
+
+async def operator_task(db: Database, *, namespace: str, task_id: str) -> dict[str, Any]:
+    """The task's detail with its source, for an operator (``orbit admin tasks get``): the
+    namespace by name, no credential (the operator reads everything)."""
+    raw_id = parse_id(task_id, "task_id")
+
+    async def body(cur: Any) -> dict[str, Any]:
+        found = await find_namespace(cur, namespace)
+        if found is None:
+            raise errors.NamespaceNotFound(f"no namespace {namespace!r}")
+        await cur.execute(SELECT_TASK, (found.id, raw_id))
+        row = await cur.fetchone()
+        if row is None:
+            raise errors.TaskNotFound(f"no task {raw_id.hex()} in {namespace!r}")
+        task = Task.from_row(row)
+        return {**detail_view(task, row["queue_name"]),
+                "source": await source_view(cur, found.id, task)}
+
+    return await db.read("tasks.operator.get", body)
 
 
 # --- the direct source ------------------------------------------------------------------------
@@ -364,20 +384,25 @@ WHERE s.namespace_id = %s AND s.id = %s
 SELECT_SOURCE_PARENT = "SELECT id FROM pulse_tasks WHERE namespace_id = %s AND id = %s"
 # A workflow's task: the activation that references it (uq_weave_activations_task), or whose
 # POLL round does (uq_weave_poll_rounds_task: a query's activation names only its current
-# round's task), with its step, then the owner instance with its definition's name.
+# round's task, so a current round's task is found both ways, with and without its round), with
+# its step, then the owner instance with its definition's name.
 SELECT_SOURCE_ACTIVATION = """
-SELECT a.instance_id, a.id, a.sequence, s.name AS step
+SELECT a.instance_id, a.id, a.sequence, s.name AS step, NULL AS round
 FROM weave_activations a
 LEFT JOIN weave_steps s
   ON s.namespace_id = a.namespace_id AND s.instance_id = a.instance_id AND s.id = a.step_id
 WHERE a.namespace_id = %s AND a.task_id = %s
-UNION
-SELECT a.instance_id, a.id, a.sequence, s.name AS step
+UNION ALL
+SELECT a.instance_id, a.id, a.sequence, s.name AS step, r.round
 FROM weave_poll_rounds r
 JOIN weave_activations a ON a.namespace_id = r.namespace_id AND a.id = r.activation_id
 LEFT JOIN weave_steps s
   ON s.namespace_id = a.namespace_id AND s.instance_id = a.instance_id AND s.id = a.step_id
 WHERE r.namespace_id = %s AND r.task_id = %s
+"""
+# The task a workflow task retries (a step's manual retry): it exists and has the same owner.
+SELECT_SOURCE_RETRIED = """
+SELECT owner_kind, owner_id FROM pulse_tasks WHERE namespace_id = %s AND id = %s
 """
 SELECT_SOURCE_INSTANCE = """
 SELECT i.version, d.name AS definition
@@ -393,30 +418,32 @@ def _missing(task: Task, what: str) -> errors.SourceLinkMissing:
 
 async def source_of(cur: Any, namespace_id: bytes, task: Task) -> dict[str, Any]:
     """The task's direct source, every link verified in the caller's transaction (specification
-    001 "任务直接来源视图"). In order:
+    001 "任务直接来源视图", 003 "流程任务直接来源"). In order:
 
+    - ``owner_kind = 'WORKFLOW'``: ``{"kind": "workflow", "workflow_id", "definition",
+      "version", "step", "activation", "sequence", "round", "retry_of"}``, verified both ways:
+      the owner instance exists in the namespace with its definition, and an activation of that
+      instance (with its step) references the task -- directly, or through the POLL round whose
+      task it is (``round``, else null). ``retry_of`` is the direct parent task when a step's
+      manual retry made it (the parent exists with the same owner), else null;
     - ``retry_of`` set: ``{"kind": "retry", "retry_of"}``, the parent task existing in the
       namespace (a retry is the direct child of the task it retries, whoever made that one);
     - ``owner_kind = 'SCHEDULE'``: ``{"kind": "schedule", "schedule_id", "schedule_name",
       "version", "occurrence_id", "fire_at"}``: the ledger row that references the task names
       the owner schedule, which exists, holds that version and fires into the task's queue;
-    - ``owner_kind = 'WORKFLOW'``: ``{"kind": "workflow", "workflow_id", "definition",
-      "version", "step", "activation", "sequence"}``: the owner instance exists in the namespace
-      with its definition, and an activation of that instance (with its step) references the
-      task;
     - neither: ``{"kind": "submitted"}``, after checking that no ledger row references the task
       (a schedule's task that lost its owner is not passed off as a submission).
 
     Anything that does not hold is :class:`errors.SourceLinkMissing`.
     """
+    if task.owner_kind == "WORKFLOW":
+        assert task.owner_id is not None  # noqa: S101 - ck_tasks_owner
+        return await _workflow_source(cur, namespace_id, task, task.owner_id)
     if task.retry_of is not None:
         await cur.execute(SELECT_SOURCE_PARENT, (namespace_id, task.retry_of))
         if await cur.fetchone() is None:
             raise _missing(task, f"the task it retries ({task.retry_of.hex()}) is gone")
         return {"kind": "retry", "retry_of": task.retry_of.hex()}
-    if task.owner_kind == "WORKFLOW":
-        assert task.owner_id is not None  # noqa: S101 - ck_tasks_owner
-        return await _workflow_source(cur, namespace_id, task, task.owner_id)
     await cur.execute(SELECT_SOURCE_OCCURRENCE, (namespace_id, task.id))
     occurrence = await cur.fetchone()
     if task.owner_kind is None:
@@ -452,19 +479,57 @@ async def _workflow_source(cur: Any, namespace_id: bytes, task: Task, instance_i
     if instance["definition"] is None:
         raise _missing(task, "its workflow instance's definition is gone")
     await cur.execute(SELECT_SOURCE_ACTIVATION, (namespace_id, task.id, namespace_id, task.id))
-    activation = await cur.fetchone()
-    if activation is None:
+    found = list(await cur.fetchall())
+    if not found:
         raise _missing(task, "no workflow activation references it")
+    if len({row["id"] for row in found}) > 1:
+        raise _missing(task, "two workflow activations reference it")
+    # The row through its round, when it has one (a current round's task is found both ways).
+    activation = max(found, key=lambda row: row["round"] is not None)
     if activation["instance_id"] != instance_id:
         raise _missing(task, "its workflow activation belongs to another instance")
     if activation["step"] is None:
         raise _missing(task, "its workflow activation's step is gone")
+    if task.retry_of is not None:
+        await cur.execute(SELECT_SOURCE_RETRIED, (namespace_id, task.retry_of))
+        parent = await cur.fetchone()
+        if parent is None:
+            raise _missing(task, f"the task it retries ({task.retry_of.hex()}) is gone")
+        if (parent["owner_kind"], parent["owner_id"]) != ("WORKFLOW", instance_id):
+            raise _missing(task, "the task it retries belongs to another owner")
     return {
         "kind": "workflow", "workflow_id": instance_id.hex(),
         "definition": instance["definition"], "version": instance["version"],
         "step": activation["step"], "activation": activation["id"].hex(),
-        "sequence": activation["sequence"],
+        "sequence": activation["sequence"], "round": activation["round"],
+        "retry_of": None if task.retry_of is None else task.retry_of.hex(),
     }
+
+
+def _claimed(task: Task) -> dict[str, Any]:
+    """What the task's own columns say made it, before any link is checked (never more)."""
+    if task.owner_kind == "WORKFLOW":
+        assert task.owner_id is not None  # noqa: S101 - ck_tasks_owner
+        return {"kind": "workflow", "workflow_id": task.owner_id.hex(),
+                "retry_of": None if task.retry_of is None else task.retry_of.hex()}
+    if task.retry_of is not None:
+        return {"kind": "retry", "retry_of": task.retry_of.hex()}
+    if task.owner_kind == "SCHEDULE":
+        assert task.owner_id is not None  # noqa: S101 - ck_tasks_owner
+        return {"kind": "schedule", "schedule_id": task.owner_id.hex()}
+    return {"kind": "submitted"}
+
+
+async def source_view(cur: Any, namespace_id: bytes, task: Task) -> dict[str, Any]:
+    """The task's source as its detail shows it: :func:`source_of` with ``verified: true``; a
+    link that does not hold is shown, not raised: what the task's own columns claim
+    (:func:`_claimed`) with ``verified: false`` and ``problem`` saying which link -- never a
+    guessed step or activation."""
+    try:
+        found = await source_of(cur, namespace_id, task)
+    except errors.SourceLinkMissing as exc:
+        return {**_claimed(task), "verified": False, "problem": exc.detail}
+    return {**found, "verified": True, "problem": None}
 
 
 async def task_source(db: Database, principal: creds.Principal, *, namespace: str,

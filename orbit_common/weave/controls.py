@@ -34,7 +34,7 @@ from orbit_common.db.clock import db_now, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import ids
 from orbit_common.platform import authz, credentials, namespaced
-from orbit_common.platform.audit import AuditRecord, append_audit
+from orbit_common.platform.audit import Actor, AuditRecord, append_audit
 from orbit_common.platform.events import append_event
 from orbit_common.platform.idempotency import Replay
 from orbit_common.weave import instances
@@ -84,6 +84,68 @@ def check_request(reason: Any, control_revision: Any) -> None:
         raise errors.ValidationFailed(problems)
 
 
+async def change_pause(cur: Any, namespace_id: bytes, raw_id: bytes, *, paused: bool,
+                       reason: str, control_revision: int | None, actor: Actor,
+                       application_id: bytes, request_id: str | None) -> dict[str, Any]:
+    """The pause (``paused``) or resume transaction's work on the caller's connection (see the
+    module docstring; the caller owns the transaction and any idempotency record): the
+    instance's view after it. Used by the API (:func:`set_paused`) and the operator command
+    (orbit_common.weave.operator.set_paused)."""
+    verb = "pause" if paused else "resume"
+    await cur.execute(LOCK_INSTANCE, (namespace_id, raw_id))
+    row = await cur.fetchone()
+    if row is None:
+        raise instances.InstanceNotFound("no such workflow instance in this namespace")
+    if control_revision is not None and row["control_revision"] != control_revision:
+        raise errors.StaleRevision(
+            f"the instance's control revision is {row['control_revision']}, not"
+            f" {control_revision}; read it again")
+    if row["state"] not in ("RUNNING", "STOPPING"):
+        raise InstanceFinished(f"workflow instance {raw_id.hex()} is {row['state']}")
+    if bool(row["paused"]) == paused:
+        return await instances.detail(cur, namespace_id, raw_id)
+    now = await db_now(cur)
+    when = to_db(now)
+    await cur.execute(LOCK_GATE, (namespace_id, row["gate_id"]))
+    gate = await cur.fetchone()
+    if gate is None:
+        raise errors.DatabaseError(f"workflow instance {raw_id.hex()} has no gate")
+    await cur.execute(SET_GATE, ("PAUSED" if paused else "OPEN", reason, when,
+                                 namespace_id, row["gate_id"]))
+    if paused:
+        await cur.execute(ROOT, (namespace_id, raw_id))
+        root = await cur.fetchone()
+        if root is None:
+            raise errors.DatabaseError(f"workflow instance {raw_id.hex()} has no root")
+        await cur.execute(ARM_RESUME, (namespace_id, ids.new_id(), raw_id, root["id"],
+                                       to_db(PARKED), when))
+    elif row["checkpoints"]:
+        await cur.execute(WAKE_RESUME, (when, namespace_id, raw_id))
+    else:  # nothing was parked: nothing to replay
+        await cur.execute(RESUME_DONE, (when, namespace_id, raw_id))
+    if not paused:
+        await cur.execute(WAKE_SIGNALS, (when, namespace_id, raw_id, to_db(PARKED)))
+    await cur.execute(SET_INSTANCE, (int(paused), when, namespace_id, raw_id))
+    revision = row["control_revision"] + 1
+    payload = {"workflow_id": raw_id.hex(), "reason": reason,
+               "control_revision": revision, "checkpoints": row["checkpoints"]}
+    await append_event(cur, namespace_id=namespace_id, aggregate_type="execution_gate",
+                       aggregate_id=row["gate_id"],
+                       aggregate_revision=gate["control_revision"] + 1,
+                       event_type=f"workflow.{verb}d", from_state=gate["state"],
+                       to_state="PAUSED" if paused else "OPEN", payload=payload)
+    await append_audit(cur, AuditRecord(
+        actor=actor, action=f"workflow.{verb}d",
+        resource_type="workflow_instance", resource_id=raw_id, resource_revision=revision,
+        namespace_id=namespace_id, application_id=application_id,
+        reason=reason, before={"paused": bool(row["paused"]),
+                               "control_revision": row["control_revision"]},
+        after={"paused": paused, "control_revision": revision,
+               "checkpoints": row["checkpoints"]},
+        request_id=request_id))
+    return await instances.detail(cur, namespace_id, raw_id)
+
+
 async def set_paused(db: Database, principal: credentials.Principal, *, namespace: str,
                      instance_id: str, paused: bool, reason: str,
                      control_revision: int | None = None, idempotency_key: str | None = None,
@@ -101,58 +163,11 @@ async def set_paused(db: Database, principal: credentials.Principal, *, namespac
                               principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
-        await cur.execute(LOCK_INSTANCE, (namespace_id, raw_id))
-        row = await cur.fetchone()
-        if row is None:
-            raise instances.InstanceNotFound("no such workflow instance in this namespace")
-        if control_revision is not None and row["control_revision"] != control_revision:
-            raise errors.StaleRevision(
-                f"the instance's control revision is {row['control_revision']}, not"
-                f" {control_revision}; read it again")
-        if row["state"] not in ("RUNNING", "STOPPING"):
-            raise InstanceFinished(f"workflow instance {raw_id.hex()} is {row['state']}")
-        if bool(row["paused"]) == paused:
-            return 200, await instances.detail(cur, namespace_id, raw_id), raw_id
-        now = await db_now(cur)
-        when = to_db(now)
-        await cur.execute(LOCK_GATE, (namespace_id, row["gate_id"]))
-        gate = await cur.fetchone()
-        if gate is None:
-            raise errors.DatabaseError(f"workflow instance {raw_id.hex()} has no gate")
-        await cur.execute(SET_GATE, ("PAUSED" if paused else "OPEN", reason, when,
-                                     namespace_id, row["gate_id"]))
-        if paused:
-            await cur.execute(ROOT, (namespace_id, raw_id))
-            root = await cur.fetchone()
-            if root is None:
-                raise errors.DatabaseError(f"workflow instance {raw_id.hex()} has no root")
-            await cur.execute(ARM_RESUME, (namespace_id, ids.new_id(), raw_id, root["id"],
-                                           to_db(PARKED), when))
-        elif row["checkpoints"]:
-            await cur.execute(WAKE_RESUME, (when, namespace_id, raw_id))
-        else:  # nothing was parked: nothing to replay
-            await cur.execute(RESUME_DONE, (when, namespace_id, raw_id))
-        if not paused:
-            await cur.execute(WAKE_SIGNALS, (when, namespace_id, raw_id, to_db(PARKED)))
-        await cur.execute(SET_INSTANCE, (int(paused), when, namespace_id, raw_id))
-        revision = row["control_revision"] + 1
-        payload = {"workflow_id": raw_id.hex(), "reason": reason,
-                   "control_revision": revision, "checkpoints": row["checkpoints"]}
-        await append_event(cur, namespace_id=namespace_id, aggregate_type="execution_gate",
-                           aggregate_id=row["gate_id"],
-                           aggregate_revision=gate["control_revision"] + 1,
-                           event_type=f"workflow.{verb}d", from_state=gate["state"],
-                           to_state="PAUSED" if paused else "OPEN", payload=payload)
-        await append_audit(cur, AuditRecord(
-            actor=principal.actor, action=f"workflow.{verb}d",
-            resource_type="workflow_instance", resource_id=raw_id, resource_revision=revision,
-            namespace_id=namespace_id, application_id=principal.application_id,
-            reason=reason, before={"paused": bool(row["paused"]),
-                                   "control_revision": row["control_revision"]},
-            after={"paused": paused, "control_revision": revision,
-                   "checkpoints": row["checkpoints"]},
-            request_id=request_id))
-        return 200, await instances.detail(cur, namespace_id, raw_id), raw_id
+        view = await change_pause(cur, namespace_id, raw_id, paused=paused, reason=reason,
+                                  control_revision=control_revision, actor=principal.actor,
+                                  application_id=principal.application_id,
+                                  request_id=request_id)
+        return 200, view, raw_id
 
     return await namespaced.run(db, f"workflows.instances.{verb}", principal=principal,
                                 action=authz.Action.WORKFLOWS_CONTROL, namespace=namespace,

@@ -1,7 +1,9 @@
-"""Operator reads of workflows (``orbit admin workflows``): definitions, versions and instances
-of a namespace by its name, with the database credentials of the command line (no API
-credential, no grant: the operator reads everything, like ``orbit admin subscriptions``). The
-views are the API's (orbit_common.weave.definitions and instances)."""
+"""Operator reads and controls of workflows (``orbit admin workflows``): definitions, versions
+and instances of a namespace by its name, with the database credentials of the command line (no
+API credential, no grant: the operator reads everything, like ``orbit admin subscriptions``).
+The views are the API's (orbit_common.weave.definitions and instances); pause and resume are the
+API's transaction (orbit_common.weave.controls.change_pause), audited with the operator as
+actor, the namespace's application and the reason."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from orbit_common import errors
 from orbit_common.db.pool import Database
 from orbit_common.model import cursors, ids
 from orbit_common.platform import namespaces
-from orbit_common.weave import definitions, instances, timeline
+from orbit_common.platform.audit import Actor
+from orbit_common.weave import controls, definitions, instance_tasks, instances, timeline, waits
 
 
 async def _namespace(cur: Any, name: str) -> namespaces.Namespace:
@@ -101,3 +104,56 @@ async def instance_timeline(db: Database, *, namespace: str, instance_id: str,
                                             "workflow_id": raw_id.hex(), "order": order})
 
     return await db.read("weave.operator.timeline", body)
+
+
+async def instance_waits(db: Database, *, namespace: str, instance_id: str
+                         ) -> list[dict[str, Any]]:
+    """Every wait of the instance (TIMER and SIGNAL), oldest first (the API's view)."""
+    try:
+        raw_id = ids.from_hex(instance_id)
+    except ValueError as exc:
+        raise instances.InstanceNotFound("no such workflow instance in this namespace") from exc
+
+    async def body(cur: Any) -> list[dict[str, Any]]:
+        ns = await _namespace(cur, namespace)
+        await timeline.exists(cur, ns.id, raw_id)
+        return await waits.waits_of(cur, ns.id, raw_id)
+
+    return await db.read("weave.operator.waits", body)
+
+
+async def list_instance_tasks(db: Database, *, namespace: str, instance_id: str,
+                              limit: int = instance_tasks.LIST_MAX) -> cursors.Page:
+    """The first ``limit`` tasks the instance created, each verified back to its activation
+    (the API's view, task id order)."""
+    raw_id = instance_tasks.check(instance_id, limit)
+
+    async def body(cur: Any) -> cursors.Page:
+        ns = await _namespace(cur, namespace)
+        return await instance_tasks.page(cur, ns.id, raw_id, after=instance_tasks.ID_MIN,
+                                         limit=limit, filters={"namespace": namespace,
+                                                               "workflow_id": raw_id.hex()})
+
+    return await db.read("weave.operator.tasks", body)
+
+
+async def set_paused(db: Database, *, namespace: str, instance_id: str, paused: bool,
+                     actor: Actor, reason: str, control_revision: int | None = None
+                     ) -> dict[str, Any]:
+    """Pause (``paused``) or resume the instance as the operator: the API's rules (a reason of
+    1-1024 characters, the control revision compare-and-set, ``workflow_instance_finished``
+    for an ended instance, a repeat returns the instance unchanged); the instance after it."""
+    controls.check_request(reason, control_revision)
+    try:
+        raw_id = ids.from_hex(instance_id)
+    except ValueError as exc:
+        raise instances.InstanceNotFound("no such workflow instance in this namespace") from exc
+
+    async def body(cur: Any) -> dict[str, Any]:
+        ns = await _namespace(cur, namespace)
+        return await controls.change_pause(cur, ns.id, raw_id, paused=paused, reason=reason,
+                                           control_revision=control_revision, actor=actor,
+                                           application_id=ns.application_id, request_id=None)
+
+    verb = "pause" if paused else "resume"
+    return await db.transaction(f"weave.operator.{verb}", body)

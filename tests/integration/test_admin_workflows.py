@@ -4,11 +4,12 @@ instances of a namespace by name (the API's views; the operator needs no API cre
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.weave import definitions, instances, signals
 from tests.conftest import Tenant
-from tests.integration.test_admin_cli import ok, orbit_admin
+from tests.integration.test_admin_cli import ACTOR, ok, orbit_admin
 from tests.integration.weave.support import document, principal, published
 from tests.integration.weave.test_inbox import workflow_task
 from tests.support.lease_fixtures import make_queue
@@ -138,3 +139,83 @@ async def test_instances_by_version_and_the_timeline(db: Database, db_url: Datab
     missing = await orbit_admin(db_url, "workflows", "instances", "timeline", "nothex",
                                 "--namespace", tenant.namespace)
     assert "workflow_instance_not_found" in missing.err
+
+
+async def _control_rows(db: Database, tenant: Tenant, instance_id: bytes) -> dict[str, Any]:
+    """The instance's flag, its gate, and its pause/resume audit records and events."""
+    async def body(cur: Any) -> dict[str, Any]:
+        await cur.execute("SELECT i.paused, i.control_revision, g.state AS gate"
+                          " FROM weave_instances i JOIN pulse_execution_gates g"
+                          " ON g.namespace_id = i.namespace_id AND g.id = i.gate_id"
+                          " WHERE i.namespace_id = %s AND i.id = %s",
+                          (tenant.namespace_id, instance_id))
+        found = dict(await cur.fetchone())
+        await cur.execute("SELECT action, actor_kind, actor_id, reason FROM orbit_audit_events"
+                          " WHERE resource_id = %s ORDER BY occurred_at, id", (instance_id,))
+        found["audit"] = [tuple(r.values()) for r in await cur.fetchall()]
+        await cur.execute("SELECT e.event_type FROM orbit_events e JOIN weave_instances i"
+                          " ON i.namespace_id = e.namespace_id AND i.gate_id = e.aggregate_id"
+                          " WHERE e.namespace_id = %s AND i.id = %s"
+                          " AND e.aggregate_type = 'execution_gate'"
+                          " ORDER BY e.occurred_at, e.id", (tenant.namespace_id, instance_id))
+        found["events"] = [r["event_type"] for r in await cur.fetchall()]
+        return found
+    return await db.read("test.control_rows", body)
+
+
+async def test_pause_and_resume(db: Database, db_url: DatabaseUrl, tenant: Tenant) -> None:
+    _, instance, _ = await workflow_task(db, tenant)
+    workflow_id = instance["id"].hex()
+    ns = ("--namespace", tenant.namespace)
+    paused = (await ok(db_url, "workflows", "pause", workflow_id, *ns, "--reason",
+                       "supplier outage")).json()
+    assert (paused["id"], paused["paused"], paused["control_revision"], paused["state"]) == (
+        workflow_id, True, 2, "RUNNING")
+    rows = await _control_rows(db, tenant, instance["id"])
+    assert (rows["paused"], rows["control_revision"], rows["gate"]) == (1, 2, "PAUSED")
+    assert rows["audit"][-1] == ("workflow.paused", "operator", ACTOR, "supplier outage")
+    assert rows["events"] == ["workflow.paused"]
+    # A repeat changes nothing: no revision, no audit, no event.
+    again = (await ok(db_url, "workflows", "pause", workflow_id, *ns, "--reason", "again")).json()
+    assert (again["paused"], again["control_revision"]) == (True, 2)
+    assert await _control_rows(db, tenant, instance["id"]) == rows
+    # The control revision is a compare-and-set.
+    stale = await orbit_admin(db_url, "workflows", "resume", workflow_id, *ns, "--reason",
+                              "back", "--control-revision", "1")
+    assert stale.code == 1
+    assert "stale_revision" in stale.err
+    resumed = (await ok(db_url, "workflows", "resume", workflow_id, *ns, "--reason", "back",
+                        "--control-revision", "2")).json()
+    assert (resumed["paused"], resumed["control_revision"]) == (False, 3)
+    rows = await _control_rows(db, tenant, instance["id"])
+    assert (rows["paused"], rows["gate"]) == (0, "OPEN")
+    assert rows["audit"][-1] == ("workflow.resumed", "operator", ACTOR, "back")
+    assert rows["events"] == ["workflow.paused", "workflow.resumed"]
+
+
+async def test_pause_refusals(db: Database, db_url: DatabaseUrl, tenant: Tenant) -> None:
+    _, instance, _ = await workflow_task(db, tenant)
+    workflow_id = instance["id"].hex()
+    ns = ("--namespace", tenant.namespace)
+    before = await _control_rows(db, tenant, instance["id"])
+    no_reason = await orbit_admin(db_url, "workflows", "pause", workflow_id, *ns)
+    assert no_reason.code == 2  # click: --reason is required
+    empty = await orbit_admin(db_url, "workflows", "pause", workflow_id, *ns, "--reason", "")
+    assert "validation_failed" in empty.err
+    for unknown in ("0" * 32, "not-hex"):
+        gone = await orbit_admin(db_url, "workflows", "pause", unknown, *ns, "--reason", "x")
+        assert "workflow_instance_not_found" in gone.err
+    no_ns = await orbit_admin(db_url, "workflows", "pause", workflow_id, "--namespace",
+                              "no-such-namespace", "--reason", "x")
+    assert "namespace_not_found" in no_ns.err
+    assert await _control_rows(db, tenant, instance["id"]) == before
+
+    async def finish(cur: Any) -> None:
+        await cur.execute("UPDATE weave_instances SET state = 'SUCCEEDED',"
+                          " completed_at = UTC_TIMESTAMP(6) WHERE namespace_id = %s AND id = %s",
+                          (tenant.namespace_id, instance["id"]))
+    await db.transaction("test.finish", finish)
+    ended = await orbit_admin(db_url, "workflows", "pause", workflow_id, *ns, "--reason", "x")
+    assert ended.code == 1
+    assert "workflow_instance_finished" in ended.err
+    assert (await _control_rows(db, tenant, instance["id"]))["audit"] == before["audit"]

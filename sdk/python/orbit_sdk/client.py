@@ -57,6 +57,7 @@ from orbit_sdk.workflows import (
     WorkflowPollState,
     WorkflowSignal,
     WorkflowStart,
+    WorkflowTask,
     WorkflowValidation,
     WorkflowVersion,
     WorkflowWait,
@@ -439,7 +440,8 @@ class Client:
         return [Task.from_json(r) for r in receipts or []]
 
     async def get_task(self, task_id: str) -> Task:
-        """A task's detail, with ``input``, ``result`` and ``error``."""
+        """A task's detail, with ``input``, ``result``, ``error`` and its verified ``source``
+        (:class:`TaskSource`; a workflow's task names its instance, step and activation)."""
         return Task.from_json(await self._get(self._ns(f"/tasks/{_seg(task_id)}")))
 
     async def list_tasks(
@@ -807,6 +809,17 @@ class Client:
         answer = await self._get(self._ns(f"/workflows/{_seg(workflow_id)}/waits"))
         items = answer.get("items") if isinstance(answer, dict) else None
         return [WorkflowWait.from_json(w) for w in items or [] if isinstance(w, dict)]
+
+    async def list_workflow_tasks(self, workflow_id: str, *, page_size: int | None = None
+                                  ) -> AsyncIterator[WorkflowTask]:
+        """Every task the instance created (TASK steps, POLL rounds, step retries) in task id
+        order, following ``next_cursor`` through every page: each with its state now and the
+        step and activation that reference it, verified both ways (``verified``). The other
+        direction is a task's ``source`` (:meth:`get_task`)."""
+        params = {} if page_size is None else {"limit": str(page_size)}
+        async for item in self._pages(self._ns(f"/workflows/{_seg(workflow_id)}/tasks"),
+                                      params):
+            yield WorkflowTask.from_json(item)
 
     async def list_workflows(
         self,

@@ -232,8 +232,10 @@ class ApplicationResources:
 class Task:
     """A task: the acceptance receipt, a list item or the full detail.
 
-    The detail-only fields (``input``, ``result``, ``error``, …) are ``None`` on receipts and
-    list items. ``replayed`` is true when a submit was answered from its idempotency record.
+    The detail-only fields (``input``, ``result``, ``error``, ``source``, …) are ``None`` on
+    receipts and list items. ``replayed`` is true when a submit was answered from its
+    idempotency record. ``source`` (detail) is who made the task, verified
+    (:class:`TaskSource`: a workflow's task names its instance, step and activation).
     """
 
     id: str
@@ -264,11 +266,13 @@ class Task:
     input: Any = None
     result: Any = None
     error: Any = None
+    source: TaskSource | None = None
     replayed: bool = False
     raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Task:
+        source = raw.get("source")
         return cls(
             id=_str(raw, "id") or "", queue=_str(raw, "queue") or "",
             handler=_str(raw, "handler") or "", state=_str(raw, "state") or "",
@@ -290,7 +294,9 @@ class Task:
             current_attempt_id=_str(raw, "current_attempt_id"),
             lease_expires_at=parse_time(raw.get("lease_expires_at")),
             retry_of=_str(raw, "retry_of"), input=raw.get("input"), result=raw.get("result"),
-            error=raw.get("error"), replayed=_bool(raw, "replayed"), raw=dict(raw),
+            error=raw.get("error"),
+            source=TaskSource.from_json(source) if isinstance(source, Mapping) else None,
+            replayed=_bool(raw, "replayed"), raw=dict(raw),
         )
 
     @property
@@ -370,9 +376,13 @@ class TaskSource:
       ``schedule_name``, ``version``, ``occurrence_id`` and its planned ``fire_at``;
     - ``"workflow"``: an activation of a workflow instance's step: ``workflow_id``,
       ``definition``, ``version`` (the instance's), ``step``, ``activation`` and its
-      ``sequence``.
+      ``sequence``; ``round`` for a POLL round's task; ``retry_of`` for a task a step's manual
+      retry made (its direct parent).
 
-    Fields of the other kinds are ``None``.
+    Fields of the other kinds are ``None``. In a task's detail (``Task.source``) ``verified``
+    says every link was checked; when one does not hold it is ``False``, ``problem`` says which,
+    and only what the task itself claims is set (``workflow_id``, ``schedule_id``,
+    ``retry_of``). :meth:`Client.task_source` raises instead (``source_link_missing``).
     """
 
     kind: str
@@ -387,6 +397,9 @@ class TaskSource:
     step: str | None = None
     activation: str | None = None
     sequence: int | None = None
+    round: int | None = None
+    verified: bool = True
+    problem: str | None = None
     raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
 
     @classmethod
@@ -397,7 +410,9 @@ class TaskSource:
             version=_int(raw, "version"), occurrence_id=_str(raw, "occurrence_id"),
             fire_at=parse_time(raw.get("fire_at")), workflow_id=_str(raw, "workflow_id"),
             definition=_str(raw, "definition"), step=_str(raw, "step"),
-            activation=_str(raw, "activation"), sequence=_int(raw, "sequence"), raw=dict(raw),
+            activation=_str(raw, "activation"), sequence=_int(raw, "sequence"),
+            round=_int(raw, "round"), verified=raw.get("verified", True) is not False,
+            problem=_str(raw, "problem"), raw=dict(raw),
         )
 
 

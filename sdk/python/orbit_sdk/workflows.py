@@ -187,6 +187,43 @@ class WorkflowPollRound:
 
 
 @attrs.frozen(kw_only=True)
+class WorkflowTask:
+    """A task the instance created (``GET …/workflows/{id}/tasks``): its state now, and the
+    step, activation (sequence and state) and POLL ``round`` that reference it -- all ``None``
+    when ``verified`` is false (no activation of the instance references it)."""
+
+    task_id: str
+    queue: str = ""
+    handler: str = ""
+    state: str = ""
+    retry_of: str | None = None
+    created_at: dt.datetime | None = None
+    completed_at: dt.datetime | None = None
+    verified: bool = False
+    step: str | None = None
+    step_kind: str | None = None
+    activation_id: str | None = None
+    activation_sequence: int | None = None
+    activation_state: str | None = None
+    round: int | None = None
+    raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> WorkflowTask:
+        return cls(
+            task_id=_str(raw, "task_id") or "", queue=_str(raw, "queue") or "",
+            handler=_str(raw, "handler") or "", state=_str(raw, "state") or "",
+            retry_of=_str(raw, "retry_of"), created_at=parse_time(raw.get("created_at")),
+            completed_at=parse_time(raw.get("completed_at")),
+            verified=raw.get("verified") is True, step=_str(raw, "step"),
+            step_kind=_str(raw, "step_kind"), activation_id=_str(raw, "activation_id"),
+            activation_sequence=_int(raw, "activation_sequence"),
+            activation_state=_str(raw, "activation_state"), round=_int(raw, "round"),
+            raw=dict(raw),
+        )
+
+
+@attrs.frozen(kw_only=True)
 class WorkflowWait:
     """A wait of a TIMER or SIGNAL step (docs/weave/waits.md). ``state``: WAITING, FIRED (a
     timer), SIGNALLED, TIMED_OUT or CANCELLED. ``first_deadline_at`` never moves; a timer that

@@ -358,6 +358,7 @@ ROUTES: dict[Route, Case] = {
         needs=(one(A.WORKFLOWS_READ),)),
     ("GET", WORKFLOWS + "/{workflow_id}/waits"): Case(needs=(one(A.WORKFLOWS_READ),)),
     ("GET", WORKFLOWS + "/{workflow_id}/timeline"): Case(needs=(one(A.WORKFLOWS_READ),)),
+    ("GET", WORKFLOWS + "/{workflow_id}/tasks"): Case(needs=(one(A.WORKFLOWS_READ),)),
     ("POST", WORKFLOWS + "/{workflow_id}/pause"): Case(
         needs=(one(A.WORKFLOWS_CONTROL),), body=lambda o: {"reason": "ops"},
         body2=lambda o: {"reason": "other"}),

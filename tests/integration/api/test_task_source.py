@@ -157,7 +157,8 @@ async def test_a_workflow_owned_task(api: TestClient[Any, Any], db: Database,
     found = await source(api, tenant, task_id.hex())
     assert found.pop("definition").startswith("wf-")  # tests/integration/weave/support.py
     assert found == {"kind": "workflow", "workflow_id": instance["id"].hex(), "version": 1,
-                     "step": "a", "activation": activation_id.hex(), "sequence": 1}
+                     "step": "a", "activation": activation_id.hex(), "sequence": 1,
+                     "round": None, "retry_of": None}
 
 
 @pytest.mark.parametrize("break_link", [

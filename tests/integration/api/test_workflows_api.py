@@ -411,6 +411,7 @@ def every_route(tenant: Tenant, definition: str, workflow_id: str
         ("GET", ns(tenant, f"/workflows/{workflow_id}/waits"), None),
         ("GET", ns(tenant, f"/workflows/{workflow_id}?activations=all"), None),
         ("GET", ns(tenant, f"/workflows/{workflow_id}/timeline?order=desc"), None),
+        ("GET", ns(tenant, f"/workflows/{workflow_id}/tasks?limit=5"), None),
         ("GET", ns(tenant, "/workflows?definition=orders&version=1"), None),
     ]
 
@@ -460,7 +461,7 @@ async def test_each_route_needs_its_action(api: TestClient[Any, Any], db: Databa
     needs = ["workflows.read", "workflows.manage", "workflows.read", "workflows.manage",
              "workflows.read", "workflows.manage", "workflows.start", "workflows.read",
              "workflows.read", "workflows.read", "workflows.read", "workflows.read",
-             "workflows.read"]
+             "workflows.read", "workflows.read"]
     everything = ["workflows.read", "workflows.manage", "workflows.start", "tasks.submit"]
     keys = {action: await make_key(db, tenant, [{
         "namespaces": ["*"], "queues": ["*"], "actions": [a for a in everything if a != action]}])

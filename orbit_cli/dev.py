@@ -248,18 +248,23 @@ def example_env(source: Path, root: Path, ports: Ports, environ: dict[str, str]
 
 def setup_example(name: str, source: Path, env: dict[str, str],
                   timeout_s: float = SETUP_TIMEOUT_S) -> str | None:
-    """Run ``python -m examples.<name> setup`` until it succeeds (the API may still be
-    warming up) or ``timeout_s`` passes: its output line, or None (said on the console)."""
+    """Run ``python -m examples.<name> setup`` (each run at most ``SETUP_TIMEOUT_S``) until it
+    succeeds (the API may still be warming up) or ``timeout_s`` has passed: its output line, or
+    None (said on the console)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        done = subprocess.run([sys.executable, "-m", f"examples.{name}", "setup"], cwd=source,
-                              env=env, capture_output=True, text=True, timeout=timeout_s,
-                              check=False)
-        if done.returncode == 0:
-            return done.stdout.strip()
+        try:
+            done = subprocess.run([sys.executable, "-m", f"examples.{name}", "setup"],
+                                  cwd=source, env=env, capture_output=True, text=True,
+                                  timeout=SETUP_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            failure = f"setup did not finish within {SETUP_TIMEOUT_S:.0f} s"
+        else:
+            if done.returncode == 0:
+                return done.stdout.strip()
+            failure = done.stderr.strip()[-2000:]
         if time.monotonic() >= deadline:
-            click.echo(f"example {name}: setup failed, its worker is not started:\n"
-                       f"{done.stderr.strip()[-2000:]}")
+            click.echo(f"example {name}: setup failed, its worker is not started:\n{failure}")
             return None
         time.sleep(1)
 

@@ -10,10 +10,17 @@ this machine). On the private database the migrations run as the instance's
 administrator and the bootstrap and the daemons as the least-privileged runtime user
 (``orbit_devdb.RUNTIME_USER``: rows only, no DDL); with ``ORBIT_DATABASE_URL`` everything uses
 that URL.
+
+``orbit dev up --examples`` (``script/server --examples``) also runs the workflow examples of the
+source checkout once the API is ready: each example's ``setup`` (its queues, definition and
+latest version, as the bootstrap's credential; each is idempotent) and then its worker as one more
+supervised child process (``python -m examples.<name> worker``, restarted like a daemon). On
+Ctrl-C the example workers drain first, then the daemons stop.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -22,6 +29,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +43,11 @@ from orbit_common.db.pool import DatabaseUrl
 
 # Every daemon that exists today; later capabilities add theirs.
 DAEMONS = ("api", "dispatcher", "scheduler", "delivery", "weave")
+# The workflow examples ``--examples`` runs (packages under examples/ with ``setup`` and
+# ``worker`` commands): an order with a parallel block, a payment with a signal and a poll, a
+# transfer whose settlement is polled.
+EXAMPLES = ("order_workflow", "payment_confirmation", "settlement_poll")
+SETUP_TIMEOUT_S = 60.0
 
 
 @click.group()
@@ -93,8 +106,13 @@ def _wait_http(url: str, timeout_s: float) -> bool:
               show_default="0 or $ORBIT_SERVICE_METRICS_PORT",
               help="First operator-listener port (/metrics, detailed /readyz): the API gets it, "
                    "the next daemons the ports after it; 0 lets each daemon pick a free one.")
-def dev_up(root: Path, api_port: int, dispatcher_port: int | None, operator_port: int) -> None:
+@click.option("--examples", is_flag=True,
+              help="Also set up the workflow examples (" + ", ".join(EXAMPLES) + ") and run "
+                   "their workers under the supervisor (needs the source checkout).")
+def dev_up(root: Path, api_port: int, dispatcher_port: int | None, operator_port: int,
+           examples: bool) -> None:
     """Run the whole stack locally until Ctrl-C."""
+    source = examples_source() if examples else None
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     instance: devdb.Instance | None = None
@@ -118,7 +136,7 @@ def dev_up(root: Path, api_port: int, dispatcher_port: int | None, operator_port
         ports = Ports(api=api_port, dispatcher=dispatcher_port or api_port + 1,
                       operator=operator_port)
         _bootstrap_once(root, runtime_url, api_url, ports.dispatcher_url)
-        _supervise(root, runtime_url, ports)
+        _supervise(root, runtime_url, ports, source)
     finally:
         if instance is not None:
             click.echo("stopping the private database …")
@@ -204,7 +222,73 @@ def delivery_env(root: Path, environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _supervise(root: Path, url: str, ports: Ports) -> None:
+def examples_source() -> Path:
+    """The source checkout holding ``examples/`` (this package's parent directory): the
+    examples are not installed with Orbit."""
+    source = Path(__file__).resolve().parents[1]
+    missing = [name for name in EXAMPLES
+               if not (source / "examples" / name / "__main__.py").is_file()]
+    if missing:
+        raise click.ClickException(
+            f"--examples needs the source checkout: no examples/{missing[0]} under {source}")
+    return source
+
+
+def example_env(source: Path, root: Path, ports: Ports, environ: dict[str, str]
+                ) -> dict[str, str]:
+    """The environment of the examples' commands: the local API and dispatcher, the
+    bootstrap's key and namespace (``root/bootstrap.json``), the checkout on the path."""
+    doc = json.loads((root / "bootstrap.json").read_text())
+    path = environ.get("PYTHONPATH")
+    return {**{k: v for k, v in environ.items() if not k.startswith("ORBIT_")},
+            "ORBIT_API_URL": ports.api_url, "ORBIT_DISPATCHER_URL": ports.dispatcher_url,
+            "ORBIT_API_KEY": doc["api_key"], "ORBIT_NAMESPACE": doc["namespace"],
+            "PYTHONPATH": str(source) if not path else f"{source}{os.pathsep}{path}"}
+
+
+def setup_example(name: str, source: Path, env: dict[str, str],
+                  timeout_s: float = SETUP_TIMEOUT_S) -> str | None:
+    """Run ``python -m examples.<name> setup`` (each run at most ``SETUP_TIMEOUT_S``) until it
+    succeeds (the API may still be warming up) or ``timeout_s`` has passed: its output line, or
+    None (said on the console)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done = subprocess.run([sys.executable, "-m", f"examples.{name}", "setup"],
+                                  cwd=source, env=env, capture_output=True, text=True,
+                                  timeout=SETUP_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            failure = f"setup did not finish within {SETUP_TIMEOUT_S:.0f} s"
+        else:
+            if done.returncode == 0:
+                return done.stdout.strip()
+            failure = done.stderr.strip()[-2000:]
+        if time.monotonic() >= deadline:
+            click.echo(f"example {name}: setup failed, its worker is not started:\n{failure}")
+            return None
+        time.sleep(1)
+
+
+def _spawn_example(name: str, source: Path, env: dict[str, str]) -> subprocess.Popen[Any]:
+    return subprocess.Popen([sys.executable, "-m", f"examples.{name}", "worker"], cwd=source,
+                            env=env)
+
+
+def _stop(children: dict[str, subprocess.Popen[Any]]) -> None:
+    """SIGTERM to each running child (they drain), then wait; kill after 40 s."""
+    for child in children.values():
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children.values():
+        try:
+            child.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+def _supervise(root: Path, url: str, ports: Ports, examples: Path | None = None) -> None:
+    """Run the daemons (and, with ``examples``, the examples' workers) until SIGINT/SIGTERM,
+    restarting a child that exits with a growing delay."""
     api_url = ports.api_url
     env = {**os.environ, "ORBIT_DATABASE_URL": url, "ORBIT_API_PORT": str(ports.api),
            "ORBIT_DISPATCHER_PORT": str(ports.dispatcher),
@@ -216,7 +300,10 @@ def _supervise(root: Path, url: str, ports: Ports) -> None:
         stopping = True
 
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    children = {name: _spawn(name, env, ports) for name in DAEMONS}
+    spawners: dict[str, Callable[[], subprocess.Popen[Any]]] = {
+        name: functools.partial(_spawn, name, env, ports) for name in DAEMONS}
+    children = {name: spawn() for name, spawn in spawners.items()}
+    workers: dict[str, subprocess.Popen[Any]] = {}
     restarts = dict.fromkeys(DAEMONS, 0)
     try:
         if _wait_http(f"{api_url}/readyz", 30):
@@ -227,27 +314,35 @@ def _supervise(root: Path, url: str, ports: Ports) -> None:
                        f"  webhooks: loopback http endpoints allowed; key in"
                        f" {root / 'delivery.key'} unless ORBIT_DELIVERY_SECRET_KEY is set\n"
                        f"  key:    {root / 'bootstrap.json'}\nPress Ctrl-C to stop.")
+            if examples is not None:
+                example_environ = example_env(examples, root, ports, dict(os.environ))
+                for name in EXAMPLES:
+                    if stopping:
+                        break
+                    done = setup_example(name, examples, example_environ)
+                    if done is not None:
+                        click.echo(f"example {name}: set up {done}; worker started")
+                        key = f"example:{name}"
+                        spawners[key] = functools.partial(_spawn_example, name, examples,
+                                                          example_environ)
+                        workers[key] = spawners[key]()
+                        restarts[key] = 0
         else:
             click.echo("warning: the API did not become ready within 30 s; see its logs above")
         while not stopping:
-            for name, child in list(children.items()):
-                code = child.poll()
-                if code is not None and not stopping:
-                    restarts[name] += 1
-                    delay = min(30, 2 ** min(restarts[name], 5))
-                    click.echo(f"{name} exited with {code}; restarting in {delay}s")
-                    time.sleep(delay)
-                    children[name] = _spawn(name, env, ports)
+            for group in (children, workers):
+                for name, child in list(group.items()):
+                    code = child.poll()
+                    if code is not None and not stopping:
+                        restarts[name] += 1
+                        delay = min(30, 2 ** min(restarts[name], 5))
+                        click.echo(f"{name} exited with {code}; restarting in {delay}s")
+                        time.sleep(delay)
+                        group[name] = spawners[name]()
             time.sleep(0.2)
     finally:
-        for child in children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in children.values():
-            try:
-                child.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        _stop(workers)  # first, while the dispatcher still takes their last reports
+        _stop(children)
         for s, handler in previous.items():
             signal.signal(s, handler)
 

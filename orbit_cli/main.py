@@ -27,6 +27,7 @@ from orbit_common.pulse import control, queries, quotas
 from orbit_common.relay import operator as relay_operator
 from orbit_common.relay.model import BUDGET_ADD_MAX, SubscriptionState
 from orbit_common.service.config import ConfigError, OrbitConfig, load_config
+from orbit_common.weave import controls as weave_controls
 from orbit_common.weave import instance_tasks as weave_instance_tasks
 from orbit_common.weave import instances as weave_instances
 from orbit_common.weave import operator as weave_operator
@@ -574,7 +575,7 @@ def admin_workflows() -> None:
 
 def _workflow_control(ctx: click.Context, instance_id: str, namespace: str, reason: str,
                       control_revision: int | None, *, paused: bool) -> None:
-    view = _with_db(ctx, lambda db: weave_operator.set_paused(
+    view = _with_db(ctx, lambda db: weave_controls.operator_set_paused(
         db, namespace=namespace, instance_id=instance_id, paused=paused, actor=_actor(ctx),
         reason=reason, control_revision=control_revision))
     _echo_line({k: view[k] for k in ("id", "definition", "version", "state", "paused",

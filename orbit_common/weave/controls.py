@@ -37,6 +37,7 @@ from orbit_common.platform import authz, credentials, namespaced
 from orbit_common.platform.audit import Actor, AuditRecord, append_audit
 from orbit_common.platform.events import append_event
 from orbit_common.platform.idempotency import Replay
+from orbit_common.platform.namespaces import find_namespace
 from orbit_common.weave import instances
 from orbit_common.weave.signals import InstanceFinished
 
@@ -90,7 +91,7 @@ async def change_pause(cur: Any, namespace_id: bytes, raw_id: bytes, *, paused: 
     """The pause (``paused``) or resume transaction's work on the caller's connection (see the
     module docstring; the caller owns the transaction and any idempotency record): the
     instance's view after it. Used by the API (:func:`set_paused`) and the operator command
-    (orbit_common.weave.operator.set_paused)."""
+    (:func:`operator_set_paused`)."""
     verb = "pause" if paused else "resume"
     await cur.execute(LOCK_INSTANCE, (namespace_id, raw_id))
     row = await cur.fetchone()
@@ -172,3 +173,29 @@ async def set_paused(db: Database, principal: credentials.Principal, *, namespac
     return await namespaced.run(db, f"workflows.instances.{verb}", principal=principal,
                                 action=authz.Action.WORKFLOWS_CONTROL, namespace=namespace,
                                 idem=idem, act=act)
+
+
+async def operator_set_paused(db: Database, *, namespace: str, instance_id: str,
+                              paused: bool, actor: Actor, reason: str,
+                              control_revision: int | None = None) -> dict[str, Any]:
+    """Pause (``paused``) or resume the instance as the operator (``orbit admin workflows
+    pause/resume``: the namespace by name, no credential or grant, audited with the operator as
+    actor and the namespace's application): the API's rules (a reason of
+    1-1024 characters, the control revision compare-and-set, ``workflow_instance_finished``
+    for an ended instance, a repeat returns the instance unchanged); the instance after it."""
+    check_request(reason, control_revision)
+    try:
+        raw_id = ids.from_hex(instance_id)
+    except ValueError as exc:
+        raise instances.InstanceNotFound("no such workflow instance in this namespace") from exc
+
+    async def body(cur: Any) -> dict[str, Any]:
+        ns = await find_namespace(cur, namespace)
+        if ns is None:
+            raise errors.NamespaceNotFound(f"no namespace {namespace!r}")
+        return await change_pause(cur, ns.id, raw_id, paused=paused, reason=reason,
+                                  control_revision=control_revision, actor=actor,
+                                  application_id=ns.application_id, request_id=None)
+
+    verb = "pause" if paused else "resume"
+    return await db.transaction(f"weave.operator.{verb}", body)

@@ -1,9 +1,8 @@
-"""Operator reads and controls of workflows (``orbit admin workflows``): definitions, versions
-and instances of a namespace by its name, with the database credentials of the command line (no
-API credential, no grant: the operator reads everything, like ``orbit admin subscriptions``).
-The views are the API's (orbit_common.weave.definitions and instances); pause and resume are the
-API's transaction (orbit_common.weave.controls.change_pause), audited with the operator as
-actor, the namespace's application and the reason."""
+"""Operator reads of workflows (``orbit admin workflows``): definitions, versions and instances
+of a namespace by its name, with the database credentials of the command line (no API
+credential, no grant: the operator reads everything, like ``orbit admin subscriptions``). The
+views are the API's (orbit_common.weave.definitions and instances). The operator's pause and
+resume are orbit_common.weave.controls.operator_set_paused."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from orbit_common import errors
 from orbit_common.db.pool import Database
 from orbit_common.model import cursors, ids
 from orbit_common.platform import namespaces
-from orbit_common.platform.audit import Actor
-from orbit_common.weave import controls, definitions, instance_tasks, instances, timeline, waits
+from orbit_common.weave import definitions, instance_tasks, instances, timeline, waits
 
 
 async def _namespace(cur: Any, name: str) -> namespaces.Namespace:
@@ -136,24 +134,3 @@ async def list_instance_tasks(db: Database, *, namespace: str, instance_id: str,
 
     return await db.read("weave.operator.tasks", body)
 
-
-async def set_paused(db: Database, *, namespace: str, instance_id: str, paused: bool,
-                     actor: Actor, reason: str, control_revision: int | None = None
-                     ) -> dict[str, Any]:
-    """Pause (``paused``) or resume the instance as the operator: the API's rules (a reason of
-    1-1024 characters, the control revision compare-and-set, ``workflow_instance_finished``
-    for an ended instance, a repeat returns the instance unchanged); the instance after it."""
-    controls.check_request(reason, control_revision)
-    try:
-        raw_id = ids.from_hex(instance_id)
-    except ValueError as exc:
-        raise instances.InstanceNotFound("no such workflow instance in this namespace") from exc
-
-    async def body(cur: Any) -> dict[str, Any]:
-        ns = await _namespace(cur, namespace)
-        return await controls.change_pause(cur, ns.id, raw_id, paused=paused, reason=reason,
-                                           control_revision=control_revision, actor=actor,
-                                           application_id=ns.application_id, request_id=None)
-
-    verb = "pause" if paused else "resume"
-    return await db.transaction(f"weave.operator.{verb}", body)

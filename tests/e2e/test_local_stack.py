@@ -51,7 +51,8 @@ class Stack:
     """One ``orbit dev up`` process with its output captured to a file."""
 
     def __init__(self, state: Path, port: int, env: dict[str, str], log: Path,
-                 dispatcher_port: int, operator_port: int = 0) -> None:
+                 dispatcher_port: int, operator_port: int = 0, extra: tuple[str, ...] = ()
+                 ) -> None:
         self.state = state
         self.api_url = f"http://127.0.0.1:{port}"
         self.log = log
@@ -59,7 +60,7 @@ class Stack:
             self.proc = subprocess.Popen(
                 [str(BIN / "orbit"), "dev", "up", "--dir", str(state), "--api-port", str(port),
                  "--dispatcher-port", str(dispatcher_port),
-                 "--operator-port", str(operator_port)],
+                 "--operator-port", str(operator_port), *extra],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

@@ -154,3 +154,46 @@ async def test_a_steps_waits_are_read_from_the_detail(api: tuple[FakeApi, Client
     (wait,) = step.waits
     assert (wait.kind, wait.state, wait.late_ms, wait.payload_versions) == (
         "TIMER", "FIRED", 31402, None)
+
+
+WORKFLOW_TASK = {"task_id": "7a" * 16, "queue": "payments", "handler": "payments.status",
+                 "state": "RUNNING", "retry_of": None, "created_at": T0, "completed_at": None,
+                 "verified": True, "step": "settle", "step_kind": "POLL",
+                 "activation_id": "56" * 16, "activation_sequence": 1,
+                 "activation_state": "LIVE", "round": 3}
+
+
+async def test_an_instances_tasks_follow_cursors(api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    broken = {**WORKFLOW_TASK, "task_id": "7b" * 16, "verified": False, "step": None,
+              "step_kind": None, "activation_id": None, "activation_sequence": None,
+              "activation_state": None, "round": None}
+    fake.on("GET", f"{NS}/workflows/{'12' * 16}/tasks",
+            ok({"items": [WORKFLOW_TASK], "next_cursor": "c1"}),
+            ok({"items": [broken], "next_cursor": None}))
+    found = [t async for t in client.list_workflow_tasks("12" * 16, page_size=1)]
+    assert [(t.task_id, t.step, t.step_kind, t.activation_sequence, t.round, t.verified)
+            for t in found] == [("7a" * 16, "settle", "POLL", 1, 3, True),
+                                ("7b" * 16, None, None, None, None, False)]
+    assert fake.seen[0].query == {"limit": "1"}
+    assert fake.seen[1].query["cursor"] == "c1"
+
+
+async def test_a_tasks_detail_carries_its_source(api: tuple[FakeApi, Client]) -> None:
+    fake, client = api
+    task = {"id": "7a" * 16, "queue": "payments", "handler": "payments.status",
+            "state": "RUNNING", "revision": 2}
+    fake.on("GET", f"{NS}/tasks/{'7a' * 16}", ok({**task, "source": {
+        "kind": "workflow", "workflow_id": "12" * 16, "definition": "payment", "version": 1,
+        "step": "settle", "activation": "56" * 16, "sequence": 1, "round": 3,
+        "retry_of": None, "verified": True, "problem": None}}),
+        ok({**task, "source": {"kind": "workflow", "workflow_id": "12" * 16, "retry_of": None,
+                               "verified": False, "problem": "no workflow activation"}}))
+    shown = (await client.get_task("7a" * 16)).source
+    assert shown is not None
+    assert (shown.kind, shown.workflow_id, shown.step, shown.round, shown.verified) == (
+        "workflow", "12" * 16, "settle", 3, True)
+    broken = (await client.get_task("7a" * 16)).source
+    assert broken is not None
+    assert (broken.verified, broken.problem, broken.step) == (False, "no workflow activation",
+                                                              None)

@@ -694,6 +694,17 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                                "CANCELLED", "SKIPPED"]},
             "revision": {"type": "integer", "minimum": 1}, "output": _JSON_ANY,
             "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
+            "held_at": {**nullable(TIME),
+                        "description": "Set while the step is held ($hold): WAITING, its "
+                                       "activation LIVE, until a person decides (retry, "
+                                       "resolve)"},
+            "held_error": {**_JSON_ANY,
+                           "description": "While held: the error the step would have "
+                                          "propagated"},
+            "resolution": {**_JSON_ANY,
+                           "description": "The logical conclusion an operator recorded "
+                                          "(resolve): conclusion, output or error, reason, "
+                                          "evidence_ref, actor, at"},
             "activation_count": {"type": "integer", "minimum": 0,
                                  "description": "Activations the step has had"},
             "current_activation": {"type": ["integer", "null"], "minimum": 1,

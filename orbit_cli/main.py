@@ -31,6 +31,7 @@ from orbit_common.weave import instances as weave_instances
 from orbit_common.weave import operator as weave_operator
 from orbit_common.weave import signals as weave_signals
 from orbit_common.weave import timeline as weave_timeline
+from orbit_common.weave import wait_recovery
 
 T = TypeVar("T")
 
@@ -567,7 +568,8 @@ def _echo_line(value: Any) -> None:
 
 @admin.group("workflows")
 def admin_workflows() -> None:
-    """Workflow definitions, versions and instances (read only; docs/api/workflows.md)."""
+    """Workflow definitions, versions and instances (docs/api/workflows.md); manual recovery
+    of held steps (docs/weave/recovery.md)."""
 
 
 @admin_workflows.group("definitions")
@@ -701,6 +703,57 @@ def workflows_signals_get(ctx: click.Context, instance_id: str, signal_id: str,
     """One signal with its payload, state, disposition and the wait it won."""
     _echo_document(_with_db(ctx, lambda db: weave_signals.operator_signal(
         db, namespace=namespace, instance_id=instance_id, signal_id=signal_id)))
+
+
+@admin_workflows.group("steps")
+def workflows_steps() -> None:
+    """Manual recovery of a held step (docs/weave/recovery.md): the audit names the operator."""
+
+
+@workflows_steps.command("rearm")
+@click.argument("instance_id")
+@click.argument("step")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log and the event.")
+@click.option("--step-revision", type=click.IntRange(1), required=True,
+              help="The step's revision as read (stale_revision when it moved).")
+@click.option("--timeout-ms", type=click.IntRange(wait_recovery.TIMEOUT_MIN_MS,
+                                                   wait_recovery.TIMEOUT_MAX_MS),
+              required=True, help="The new wait's timeout from now.")
+@click.pass_context
+def workflows_steps_rearm(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, instance_id: str, step: str, namespace: str, reason: str,
+    step_revision: int, timeout_ms: int,
+) -> None:
+    """Re-arm a SIGNAL wait held after its timeout: a new activation and wait generation
+    (the first deadline kept); prints the step with every activation."""
+    _echo_document(_with_db(ctx, lambda db: wait_recovery.operator_rearm(
+        db, namespace=namespace, instance_id=instance_id, step=step, reason=reason,
+        step_revision=step_revision, timeout_ms=timeout_ms, actor=_actor(ctx))))
+
+
+@workflows_steps.command("continue")
+@click.argument("instance_id")
+@click.argument("step")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log and the event.")
+@click.option("--step-revision", type=click.IntRange(1), required=True,
+              help="The step's revision as read (stale_revision when it moved).")
+@click.option("--rounds", type=click.IntRange(1, wait_recovery.ROUNDS_MAX), required=True,
+              help="Rounds granted beyond the definition's max_rounds.")
+@click.option("--deadline-ms", type=click.IntRange(1, wait_recovery.TIMEOUT_MAX_MS),
+              help="A new query deadline from now (the first one is kept).")
+@click.pass_context
+def workflows_steps_continue(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, instance_id: str, step: str, namespace: str, reason: str,
+    step_revision: int, rounds: int, deadline_ms: int | None,
+) -> None:
+    """Continue a POLL step held after it exhausted or after a round task failed (a cut-short
+    round gets only its remaining attempts); prints the step with every activation."""
+    _echo_document(_with_db(ctx, lambda db: wait_recovery.operator_continue(
+        db, namespace=namespace, instance_id=instance_id, step=step, reason=reason,
+        step_revision=step_revision, rounds=rounds, deadline_ms=deadline_ms,
+        actor=_actor(ctx))))
 
 
 # --- daemons ---------------------------------------------------------------------------------

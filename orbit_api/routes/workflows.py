@@ -320,7 +320,7 @@ async def list_rounds(request: web.Request) -> web.Response:
         step=step, after=after, limit=limit)
     items = view["items"]
     view["next_cursor"] = (cursors.encode("workflow_rounds", filters, [items[-1]["round"]])
-                           if len(items) == limit else None)
+                           if len(items) >= limit else None)
     return json_response(view)
 
 
@@ -722,8 +722,9 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     },
     "WorkflowPollState": {
         "type": "object",
-        "required": ["state", "used_rounds", "max_rounds", "next_interval_ms", "next_round_at",
-                     "deadline_at", "activation_id"],
+        "required": ["state", "used_rounds", "max_rounds", "granted_rounds", "next_interval_ms",
+                     "next_round_at", "deadline_at", "continued_deadline_at", "first_round",
+                     "first_round_attempts_used", "activation_id"],
         "properties": {
             "state": {"enum": ["ROUND", "WAITING", "SATISFIED", "EXHAUSTED", "FAILED",
                                "CANCELLED"]},
@@ -734,6 +735,17 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "deadline_at": {**nullable(TIME),
                             "description": "The query's absolute deadline, fixed when the step "
                                            "started; null without query_deadline_ms"},
+            "granted_rounds": {"type": "integer", "minimum": 0,
+                               "description": "Rounds granted by continues: the query may use "
+                                              "max_rounds + granted_rounds"},
+            "continued_deadline_at": {**nullable(TIME),
+                                      "description": "A continue's new query deadline, in "
+                                                     "force instead of deadline_at"},
+            "first_round": {"type": "integer", "minimum": 1,
+                            "description": "The current activation's first round"},
+            "first_round_attempts_used": {"type": "integer", "minimum": 0,
+                                          "description": "Attempts that round had used in "
+                                                         "older activations"},
             "activation_id": ID,
         },
     },

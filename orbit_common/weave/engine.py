@@ -506,7 +506,7 @@ class _Advance:
                     raise errors.DatabaseError(f"step {row.name!r} is not a SIGNAL step")
                 self._signalled(step, row, wait, signal)
                 return
-        if any(s.name not in self.steps for s in steps):
+        if any(s.name not in self.steps or self._rearmable(s.name) for s in steps):
             self.book.later(signal)
         elif any(w.key == signal.key for w in waits):
             signal.disposition = signals.PAYLOAD_VERSION
@@ -514,6 +514,12 @@ class _Advance:
             signal.disposition = signals.CORRELATION_MISMATCH
         else:
             signal.disposition = signals.WAIT_CLOSED
+
+    def _rearmable(self, name: str) -> bool:
+        """A SIGNAL step held after its wait timed out (``$hold``): a re-arm may open its wait
+        again, so the signals of its name wait for it (docs/weave/recovery.md § 重新等待)."""
+        row = self.steps[name]
+        return row.kind == "SIGNAL" and row.state == "WAITING" and row.held_at is not None
 
     def receive_signals(self) -> None:
         """The signals this round leased for the instance, then :meth:`settle_signals`."""
@@ -772,12 +778,19 @@ class _Advance:
         wait = self.book.waits.get(row["activation_id"]) if row["activation_id"] else None
         if wait is None or not self._wait_open(wait):
             return STALE
-        if wait.deadline_at is None or self.book.now < wait.deadline_at:
-            self.book.rearm.append(row["id"])
-            return STALE
         step_row = self.by_activation[wait.activation_id]
         step = self.definition.all_steps[step_row.name]
         if not isinstance(step, SignalStep):
+            return STALE
+        if wait.deadline_at is None or self.book.now < wait.deadline_at:
+            # Not due yet. A re-armed wait's row comes at once (wait_recovery.py): a matching
+            # signal already pending wins now, as on the wait's entry; else the row waits for
+            # the deadline.
+            winner = self.book.take(wait)
+            if winner is not None:
+                self._signalled(step, step_row, wait, winner)
+                return ADVANCED
+            self.book.rearm.append((row["id"], wait.deadline_at or as_utc(row["due_at"])))
             return STALE
         self.book.time_out(wait)
         failure = {"error": signals.SIGNAL_TIMEOUT, "step": step.name}
@@ -839,9 +852,9 @@ class _Advance:
         now = self.polls.time
         interval = state.next_interval_ms
         at = now + dt.timedelta(milliseconds=interval)
-        if state.used_rounds >= state.max_rounds:
+        if state.used_rounds >= state.round_budget:
             self._poll_exhausted(definition_step, step, state, "max_rounds")
-        elif state.deadline_at is not None and at >= state.deadline_at:
+        elif state.query_deadline is not None and at >= state.query_deadline:
             self._poll_exhausted(definition_step, step, state, "deadline")
         else:
             state.state = polls.WAITING
@@ -916,8 +929,8 @@ class _Advance:
         if not self.polls.gate_open:
             state.arm_at = now + dt.timedelta(milliseconds=state.next_interval_ms)
             return HELD
-        left = polls.remaining_ms(state.deadline_at, now)
-        if state.used_rounds >= state.max_rounds:
+        left = polls.remaining_ms(state.query_deadline, now)
+        if state.used_rounds >= state.round_budget:
             self._poll_exhausted(definition_step, step, state, "max_rounds")
             return ADVANCED
         if left is not None and left < 1:
@@ -955,7 +968,8 @@ class _Advance:
         """The instance's poll rows and the advance's database time; each earlier round of a
         query made a task the activations do not count."""
         self.polls = book
-        self.task_count += sum(s.used_rounds - 1 for s in book.states.values())
+        self.task_count += sum(s.extra_tasks if s.granted_rounds else s.used_rounds - 1
+                               for s in book.states.values())
 
 
 # --- SQL ----------------------------------------------------------------------------------------

@@ -125,8 +125,10 @@ Invariants (code: what must hold)
                           instance naming that wait; no two CONSUMED signals name one wait; a
                           CONSUMED signal is the winner of the SIGNALLED wait it names
     poll_rounds           (Weave POLL) a query's rounds number 1..used_rounds without gaps and
-                          never more than its max_rounds; every WAITING query has its POLL
-                          pending advance (PENDING or LEASED, for the query's activation)
+                          never more than its max_rounds plus the rounds granted by a continue
+                          (a round continued in a new activation counts once); every WAITING
+                          query has its POLL pending advance (PENDING or LEASED, for the
+                          query's activation)
     pause_control         (Weave pause) a RUNNING instance's gate is PAUSED exactly when it is
                           paused; a paused instance has its PENDING RESUME row, due never; its
                           ``checkpoints`` equals its parked rows (inbox rows consumed as
@@ -1115,15 +1117,18 @@ WHERE i.state = 'CONSUMED' AND i.outcome IN ('advanced', 'duplicate')
 
 def _poll_rounds_sql(s: Scope) -> str:
     return f"""
-SELECT ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds, ps.max_rounds,
-  COUNT(r.round) AS n, MIN(r.round) AS lo, MAX(r.round) AS hi, 'rounds' AS problem
+SELECT ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds,
+  ps.max_rounds + ps.granted_rounds AS max_rounds,
+  COUNT(DISTINCT r.round) AS n, MIN(r.round) AS lo, MAX(r.round) AS hi, 'rounds' AS problem
 FROM weave_poll_states ps
 LEFT JOIN weave_poll_rounds r ON r.namespace_id = ps.namespace_id
   AND r.instance_id = ps.instance_id AND r.step_id = ps.step_id
 WHERE TRUE{s.ns('ps')}
-GROUP BY ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds, ps.max_rounds
-HAVING COUNT(r.round) > ps.max_rounds OR COUNT(r.round) <> ps.used_rounds
-  OR (COUNT(r.round) > 0 AND (MIN(r.round) <> 1 OR MAX(r.round) <> COUNT(r.round)))
+GROUP BY ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds, ps.max_rounds,
+  ps.granted_rounds
+HAVING COUNT(DISTINCT r.round) > ps.max_rounds + ps.granted_rounds
+  OR COUNT(DISTINCT r.round) <> ps.used_rounds
+  OR (COUNT(r.round) > 0 AND (MIN(r.round) <> 1 OR MAX(r.round) <> COUNT(DISTINCT r.round)))
 UNION ALL
 SELECT ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds, ps.max_rounds,
   0, NULL, NULL, 'no pending advance'

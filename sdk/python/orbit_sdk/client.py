@@ -56,6 +56,7 @@ from orbit_sdk.workflows import (
     WorkflowPollRounds,
     WorkflowPollState,
     WorkflowSignal,
+    WorkflowStep,
     WorkflowValidation,
     WorkflowVersion,
     WorkflowWait,
@@ -785,6 +786,42 @@ class Client:
         return WorkflowPollRounds(workflow_id=str(page.get("workflow_id") or workflow_id),
                                   step=str(page.get("step") or step), poll=poll,
                                   rounds=tuple(rounds))
+
+    async def rearm_wait(self, workflow_id: str, step: str, reason: str, *,
+                         step_revision: int, timeout_ms: int,
+                         idempotency_key: str | None = None) -> WorkflowStep:
+        """Re-arm the SIGNAL wait of ``step``, held after it timed out (its ``on_timeout`` is
+        ``$hold``; credential action ``workflows.control``): a new activation and wait
+        generation whose timeout is ``timeout_ms`` from now; the first deadline is kept; a
+        matching signal already sent wins at once. ``step_revision``: the step's revision as
+        read (:class:`~orbit_sdk.Conflict` ``stale_revision`` when it moved). Refusals:
+        ``wait_not_rearmable``, ``workflow_instance_not_running``. Returns the step with
+        every activation; a replay under the same ``idempotency_key`` returns the original
+        receipt."""
+        body = {"reason": reason, "step_revision": step_revision, "timeout_ms": timeout_ms}
+        raw = await self._post(
+            self._ns(f"/workflows/{_seg(workflow_id)}/steps/{_seg(step)}/rearm"), body,
+            idempotency_key=idempotency_key or new_idempotency_key())
+        return WorkflowStep.from_json(raw)
+
+    async def continue_poll(self, workflow_id: str, step: str, reason: str, *,
+                            step_revision: int, rounds: int, deadline_ms: int | None = None,
+                            idempotency_key: str | None = None) -> WorkflowStep:
+        """Continue the POLL ``step``, held after it exhausted its rounds or deadline or after
+        a round's task failed (credential action ``workflows.control``): ``rounds`` more
+        rounds are granted, ``deadline_ms`` (optional) is a new query deadline from now. A
+        round cut short by its failed task continues at once with only the attempts it has
+        left; otherwise a new round comes after the stored interval. Refusals:
+        ``poll_not_continuable``, ``workflow_instance_not_running``, ``stale_revision``.
+        Returns the step with every activation and its query."""
+        body: dict[str, Any] = {"reason": reason, "step_revision": step_revision,
+                                "rounds": rounds}
+        if deadline_ms is not None:
+            body["deadline_ms"] = deadline_ms
+        raw = await self._post(
+            self._ns(f"/workflows/{_seg(workflow_id)}/steps/{_seg(step)}/continue"), body,
+            idempotency_key=idempotency_key or new_idempotency_key())
+        return WorkflowStep.from_json(raw)
 
     async def list_workflow_waits(self, workflow_id: str) -> list[WorkflowWait]:
         """The instance's waits (TIMER and SIGNAL steps), oldest first: deadlines, state,

@@ -145,6 +145,10 @@ class WorkflowPollState:
     next_round_at: dt.datetime | None = None
     deadline_at: dt.datetime | None = None
     activation_id: str = ""
+    granted_rounds: int = 0  # rounds granted by continues (the budget is max + granted)
+    continued_deadline_at: dt.datetime | None = None  # a continue's query deadline, in force
+    first_round: int = 1  # the current activation's first round
+    first_round_attempts_used: int = 0  # what that round had used in older activations
     raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
 
     @classmethod
@@ -155,7 +159,12 @@ class WorkflowPollState:
             next_interval_ms=_int(raw, "next_interval_ms") or 0,
             next_round_at=parse_time(raw.get("next_round_at")),
             deadline_at=parse_time(raw.get("deadline_at")),
-            activation_id=_str(raw, "activation_id") or "", raw=dict(raw),
+            activation_id=_str(raw, "activation_id") or "",
+            granted_rounds=_int(raw, "granted_rounds") or 0,
+            continued_deadline_at=parse_time(raw.get("continued_deadline_at")),
+            first_round=_int(raw, "first_round") or 1,
+            first_round_attempts_used=_int(raw, "first_round_attempts_used") or 0,
+            raw=dict(raw),
         )
 
 

@@ -801,7 +801,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         "properties": {
             "id": ID, "type": {"type": "string", "description": "e.g. workflow.started"},
             "aggregate_type": {"type": "string",
-                               "description": "workflow_instance or workflow_signal"},
+                               "description": "workflow_instance, workflow_signal or "
+                                              "workflow_step (a manual recovery)"},
             "aggregate_id": ID, "aggregate_revision": {"type": "integer", "minimum": 1},
             "from_state": {"type": ["string", "null"]}, "to_state": {"type": ["string", "null"]},
             "payload": _JSON_ANY,

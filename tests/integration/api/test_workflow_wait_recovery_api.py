@@ -129,6 +129,13 @@ async def test_rearm_over_http_replays_its_receipt(api: TestClient[Any, Any], db
         (1, "TIMED_OUT"), (2, "WAITING")]
     assert await post(api, url(flow, "approve", "rearm"), tenant, body, key="r-1") == (
         201, receipt)
+    # Its one event is on the instance's timeline (it names the instance).
+    timeline = await api.get(f"/v1/namespaces/{tenant.namespace}/workflows/"
+                             f"{flow.instance_id.hex()}/timeline", headers=tenant.auth)
+    events = [e for e in (await timeline.json())["items"]
+              if e["type"] == "workflow.step.rearmed"]
+    assert [(e["aggregate_type"], e["payload"]["step"], e["payload"]["generation"])
+            for e in events] == [("workflow_step", "approve", 2)]
     await assert_problem(await api.post(url(flow, "approve", "rearm"), json={
         **body, "timeout_ms": 5}, headers={**tenant.auth, "Idempotency-Key": "r-1"}), 409,
         "idempotency_conflict")

@@ -16,7 +16,7 @@ from orbit_common import errors
 from orbit_common.db.clock import as_utc
 from orbit_common.db.pool import Database
 from orbit_common.platform.idempotency import Replay
-from orbit_common.weave import wait_recovery
+from orbit_common.weave import controls, wait_recovery
 from orbit_common.weave.engine import Engine
 from tests.conftest import make_tenant
 from tests.integration.test_leases import claim, finish, report, start
@@ -222,6 +222,36 @@ async def test_a_rearmed_wait_that_times_out_again_holds_and_keeps_its_first_dea
     activations = await activations_of(flow, "approve")
     assert [(a["sequence"], a["state"]) for a in activations] == [
         (1, "SUPERSEDED"), (2, "SUPERSEDED"), (3, "LIVE")]
+    await clean(flow)
+
+
+async def test_a_rearm_while_paused_parks_its_row_and_the_resume_replays_it(
+        db: Database, engine: Engine) -> None:
+    """A paused instance may be re-armed: the row due now is parked like any checkpoint, the
+    signal waits, and after the resume the replay lets the pending signal win, once."""
+    flow = await held_signal(db, engine)
+    who = await principal(db, flow.tenant.api_key)
+
+    async def control(paused: bool) -> None:
+        await controls.set_paused(db, who, namespace=flow.tenant.namespace,
+                                  instance_id=flow.instance_id.hex(), paused=paused,
+                                  reason="maintenance")
+
+    await control(True)
+    await rearm(flow)
+    sent = await send(flow)
+    await drain(engine)
+    parked = await signal_advance(flow)
+    assert (parked["state"], parked["parked_due_at"] is not None) == ("PENDING", True)
+    assert (await step_row(flow, "approve"))["state"] == "WAITING"
+    assert (await flow.instance())["checkpoints"] == 1
+    await control(False)
+    await drain(engine)
+    step = await step_row(flow, "approve")
+    assert (step["state"], json.loads(step["output"])["signal_id"]) == ("SUCCEEDED", sent["id"])
+    assert (await flow.instance())["checkpoints"] == 0
+    await finish_instance(flow, engine)
+    assert (await flow.instance())["state"] == "SUCCEEDED"
     await clean(flow)
 
 

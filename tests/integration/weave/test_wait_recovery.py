@@ -473,6 +473,14 @@ async def test_continue_refusals_write_nothing(db: Database, engine: Engine) -> 
     assert await step_row(flow, "check") == step
     assert len(await activations_of(flow, "check")) == 1
     await clean(flow)
+    # A round whose task awaits review waits for a person too, but not as a held query.
+    review = await begin(db, tenant, poll_doc(on_failure="$hold"))
+    await drain(engine)
+    await answer(review, engine, "unknown")
+    assert (await step_row(review, "check"))["state"] == "WAITING"
+    with pytest.raises(wait_recovery.PollNotContinuable, match="awaits review"):
+        await proceed(review)
+    await clean(review)
 
 
 async def test_a_continue_replayed_with_its_key_returns_the_original_receipt(

@@ -16,11 +16,10 @@ from aiohttp.test_utils import TestClient
 from orbit_sdk import Client, Conflict
 
 from orbit_common.db.pool import Database, DatabaseUrl, open_database
-from orbit_common.platform.audit import Actor
-from orbit_common.weave import wait_recovery
 from orbit_common.weave.engine import Engine
 from tests.conftest import Tenant, make_key, make_tenant
 from tests.integration.api.conftest import assert_problem
+from tests.integration.test_admin_cli import ACTOR, ok, orbit_admin
 from tests.integration.weave.engine_support import Flow, begin, doc, drain, task
 from tests.support import database
 from tests.support.contract import assert_documented
@@ -216,29 +215,36 @@ async def test_refusals_write_nothing(api: TestClient[Any, Any], db: Database,
     assert await flow.steps() == before
 
 
-async def test_the_operator_commands(db: Database, engine: Engine) -> None:
-    """``orbit admin workflows steps rearm|continue`` (the domain functions they call): the
-    audit names the operator."""
+async def test_the_operator_commands(db: Database, db_url: DatabaseUrl,
+                                     engine: Engine) -> None:
+    """``orbit admin workflows steps rearm|continue`` as a real subprocess: the step printed,
+    the audit naming the operator, a refusal as the problem's code."""
     tenant = await make_tenant(db)
     flow = await held_signal(db, engine, tenant)
-    view = await wait_recovery.operator_rearm(
-        db, namespace=tenant.namespace, instance_id=flow.instance_id.hex(), step="approve",
-        reason="night shift", step_revision=await revision(flow, "approve"),
-        timeout_ms=60_000, actor=Actor.operator("ops-1"))
-    assert view["activation_count"] == 2
+    rearmed = await ok(db_url, "workflows", "steps", "rearm", flow.instance_id.hex(),
+                       "approve", "--namespace", tenant.namespace, "--reason", "night shift",
+                       "--step-revision", str(await revision(flow, "approve")),
+                       "--timeout-ms", "60000")
+    assert rearmed.json()["activation_count"] == 2
+    refused = await orbit_admin(db_url, "workflows", "steps", "rearm", flow.instance_id.hex(),
+                                "approve", "--namespace", tenant.namespace, "--reason", "again",
+                                "--step-revision", str(await revision(flow, "approve")),
+                                "--timeout-ms", "60000")
+    assert refused.code != 0
+    assert "wait_not_rearmable" in refused.err
     polled = await held_poll(db, engine, tenant)
-    view = await wait_recovery.operator_continue(
-        db, namespace=tenant.namespace, instance_id=polled.instance_id.hex(), step="check",
-        reason="night shift", step_revision=await revision(polled, "check"), rounds=3,
-        deadline_ms=None, actor=Actor.operator("ops-1"))
-    assert view["poll"]["granted_rounds"] == 3
+    continued = await ok(db_url, "workflows", "steps", "continue", polled.instance_id.hex(),
+                         "check", "--namespace", tenant.namespace, "--reason", "night shift",
+                         "--step-revision", str(await revision(polled, "check")),
+                         "--rounds", "3")
+    assert continued.json()["poll"]["granted_rounds"] == 3
 
     async def audits(cur: Any) -> list[tuple[str, str, str]]:
         await cur.execute("SELECT action, actor_kind, actor_id FROM orbit_audit_events"
-                          " WHERE namespace_id = %s AND action LIKE 'workflow.step.%%'"
-                          " ORDER BY occurred_at, action", (tenant.namespace_id,))
+                          " WHERE namespace_id = %s AND action LIKE 'workflow.step.%%'",
+                          (tenant.namespace_id,))
         return [(r["action"], r["actor_kind"], r["actor_id"]) for r in await cur.fetchall()]
 
     assert sorted(await db.read("test.audits", audits)) == [
-        ("workflow.step.continue", "operator", "ops-1"),
-        ("workflow.step.rearm", "operator", "ops-1")]
+        ("workflow.step.continue", "operator", ACTOR),
+        ("workflow.step.rearm", "operator", ACTOR)]

@@ -6,10 +6,11 @@ Both act on a step *held* for a person (``held_at``: its ``on_timeout`` / ``on_e
 ``on_failure`` is ``$hold``): the step is WAITING, its activation LIVE, ``held_error`` the error
 it would have propagated. Each is one short transaction in the lock order of an advance
 (docs/architecture.md): the idempotency identity (a replay returns the original receipt) →
-the instance row ``FOR UPDATE`` (every advance of the instance locks it first) → the step row
-and its activations → the round tasks and the new task → the queue and application counters.
-Then one ``workflow_step`` event (the instance's timeline shows it through its
-``workflow_id``) and one audit record with the actor and the reason. A refusal writes nothing.
+the instance row ``FOR UPDATE`` (every advance of the instance locks it first) → the step row,
+its activation, its poll state and its pending advance → the round's tasks → (last) the new
+task and the queue and application counters it updates. Then one ``workflow_step`` event
+(the instance's timeline shows it through its ``workflow_id``) and one audit record with the
+actor and the reason. A refusal writes nothing.
 
 Re-arm (``…/steps/{step}/rearm``): the old activation SUPERSEDED with its TIMED_OUT wait kept;
 a new activation (sequence + 1) LIVE with a new wait generation WAITING, the same signal name,
@@ -143,6 +144,10 @@ LIVE_ACTIVATION = ("SELECT * FROM weave_activations WHERE namespace_id = %s AND 
 ACTIVATION_WAIT = "SELECT * FROM weave_waits WHERE namespace_id = %s AND activation_id = %s"
 FIRST_WAIT = ("SELECT first_deadline_at FROM weave_waits WHERE namespace_id = %s"
               " AND instance_id = %s AND step_id = %s ORDER BY generation, created_at LIMIT 1")
+# The step's pending advance of ``kind`` (one per step and kind), locked before any task row:
+# the order of an advance (docs/architecture.md).
+LOCK_ADVANCE = ("SELECT id FROM weave_pending_advances WHERE namespace_id = %s"
+                " AND instance_id = %s AND step_id = %s AND kind = %s FOR UPDATE")
 POLL_STATE = ("SELECT * FROM weave_poll_states WHERE namespace_id = %s AND instance_id = %s"
               " AND step_id = %s FOR UPDATE")
 # Every task of one round of a query (a continued round has one per activation), oldest
@@ -352,6 +357,7 @@ def _rearm(who: Who, raw_id: bytes, step: str, reason: str,  # noqa: PLR0917
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
         _, row = await _locked(cur, namespace_id, raw_id, step, step_revision)
         old = await _rearmable(cur, namespace_id, row)
+        await cur.execute(LOCK_ADVANCE, (namespace_id, raw_id, row["id"], "SIGNAL"))
         await cur.execute(ACTIVATION_WAIT, (namespace_id, old["id"]))
         wait = await cur.fetchone()
         if wait is None or wait["kind"] != "SIGNAL" or wait["state"] != "TIMED_OUT":
@@ -456,14 +462,15 @@ def _continue(who: Who, raw_id: bytes, step: str, reason: str,  # noqa: PLR0917
             task_id = ids.new_id()
             activation_id, sequence = await _move(cur, namespace_id, raw_id, row, old,
                                                   "RUNNING", task_id, now)
-            await _round_task(cur, namespace_id, instance, row, plan, task_id, activation_id,
-                              reason, now)
             await cur.execute(INSERT_ROUND, (namespace_id, raw_id, activation_id, plan.round,
                                              row["id"], task_id, when))
             await cur.execute(CONTINUE_STATE, (
                 activation_id, polls.ROUND, rounds, _db(new_deadline), plan.round,
                 plan.attempts_used, None, when, namespace_id, raw_id, row["id"]))
             await cur.execute(POINT_ADVANCE, (activation_id, namespace_id, raw_id, row["id"]))
+            # Last, as in an advance: the task and the queue and application counters.
+            await _round_task(cur, namespace_id, instance, row, plan, task_id, activation_id,
+                              reason, now)
         else:
             activation_id, sequence = await _move(cur, namespace_id, raw_id, row, old,
                                                   "WAITING", None, now)
@@ -529,6 +536,7 @@ async def _continuable(cur: Any, namespace_id: bytes, instance_id: bytes, row: d
                                  " the step instead)")
     await cur.execute(POLL_STATE, (namespace_id, instance_id, row["id"]))
     query = await cur.fetchone()
+    await cur.execute(LOCK_ADVANCE, (namespace_id, instance_id, row["id"], "POLL"))
     if query is None or query["state"] not in (polls.EXHAUSTED, polls.FAILED):
         raise PollNotContinuable(f"step {name!r}'s query is"
                                  f" {query['state'] if query else 'not started'}")

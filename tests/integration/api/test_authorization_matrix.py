@@ -118,6 +118,10 @@ class Case:
     listing: bool = False
     global_: bool = False  # not addressed to a namespace: see _check_global
     control_body: Body | None = None  # when the control cannot repeat the attack's body
+    # The control's answer when the twin's object is never in the state the command needs (a
+    # step recovery: its step waits for no person): this 409 code, the command's own refusal
+    # after the authorization passed, instead of a 2xx.
+    control_code: str | None = None
     replay_body: Body | None = None  # the victim's idempotent command, when not ``body``
 
     def replayed(self, o: Objects) -> Any:
@@ -360,6 +364,17 @@ ROUTES: dict[Route, Case] = {
     ("POST", WORKFLOWS + "/{workflow_id}/resume"): Case(
         needs=(one(A.WORKFLOWS_CONTROL),), body=lambda o: {"reason": "ops"},
         body2=lambda o: {"reason": "other"}),
+    # Step recovery: the victim's step is not waiting for a person, so no victim receipt to
+    # replay (their replays are tests/integration/weave/test_recovery.py's).
+    ("POST", WORKFLOWS + "/{workflow_id}/steps/{step}/retry"): Case(
+        needs=(one(A.WORKFLOWS_CONTROL),),
+        body=lambda o: {"reason": "ops", "step_revision": 1},
+        control_code="step_not_retryable"),
+    ("POST", WORKFLOWS + "/{workflow_id}/steps/{step}/resolve"): Case(
+        needs=(one(A.WORKFLOWS_CONTROL),),
+        body=lambda o: {"reason": "ops", "evidence_ref": "e", "step_revision": 1,
+                        "conclusion": "failed", "error": "given_up"},
+        control_code="step_not_resolvable"),
 }
 
 # Routes the router serves that the matrix does not send attacker keys to, with the reason.
@@ -734,6 +749,9 @@ async def test_the_victims_own_key_succeeds(world: World, route: Route) -> None:
     make_body = case.control_body or case.body
     status, text = await send(world.client, route, twin.plain, twin.tenant.api_key,
                               body=None if make_body is None else make_body(twin.plain))
+    if case.control_code is not None:
+        assert (status, json.loads(text)["code"]) == (409, case.control_code), text
+        return
     assert 200 <= status < 300, (status, text)
 
 

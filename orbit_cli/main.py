@@ -29,6 +29,7 @@ from orbit_common.relay.model import BUDGET_ADD_MAX, SubscriptionState
 from orbit_common.service.config import ConfigError, OrbitConfig, load_config
 from orbit_common.weave import instances as weave_instances
 from orbit_common.weave import operator as weave_operator
+from orbit_common.weave import recovery as weave_recovery
 from orbit_common.weave import signals as weave_signals
 from orbit_common.weave import timeline as weave_timeline
 from orbit_common.weave import wait_recovery
@@ -707,7 +708,90 @@ def workflows_signals_get(ctx: click.Context, instance_id: str, signal_id: str,
 
 @admin_workflows.group("steps")
 def workflows_steps() -> None:
-    """Manual recovery of a held step (docs/weave/recovery.md): the audit names the operator."""
+    """Manual recovery of a step (docs/weave/recovery.md): retry a TASK step, resolve a step,
+    re-arm a SIGNAL wait, continue a POLL step. Recorded with the operator's identity (--actor)
+    and the reason in the audit log."""
+
+
+def _recovery_request(check: Callable[[], T]) -> T:
+    try:
+        return check()
+    except errors.ValidationFailed as exc:
+        raise click.BadParameter("; ".join(f"{p['path']}: {p['message']}"
+                                           for p in exc.errors)) from exc
+
+
+@workflows_steps.command("retry")
+@click.argument("instance_id")
+@click.argument("step")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.option("--step-revision", type=int, required=True,
+              help="The step's revision as read (compare-and-set).")
+@click.option("--evidence-ref", default=None,
+              help="The evidence judged (required when the task is in NEEDS_REVIEW).")
+@click.option("--execution-ended", is_flag=True,
+              help="Declare that the old task's execution has ended (required when it is in "
+                   "NEEDS_REVIEW).")
+@click.option("--additional-attempts", type=click.IntRange(0, weave_recovery.ADDITIONAL_MAX),
+              default=0, show_default=True, help="Attempts granted beyond the original budget.")
+@click.pass_context
+def workflows_steps_retry(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, instance_id: str, step: str, namespace: str, reason: str,
+    step_revision: int, evidence_ref: str | None, execution_ended: bool,
+    additional_attempts: int,
+) -> None:
+    """Retry a TASK step: a new activation with a new task, the budget left and the original
+    absolute deadline. Prints the step with every activation."""
+    request = _recovery_request(lambda: weave_recovery.RetryRequest.check(
+        reason=reason, step_revision=step_revision, evidence_ref=evidence_ref,
+        execution_ended=True if execution_ended else None,
+        additional_attempts=additional_attempts))
+    _echo_document(_with_db(ctx, lambda db: weave_recovery.operator_retry(
+        db, namespace=namespace, instance_id=instance_id, step=step, request=request,
+        actor=_actor(ctx))))
+
+
+@workflows_steps.command("resolve")
+@click.argument("instance_id")
+@click.argument("step")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.option("--evidence-ref", required=True, help="The evidence the conclusion rests on.")
+@click.option("--step-revision", type=int, required=True,
+              help="The step's revision as read (compare-and-set).")
+@click.option("--conclusion", type=click.Choice(weave_recovery.CONCLUSIONS), required=True)
+@click.option("--output", "output_json", default=None,
+              help="JSON: the step's result (conclusion succeeded).")
+@click.option("--error", "error_code", default=None,
+              help="The error code (conclusion failed).")
+@click.option("--task-decision", type=click.Choice(weave_recovery.CONCLUSIONS), default=None,
+              help="The task's execution conclusion (required when it is in NEEDS_REVIEW).")
+@click.option("--execution-ended", is_flag=True,
+              help="Declare that the task's execution has ended (required when it is in "
+                   "NEEDS_REVIEW).")
+@click.pass_context
+def workflows_steps_resolve(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, instance_id: str, step: str, namespace: str, reason: str,
+    evidence_ref: str, step_revision: int, conclusion: str, output_json: str | None,
+    error_code: str | None, task_decision: str | None, execution_ended: bool,
+) -> None:
+    """Record a step's logical conclusion (and, for a task in NEEDS_REVIEW, the task's
+    review); the engine advances the step with it. Prints the step."""
+    output = None
+    if output_json is not None:
+        try:
+            output = jsondoc.loads_strict(output_json)
+        except errors.BadRequest as exc:
+            raise click.BadParameter(f"{exc.code}: {exc.detail}", param_hint="--output") from exc
+    request = _recovery_request(lambda: weave_recovery.ResolveRequest.check(
+        reason=reason, evidence_ref=evidence_ref, step_revision=step_revision,
+        conclusion=conclusion, output=output, has_output=output_json is not None,
+        error=error_code, task_decision=task_decision,
+        execution_ended=True if execution_ended else None))
+    _echo_document(_with_db(ctx, lambda db: weave_recovery.operator_resolve(
+        db, namespace=namespace, instance_id=instance_id, step=step, request=request,
+        actor=_actor(ctx))))
 
 
 @workflows_steps.command("rearm")

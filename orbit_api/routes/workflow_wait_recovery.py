@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from orbit_api.metrics import count_recovery
 from orbit_api.openapi import (
     BODY_ERRORS,
     ID,
@@ -59,27 +60,29 @@ async def _body(request: web.Request, fields: frozenset[str]) -> dict[str, Any]:
 async def rearm_wait(request: web.Request) -> web.Response:
     key = idempotency_key(request)
     body = await _body(request, REARM_FIELDS)
-    fresh: list[bool] = []
-    outcome = await wait_recovery.rearm_wait(
+    done = await wait_recovery.rearm_wait(
         request.app[DB], principal_of(request), namespace=_namespace(request),
         instance_id=request.match_info["workflow_id"], step=request.match_info["step"],
         reason=body["reason"], step_revision=body["step_revision"],
         timeout_ms=body["timeout_ms"], idempotency_key=key,
-        request_id=request_id_of(request), fresh=fresh)
-    return json_response(outcome.body, status=outcome.status)
+        request_id=request_id_of(request))
+    if done.fresh:  # committed now, not the replay of an earlier receipt
+        count_recovery("rearm")
+    return json_response(done.replay.body, status=done.replay.status)
 
 
 async def continue_poll(request: web.Request) -> web.Response:
     key = idempotency_key(request)
     body = await _body(request, CONTINUE_FIELDS)
-    fresh: list[bool] = []
-    outcome = await wait_recovery.continue_poll(
+    done = await wait_recovery.continue_poll(
         request.app[DB], principal_of(request), namespace=_namespace(request),
         instance_id=request.match_info["workflow_id"], step=request.match_info["step"],
         reason=body["reason"], step_revision=body["step_revision"], rounds=body["rounds"],
         deadline_ms=body.get("deadline_ms"), idempotency_key=key,
-        request_id=request_id_of(request), fresh=fresh)
-    return json_response(outcome.body, status=outcome.status)
+        request_id=request_id_of(request))
+    if done.fresh:
+        count_recovery("continue")
+    return json_response(done.replay.body, status=done.replay.status)
 
 
 def add_routes(app: web.Application) -> None:

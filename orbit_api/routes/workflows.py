@@ -688,6 +688,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                      "current_activation", "activations"],
         "properties": {
             "id": ID, "name": {"type": "string"},
+            "workflow_id": {**ID, "description": "In the answers of step recovery (retry, "
+                                                 "resolve): the instance"},
             "kind": {"enum": ["ROOT", "TASK", "CHOICE", "PARALLEL", "SUCCEED", "FAIL", "TIMER",
                               "SIGNAL", "POLL"]},
             "state": {"enum": ["PENDING", "RUNNING", "WAITING", "SUCCEEDED", "FAILED",

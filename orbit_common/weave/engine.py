@@ -715,6 +715,10 @@ class _Advance:
             return STALE
         if not self.alive(self.frame(step.name)):
             return CLOSED_BLOCK
+        if step.resolution is not None:
+            # An operator recorded the step's conclusion (the RESOLVE advance carries it); the
+            # task's own result -- its review -- is kept, never advanced.
+            return STALE
         if row["task_state"] == "NEEDS_REVIEW":
             if step.state != "WAITING":
                 step.state = "WAITING"
@@ -744,7 +748,41 @@ class _Advance:
             return self.next_round(row)
         if row["kind"] == "RESUME":  # the replay ran first in this advance (or an earlier one)
             return ADVANCED if self.replayed else DUPLICATE
+        if row["kind"] == "RESOLVE":
+            return self.resolve(row)
         return STALE
+
+    def resolve(self, row: dict[str, Any]) -> str:
+        """An operator recorded the step's conclusion (``resolution``; recovery.py): the step
+        advances as if it had succeeded with the output, or failed with the error -- through
+        its own failure transition (``on_failure``; a SIGNAL step's ``on_timeout``), never
+        ``$hold`` again: without one the failure propagates to the scope."""
+        if not self.running:
+            return INSTANCE_ENDED
+        step = next((s for s in self.steps.values() if s.id == row["step_id"]), None)
+        if (step is None or step.resolution is None or step.state != "WAITING"
+                or step.activation is None or step.activation.state != "LIVE"):
+            return STALE
+        definition_step = self.definition.all_steps.get(step.name)
+        if not isinstance(definition_step, TaskStep | PollStep | SignalStep):
+            return STALE
+        if not self.alive(self.frame(step.name)):
+            return CLOSED_BLOCK
+        resolution = step.resolution
+        if resolution.get("conclusion") == "succeeded":
+            self._complete(step, resolution.get("output"))
+            self.run_path(definition_step.next)
+            return ADVANCED
+        failure = {"error": resolution.get("error"), "cause": resolution.get("reason"),
+                   "step": step.name, "resolved": True}
+        self._end(step, "FAILED", error=failure)
+        target = (definition_step.on_timeout if isinstance(definition_step, SignalStep)
+                  else definition_step.on_failure)
+        if target is not None and target != HOLD:
+            self.run_path(target)
+        else:
+            self.scope_ended(self.frame(step.name), False, failure)
+        return ADVANCED
 
     def fire_timer(self, row: dict[str, Any]) -> str:
         """A due TIMER row (timers.py): re-checked against the rows and database time; the

@@ -48,6 +48,9 @@ class PollStepNotFound(errors.NotFound):
     title = "Workflow step not found"
 
 
+StepNotFound = PollStepNotFound  # the same problem (workflow_step_not_found) for any step
+
+
 class DefinitionNotPublished(errors.Conflict):
     code = "definition_not_published"
     title = "The workflow definition has no published version"

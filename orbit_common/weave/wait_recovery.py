@@ -50,11 +50,12 @@ from orbit_common.model import ids, jsondoc
 from orbit_common.platform import authz, credentials, namespaced
 from orbit_common.platform.audit import Actor, AuditRecord, append_audit
 from orbit_common.platform.events import append_event, append_events
-from orbit_common.platform.idempotency import Replay
+from orbit_common.platform.idempotency import IdempotencyRequest
 from orbit_common.pulse import leases, resources
 from orbit_common.pulse.model import TaskState
 from orbit_common.weave import definitions, instances, polls, signals, waits
 from orbit_common.weave.language import MAX_WAIT_MS, PollStep
+from orbit_common.weave.recovery import Done, InstanceNotRunning
 
 REASON_MAX = 1024
 TIMEOUT_MIN_MS = 1
@@ -75,11 +76,6 @@ class PollNotContinuable(errors.Conflict):
     title = "Only a POLL step held after it exhausted or after a round task failed can be continued"
 
 
-class InstanceNotRunning(errors.Conflict):
-    code = "workflow_instance_not_running"
-    title = "The workflow instance is not running"
-
-
 @attrs.frozen
 class Who:
     """Who recovers: an API credential (its actor and application) or an operator at the
@@ -91,6 +87,25 @@ class Who:
     @classmethod
     def of(cls, principal: credentials.Principal) -> Who:
         return cls(actor=principal.actor, application_id=principal.application_id)
+
+
+async def _run(db: Database, name: str,  # noqa: PLR0917
+               principal: credentials.Principal, namespace: str,
+               idem: IdempotencyRequest | None, act: namespaced.Act) -> Done:
+    """Run a recovery for an API credential (``workflows.control``). ``fresh``: the answer is
+    the very body this call's transaction made and committed -- a replay's (even one found by
+    a re-run of the transaction after a deadlock) is read back from its record."""
+    made: list[Any] = []
+
+    async def acted(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
+        answer = await act(cur, namespace_id)
+        made[:] = [answer[1]]
+        return answer
+
+    replay = await namespaced.run(db, name, principal=principal,
+                                  action=authz.Action.WORKFLOWS_CONTROL, namespace=namespace,
+                                  idem=idem, act=acted)
+    return Done(replay=replay, fresh=bool(made) and replay.body is made[0])
 
 
 def _problem(path: str, message: str) -> dict[str, str]:
@@ -236,22 +251,25 @@ def _raw_id(instance_id: str) -> bytes:
 
 async def _locked(cur: Any, namespace_id: bytes, instance_id: bytes, step: str,
                   step_revision: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The instance and the step, locked in that order; the shared refusals: unknown instance
-    or step (404), a stale step revision, an instance that is not RUNNING."""
+    """The instance and the step, locked in that order; the refusals every recovery shares
+    (recovery.py's order): an unknown instance or step (``$root`` is none: 404), an instance
+    that is not RUNNING, a stale step revision."""
     await cur.execute(LOCK_INSTANCE, (namespace_id, instance_id))
     instance = await cur.fetchone()
     if instance is None:
         raise instances.InstanceNotFound("no such workflow instance in this namespace")
     await cur.execute(LOCK_STEP, (namespace_id, instance_id, step))
     row = await cur.fetchone()
-    if row is None:
-        raise instances.PollStepNotFound(f"no step {step!r} has run in this instance")
-    if row["revision"] != step_revision:
-        raise errors.StaleRevision(f"the step's revision is {row['revision']}, not"
-                                   f" {step_revision}; read it again")
+    if row is None or row["kind"] == "ROOT":
+        raise instances.StepNotFound("no step of this name has run in this instance")
     if instance["state"] != "RUNNING":
-        raise InstanceNotRunning(f"workflow instance {instance_id.hex()} is"
-                                 f" {instance['state']}")
+        raise InstanceNotRunning(
+            f"workflow instance {instance_id.hex()} is {instance['state']}: a step is"
+            " recovered only while its instance runs")
+    if row["revision"] != step_revision:
+        raise errors.StaleRevision(
+            f"the step is at revision {row['revision']}, not {step_revision}; read it again",
+            current_revision=row["revision"])
     return dict(instance), dict(row)
 
 
@@ -333,25 +351,21 @@ async def _record(cur: Any, who: Who, *,
 async def rearm_wait(db: Database, principal: credentials.Principal, *, namespace: str,
                      instance_id: str, step: str, reason: str, step_revision: int,
                      timeout_ms: int, idempotency_key: str | None = None,
-                     request_id: str | None = None, fresh: list[bool] | None = None
-                     ) -> Replay:
+                     request_id: str | None = None) -> Done:
     """``POST …/workflows/{id}/steps/{step}/rearm``: 201 with the step (see the module
-    docstring). ``fresh`` gets True appended when this call made the change (not a replay)."""
+    docstring), and whether this call committed it (not a replay)."""
     check_rearm(reason, step_revision, timeout_ms)
     raw_id = _raw_id(instance_id)
     idem = namespaced.request("workflows.steps.rearm", idempotency_key, raw_id,
                               {"step": step, "reason": reason, "step_revision": step_revision,
                                "timeout_ms": timeout_ms}, principal)
     act = _rearm(Who.of(principal), raw_id, step, reason, step_revision, timeout_ms,
-                 request_id, fresh)
-    return await namespaced.run(db, "workflows.steps.rearm", principal=principal,
-                                action=authz.Action.WORKFLOWS_CONTROL, namespace=namespace,
-                                idem=idem, act=act)
+                 request_id)
+    return await _run(db, "workflows.steps.rearm", principal, namespace, idem, act)
 
 
 def _rearm(who: Who, raw_id: bytes, step: str, reason: str,  # noqa: PLR0917
-           step_revision: int, timeout_ms: int, request_id: str | None,
-           fresh: list[bool] | None) -> namespaced.Act:
+           step_revision: int, timeout_ms: int, request_id: str | None) -> namespaced.Act:
     """The re-arm transaction's body (after authorization and the idempotency claim)."""
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
@@ -390,8 +404,6 @@ def _rearm(who: Who, raw_id: bytes, step: str, reason: str,  # noqa: PLR0917
                    "timeout_ms": timeout_ms, "deadline_at": _iso(deadline),
                    "first_deadline_at": _iso(first["first_deadline_at"])},
             request_id=request_id)
-        if fresh is not None:
-            fresh.append(True)
         return 201, await step_detail(cur, namespace_id, raw_id, row["id"]), row["id"]
 
     return act
@@ -426,25 +438,23 @@ async def _rearmable(cur: Any, namespace_id: bytes, row: dict[str, Any]) -> dict
 async def continue_poll(db: Database, principal: credentials.Principal, *, namespace: str,
                         instance_id: str, step: str, reason: str, step_revision: int,
                         rounds: int, deadline_ms: int | None = None,
-                        idempotency_key: str | None = None, request_id: str | None = None,
-                        fresh: list[bool] | None = None) -> Replay:
+                        idempotency_key: str | None = None, request_id: str | None = None
+                        ) -> Done:
     """``POST …/workflows/{id}/steps/{step}/continue``: 201 with the step (see the module
-    docstring). ``fresh`` gets True appended when this call made the change (not a replay)."""
+    docstring), and whether this call committed it (not a replay)."""
     check_continue(reason, step_revision, rounds, deadline_ms)
     raw_id = _raw_id(instance_id)
     idem = namespaced.request("workflows.steps.continue", idempotency_key, raw_id,
                               {"step": step, "reason": reason, "step_revision": step_revision,
                                "rounds": rounds, "deadline_ms": deadline_ms}, principal)
     act = _continue(Who.of(principal), raw_id, step, reason, step_revision, rounds,
-                    deadline_ms, request_id, fresh)
-    return await namespaced.run(db, "workflows.steps.continue", principal=principal,
-                                action=authz.Action.WORKFLOWS_CONTROL, namespace=namespace,
-                                idem=idem, act=act)
+                    deadline_ms, request_id)
+    return await _run(db, "workflows.steps.continue", principal, namespace, idem, act)
 
 
 def _continue(who: Who, raw_id: bytes, step: str, reason: str,  # noqa: PLR0917
               step_revision: int, rounds: int, deadline_ms: int | None,
-              request_id: str | None, fresh: list[bool] | None) -> namespaced.Act:
+              request_id: str | None) -> namespaced.Act:
     """The continue transaction's body (after authorization and the idempotency claim)."""
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
@@ -492,8 +502,6 @@ def _continue(who: Who, raw_id: bytes, step: str, reason: str,  # noqa: PLR0917
                    "attempts_allowed": plan.allowed, "next_round_at": _iso(plan.due_at),
                    "task_id": plan.task_id.hex() if plan.task_id else None},
             request_id=request_id)
-        if fresh is not None:
-            fresh.append(True)
         return 201, await step_detail(cur, namespace_id, raw_id, row["id"]), row["id"]
 
     return act
@@ -675,7 +683,7 @@ async def operator_rearm(db: Database, *, namespace: str, instance_id: str, step
     check_rearm(reason, step_revision, timeout_ms)
     return await _operator(db, "weave.operator.rearm", namespace, _rearm(
         Who(actor=actor), _raw_id(instance_id), step, reason, step_revision, timeout_ms,
-        None, None))
+        None))
 
 
 async def operator_continue(db: Database, *, namespace: str, instance_id: str, step: str,
@@ -685,4 +693,4 @@ async def operator_continue(db: Database, *, namespace: str, instance_id: str, s
     check_continue(reason, step_revision, rounds, deadline_ms)
     return await _operator(db, "weave.operator.continue", namespace, _continue(
         Who(actor=actor), _raw_id(instance_id), step, reason, step_revision, rounds,
-        deadline_ms, None, None))
+        deadline_ms, None))

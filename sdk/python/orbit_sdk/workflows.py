@@ -274,6 +274,7 @@ class WorkflowStep:
     current_activation: int | None = None  # the current (newest) activation's sequence
     poll: WorkflowPollState | None = None  # a POLL step's query
     waits: tuple[WorkflowWait, ...] = ()
+    workflow_id: str = ""  # in the answers of step recovery (retry, resolve)
     held_at: dt.datetime | None = None  # held ($hold): waits for a person's decision
     held_error: Any = None  # while held: the error the step would have propagated
     resolution: Any = None  # the logical conclusion an operator recorded (resolve)
@@ -294,6 +295,7 @@ class WorkflowStep:
             current_activation=_int(raw, "current_activation"),
             poll=WorkflowPollState.from_json(poll) if isinstance(poll, Mapping) else None,
             waits=tuple(WorkflowWait.from_json(w) for w in _objects(raw, "waits")),
+            workflow_id=_str(raw, "workflow_id") or "",
             held_at=parse_time(raw.get("held_at")), held_error=raw.get("held_error"),
             resolution=raw.get("resolution"), raw=dict(raw),
         )

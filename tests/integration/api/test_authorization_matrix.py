@@ -121,6 +121,10 @@ class Case:
     global_: bool = False  # not addressed to a namespace: see _check_global
     control_body: Body | None = None  # when the control cannot repeat the attack's body
     step: str = "a"  # which step {step} names
+    # The control's answer when the twin's object is never in the state the command needs (a
+    # step recovery: its step waits for no person): this 409 code, the command's own refusal
+    # after the authorization passed, instead of a 2xx.
+    control_code: str | None = None
     replay_body: Body | None = None  # the victim's idempotent command, when not ``body``
 
     def replayed(self, o: Objects) -> Any:
@@ -152,7 +156,8 @@ NO_TASKS = {"format": "orbit.weave/1", "start": "done", "steps": {"done": {"kind
 
 def _flow_document(queue: str) -> dict[str, Any]:
     """A POLL step a (its rounds are a route of their own) on ``queue`` and a SIGNAL step s,
-    in parallel, each held for a person when it fails or times out (the recovery routes)."""
+    each held for a person when it fails or times out (re-arm, continue), and a TASK step t
+    that waits for no person (retry and resolve refuse it), in parallel."""
     return {"format": "orbit.weave/1", "start": "p", "steps": {
         "p": {"kind": "PARALLEL", "join": {"policy": "ALL_SUCCEED"}, "next": "done",
               "branches": [
@@ -164,7 +169,10 @@ def _flow_document(queue: str) -> dict[str, Any]:
                   {"name": "y", "start": "s", "steps": {
                       "s": {"kind": "SIGNAL", "signal": "approval", "timeout_ms": 1,
                             "on_timeout": "$hold", "next": "sy"},
-                      "sy": {"kind": "SUCCEED"}}}]},
+                      "sy": {"kind": "SUCCEED"}}},
+                  {"name": "z", "start": "t", "steps": {
+                      "t": {"kind": "TASK", "queue": queue, "handler": "noop", "next": "tz"},
+                      "tz": {"kind": "SUCCEED"}}}]},
         "done": {"kind": "SUCCEED"}}}
 
 
@@ -201,8 +209,10 @@ async def _hold(db: Database, tenant: Tenant, raw_id: bytes, engine: Any) -> Non
     ns, owner = tenant.namespace_id, engine.owner
 
     async def cancel(cur: Any) -> None:
-        await cur.execute("SELECT task_id FROM weave_activations WHERE namespace_id = %s"
-                          " AND instance_id = %s AND task_id IS NOT NULL", (ns, raw_id))
+        await cur.execute("SELECT a.task_id FROM weave_activations a JOIN weave_steps s"
+                          " ON s.namespace_id = a.namespace_id AND s.instance_id = a.instance_id"
+                          " AND s.id = a.step_id WHERE a.namespace_id = %s"
+                          " AND a.instance_id = %s AND s.name = 'a'", (ns, raw_id))
         (row,) = await cur.fetchall()
         await interventions.request_cancel(cur, ns, [row["task_id"]], reason="matrix",
                                            now=await db_now(cur), by="workflow")
@@ -426,6 +436,18 @@ ROUTES: dict[Route, Case] = {
     ("POST", WORKFLOWS + "/{workflow_id}/resume"): Case(
         needs=(one(A.WORKFLOWS_CONTROL),), body=lambda o: {"reason": "ops"},
         body2=lambda o: {"reason": "other"}),
+    # Step recovery: the victim's TASK step t is not waiting for a person, so no victim receipt
+    # to replay (their replays are tests/integration/weave/test_recovery.py's); its POLL step a
+    # and SIGNAL step s are held, so re-arm and continue succeed (and are replayed).
+    ("POST", WORKFLOWS + "/{workflow_id}/steps/{step}/retry"): Case(
+        needs=(one(A.WORKFLOWS_CONTROL),), step="t",
+        body=lambda o: {"reason": "ops", "step_revision": 1},
+        control_code="step_not_retryable"),
+    ("POST", WORKFLOWS + "/{workflow_id}/steps/{step}/resolve"): Case(
+        needs=(one(A.WORKFLOWS_CONTROL),), step="t",
+        body=lambda o: {"reason": "ops", "evidence_ref": "e", "step_revision": 1,
+                        "conclusion": "failed", "error": "given_up"},
+        control_code="step_not_resolvable"),
     ("POST", WORKFLOWS + "/{workflow_id}/steps/{step}/rearm"): Case(
         needs=(one(A.WORKFLOWS_CONTROL),), step="s",
         body=lambda o: {"reason": "ops", "step_revision": o.wait_revision,
@@ -811,6 +833,9 @@ async def test_the_victims_own_key_succeeds(world: World, route: Route) -> None:
     make_body = case.control_body or case.body
     status, text = await send(world.client, route, twin.plain, twin.tenant.api_key,
                               body=None if make_body is None else make_body(twin.plain))
+    if case.control_code is not None:
+        assert (status, json.loads(text)["code"]) == (409, case.control_code), text
+        return
     assert 200 <= status < 300, (status, text)
 
 

@@ -11,6 +11,7 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import prometheus_client
 import pytest
 from aiohttp.test_utils import TestClient
 from orbit_sdk import Client, Conflict
@@ -91,6 +92,12 @@ async def held_poll(db: Database, engine: Engine, tenant: Tenant) -> Flow:
     return flow
 
 
+def recoveries(kind: str) -> float:
+    """``orbit_weave_recoveries_total{kind}`` of this process (the in-process API's)."""
+    return prometheus_client.REGISTRY.get_sample_value(
+        "orbit_weave_recoveries_total", {"kind": kind}) or 0.0
+
+
 def url(flow: Flow, step: str, verb: str, tenant: Tenant | None = None) -> str:
     namespace = (tenant or flow.tenant).namespace
     return f"/v1/namespaces/{namespace}/workflows/{flow.instance_id.hex()}/steps/{step}/{verb}"
@@ -117,8 +124,10 @@ async def test_rearm_over_http_replays_its_receipt(api: TestClient[Any, Any], db
     flow = await held_signal(db, engine, tenant)
     body = {"reason": "approver is back", "step_revision": await revision(flow, "approve"),
             "timeout_ms": 60_000}
+    counted = recoveries("rearm")
     status, receipt = await post(api, url(flow, "approve", "rearm"), tenant, body, key="r-1")
     assert status == 201, receipt
+    assert recoveries("rearm") == counted + 1
     assert_documented(REARM, "POST", 201, receipt)
     assert (receipt["workflow_id"], receipt["state"], receipt["held_at"]) == (
         flow.instance_id.hex(), "WAITING", None)
@@ -128,6 +137,7 @@ async def test_rearm_over_http_replays_its_receipt(api: TestClient[Any, Any], db
         (1, "TIMED_OUT"), (2, "WAITING")]
     assert await post(api, url(flow, "approve", "rearm"), tenant, body, key="r-1") == (
         201, receipt)
+    assert recoveries("rearm") == counted + 1  # a replay is not counted again
     # Its one event is on the instance's timeline (it names the instance).
     timeline = await api.get(f"/v1/namespaces/{tenant.namespace}/workflows/"
                              f"{flow.instance_id.hex()}/timeline", headers=tenant.auth)
@@ -152,8 +162,10 @@ async def test_continue_over_http_and_the_sdk(api: TestClient[Any, Any], db: Dat
     flow = await held_poll(db, engine, tenant)
     body = {"reason": "settlement back", "step_revision": await revision(flow, "check"),
             "rounds": 2, "deadline_ms": None}
+    counted = recoveries("continue")
     status, receipt = await post(api, url(flow, "check", "continue"), tenant, body)
     assert status == 201, receipt
+    assert recoveries("continue") == counted + 1
     assert_documented(CONTINUE, "POST", 201, receipt)
     assert (receipt["state"], receipt["poll"]["state"], receipt["poll"]["granted_rounds"],
             receipt["poll"]["first_round"]) == ("WAITING", "WAITING", 2, 2)

@@ -68,26 +68,30 @@ async def step_row(flow: Flow, name: str) -> dict[str, Any]:
 
 async def rearm(flow: Flow, step: str = "approve", *, revision: int | None = None,
                 timeout_ms: int = 60_000, reason: str = "customer called back",
-                key: str | None = None) -> Replay:
+                key: str | None = None, fresh: bool = True) -> Replay:
     who = await principal(flow.db, flow.tenant.api_key)
     if revision is None:
         revision = (await step_row(flow, step))["revision"]
-    return await wait_recovery.rearm_wait(
+    done = await wait_recovery.rearm_wait(
         flow.db, who, namespace=flow.tenant.namespace, instance_id=flow.instance_id.hex(),
         step=step, reason=reason, step_revision=revision, timeout_ms=timeout_ms,
         idempotency_key=key)
+    assert done.fresh == fresh  # committed by this call, or the replay of an earlier one
+    return done.replay
 
 
 async def proceed(flow: Flow, step: str = "check", *, rounds: int = 1,
                   deadline_ms: int | None = None, revision: int | None = None,
-                  key: str | None = None) -> Replay:
+                  key: str | None = None, fresh: bool = True) -> Replay:
     who = await principal(flow.db, flow.tenant.api_key)
     if revision is None:
         revision = (await step_row(flow, step))["revision"]
-    return await wait_recovery.continue_poll(
+    done = await wait_recovery.continue_poll(
         flow.db, who, namespace=flow.tenant.namespace, instance_id=flow.instance_id.hex(),
         step=step, reason="the bank's settlement job was down", step_revision=revision,
         rounds=rounds, deadline_ms=deadline_ms, idempotency_key=key)
+    assert done.fresh == fresh
+    return done.replay
 
 
 async def held_signal(db: Database, engine: Engine) -> Flow:
@@ -276,8 +280,8 @@ async def test_rearm_refusals_write_nothing(db: Database, engine: Engine) -> Non
     held = await held_signal(db, engine)
     with pytest.raises(errors.StaleRevision):
         await rearm(held, revision=1)
-    with pytest.raises(wait_recovery.WaitNotRearmable, match="ROOT step"):
-        await rearm(held, "$root")
+    with pytest.raises(errors.NotFound):  # $root is no step a person recovers
+        await rearm(held, "$root", revision=1)
     await rearm(held)
     with pytest.raises(wait_recovery.WaitNotRearmable, match="not held"):
         await rearm(held)  # WAITING on its new wait: not held any more
@@ -302,7 +306,7 @@ async def test_a_rearm_replayed_with_its_key_returns_the_original_receipt(
     flow = await held_signal(db, engine)
     revision = (await step_row(flow, "approve"))["revision"]
     first = await rearm(flow, revision=revision, key="rearm-1")
-    again = await rearm(flow, revision=revision, key="rearm-1")
+    again = await rearm(flow, revision=revision, key="rearm-1", fresh=False)
     assert (again.status, again.body) == (first.status, first.body)
     assert len(await activations_of(flow, "approve")) == 2
     with pytest.raises(errors.IdempotencyConflict):
@@ -459,8 +463,10 @@ async def test_continue_refusals_write_nothing(db: Database, engine: Engine) -> 
     await drain(engine)
     with pytest.raises(wait_recovery.PollNotContinuable, match="not held"):
         await proceed(flow)  # RUNNING its first round
-    with pytest.raises(wait_recovery.PollNotContinuable, match="ROOT"):
-        await proceed(flow, "$root")
+    with pytest.raises(errors.NotFound):
+        await proceed(flow, "$root", revision=1)
+    with pytest.raises(wait_recovery.WaitNotRearmable, match="POLL step"):
+        await rearm(flow, "check")
     await answer(flow, engine, "ok", {"done": "yes"})  # the wrong shape: held, not continuable
     step = await step_row(flow, "check")
     assert json.loads(step["held_error"])["error"] == "result_shape_mismatch"
@@ -493,7 +499,7 @@ async def test_a_continue_replayed_with_its_key_returns_the_original_receipt(
     await drain(engine)
     revision = (await step_row(flow, "check"))["revision"]
     first = await proceed(flow, revision=revision, key="continue-1")
-    again = await proceed(flow, revision=revision, key="continue-1")
+    again = await proceed(flow, revision=revision, key="continue-1", fresh=False)
     assert (again.status, again.body) == (first.status, first.body)
     assert len(await tasks_of_round(flow, 1)) == 2  # one continued task, not two
     with pytest.raises(errors.IdempotencyConflict):

@@ -426,6 +426,9 @@ async def _rearmable(cur: Any, namespace_id: bytes, row: dict[str, Any]) -> dict
                                " re-armed")
     if not isinstance(held, dict) or held.get("error") != signals.SIGNAL_TIMEOUT:
         raise WaitNotRearmable(f"step {name!r} is held after {held!r}, not a signal_timeout")
+    if row["resolution"] is not None:
+        raise WaitNotRearmable(f"step {name!r} has a recorded conclusion; the engine advances"
+                               " it with that")
     old = await _live(cur, namespace_id, row)
     if old is None:
         raise errors.DatabaseError(f"held step {name!r} has no LIVE activation")
@@ -538,6 +541,9 @@ async def _continuable(cur: Any, namespace_id: bytes, instance_id: bytes, row: d
         raise PollNotContinuable(f"step {name!r} is {row['state']} and not held{detail}: only"
                                  " a step held after poll_exhausted or a failed round task"
                                  " can be continued")
+    if row["resolution"] is not None:
+        raise PollNotContinuable(f"step {name!r} has a recorded conclusion; the engine"
+                                 " advances it with that")
     if held.get("error") not in CONTINUABLE:
         raise PollNotContinuable(f"step {name!r} is held after {held.get('error')!r}; only"
                                  " poll_exhausted or task_failed can be continued (resolve"

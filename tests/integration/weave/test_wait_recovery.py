@@ -16,7 +16,7 @@ from orbit_common import errors
 from orbit_common.db.clock import as_utc
 from orbit_common.db.pool import Database
 from orbit_common.platform.idempotency import Replay
-from orbit_common.weave import controls, wait_recovery
+from orbit_common.weave import controls, recovery, wait_recovery
 from orbit_common.weave.engine import Engine
 from tests.conftest import make_tenant
 from tests.integration.test_leases import claim, finish, report, start
@@ -288,6 +288,39 @@ async def test_rearm_refusals_write_nothing(db: Database, engine: Engine) -> Non
     assert await of_instance(flow, "weave_activations") == snapshot
     await clean(flow)
     await clean(held)
+
+
+async def test_a_step_with_a_recorded_conclusion_is_neither_rearmed_nor_continued(
+        db: Database, engine: Engine) -> None:
+    """Resolve records the step's conclusion and the engine advances it with that: until it
+    does, the step is still held, but no other recovery may take it elsewhere."""
+    flow = await held_signal(db, engine)
+    who = await principal(db, flow.tenant.api_key)
+    request = recovery.ResolveRequest.check(
+        reason="approved by phone", evidence_ref="call-7",
+        step_revision=(await step_row(flow, "approve"))["revision"], conclusion="failed",
+        error="no_approval")
+    await recovery.resolve_step(db, who, namespace=flow.tenant.namespace,
+                                instance_id=flow.instance_id.hex(), step="approve",
+                                request=request)
+    with pytest.raises(wait_recovery.WaitNotRearmable, match="recorded conclusion"):
+        await rearm(flow)
+    tenant = await make_tenant(db)
+    polled = await begin(db, tenant, poll_doc(max_rounds=1, on_exhausted="$hold"))
+    await drain(engine)
+    await answer(polled, engine, "ok", {"done": False})
+    request = recovery.ResolveRequest.check(
+        reason="settled by hand", evidence_ref="bank-1",
+        step_revision=(await step_row(polled, "check"))["revision"], conclusion="failed",
+        error="unsettled")
+    await recovery.resolve_step(db, await principal(db, tenant.api_key),
+                                namespace=tenant.namespace,
+                                instance_id=polled.instance_id.hex(), step="check",
+                                request=request)
+    with pytest.raises(wait_recovery.PollNotContinuable, match="recorded conclusion"):
+        await proceed(polled)
+    await clean(flow)
+    await clean(polled)
 
 
 async def test_rearm_of_an_instance_that_is_not_running(db: Database, engine: Engine) -> None:

@@ -463,6 +463,31 @@ async def test_a_continued_round_never_exceeds_its_original_attempt_budget(
     await clean(flow)
 
 
+async def test_a_cut_short_round_whose_request_deadline_passed_is_not_continued(
+        db: Database, engine: Engine) -> None:
+    """The round's request deadline (its first task's creation + the step's deadline_ms) is
+    absolute: once it passed, a continue starts a new round, though attempts were left."""
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, poll_doc(on_failure="$hold", deadline_ms=300, retry={
+        "max_attempts": 3}))
+    await drain(engine)
+    (original,) = await flow.tasks()
+    await attempt(flow, original["id"], retryable=False)  # 1 of 3 attempts used
+    await drain(engine)
+    (first,) = await tasks_of_round(flow, 1)
+    await wait_db_time_past(db, first["created_at"] + dt.timedelta(milliseconds=300))
+    receipt = await proceed(flow)
+    assert receipt.body["state"] == "WAITING"  # a new round, not round 1 again
+    query = await state(flow)
+    assert (query["state"], query["first_round"], query["first_round_attempts_used"]) == (
+        "WAITING", 2, 0)
+    assert len(await tasks_of_round(flow, 1)) == 1
+    await next_round(flow, engine)
+    (fresh,) = await tasks_of_round(flow, 2)
+    assert (fresh["max_attempts"], fresh["retry_of"]) == (3, None)
+    await clean(flow)
+
+
 async def test_continue_after_the_query_deadline_needs_a_new_deadline(
         db: Database, engine: Engine) -> None:
     tenant = await make_tenant(db)

@@ -194,6 +194,36 @@ async def test_continue_over_http_and_the_sdk(api: TestClient[Any, Any], db: Dat
         assert [w.generation for w in rearmed.waits] == [1, 2]
 
 
+async def test_a_continued_round_is_listed_whole_on_one_page(
+        api: TestClient[Any, Any], db: Database, engine: Engine) -> None:
+    """A round continued in a new activation has a row per activation; a page of the rounds
+    route never splits it (its cursor is the round number)."""
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, doc({
+        "check": {"kind": "POLL", "queue": "Q", "handler": "w.a", "until": "round.result.done",
+                  "interval_ms": 100, "max_rounds": 3, "on_failure": "$hold",
+                  "retry": {"max_attempts": 2}, "next": "done"},
+        "done": {"kind": "SUCCEED"}}, "check"))
+    await drain(engine)
+    (first,) = await flow.tasks()
+    await flow.end(first["id"], "fail", "down")  # not retryable: 1 of its 2 attempts used
+    await drain(engine)
+    status, receipt = await post(api, url(flow, "check", "continue"), tenant, {
+        "reason": "r", "step_revision": await revision(flow, "check"), "rounds": 1})
+    assert (status, receipt["state"]) == (201, "RUNNING"), receipt
+    rounds = (f"/v1/namespaces/{tenant.namespace}/workflows/{flow.instance_id.hex()}"
+              "/steps/check/rounds")
+    page = await (await api.get(rounds + "?limit=1", headers=tenant.auth)).json()
+    assert [(r["round"], r["state"]) for r in page["items"]] == [(1, "FAILED"),
+                                                                  (1, "RUNNING")]
+    assert [r["activation_id"] for r in page["items"]] == [
+        a["id"] for a in receipt["activations"]]
+    assert page["next_cursor"] is not None
+    rest = await (await api.get(rounds + f"?limit=1&cursor={page['next_cursor']}",
+                                headers=tenant.auth)).json()
+    assert (rest["items"], rest["next_cursor"]) == ([], None)
+
+
 async def test_refusals_write_nothing(api: TestClient[Any, Any], db: Database,
                                       engine: Engine) -> None:
     tenant = await make_tenant(db)

@@ -810,7 +810,9 @@ class _Advance:
 
     def signal_timeout(self, row: dict[str, Any]) -> str:
         """A SIGNAL wait's deadline: the wait TIMED_OUT, the step FAILED ``signal_timeout``,
-        then ``on_timeout``. Never early (database time): an early row is re-armed."""
+        then ``on_timeout``. Never early (database time): an early row (a re-armed wait's comes
+        at once) first lets a matching pending signal win, else it is re-armed for the
+        deadline."""
         if not self.running:
             return INSTANCE_ENDED
         wait = self.book.waits.get(row["activation_id"]) if row["activation_id"] else None

@@ -822,14 +822,17 @@ class _Advance:
         step = self.definition.all_steps[step_row.name]
         if not isinstance(step, SignalStep):
             return STALE
-        if wait.deadline_at is None or self.book.now < wait.deadline_at:
-            # Not due yet. A re-armed wait's row comes at once (wait_recovery.py): a matching
-            # signal already pending wins now, as on the wait's entry; else the row waits for
-            # the deadline.
+        early = wait.deadline_at is None or self.book.now < wait.deadline_at
+        # A re-armed wait's row is due at once (wait_recovery.py), before its deadline: it is
+        # the wait's entry, where a matching signal already pending wins, however short the
+        # new timeout (a row due at the deadline times out: signals lost that race on entry).
+        entry = wait.deadline_at is not None and as_utc(row["due_at"]) < wait.deadline_at
+        if early or entry:
             winner = self.book.take(wait)
             if winner is not None:
                 self._signalled(step, step_row, wait, winner)
                 return ADVANCED
+        if early:  # not due yet: the row waits for the deadline
             self.book.rearm.append((row["id"], wait.deadline_at or as_utc(row["due_at"])))
             return STALE
         self.book.time_out(wait)

@@ -206,6 +206,22 @@ async def test_a_signal_sent_while_the_step_is_held_waits_and_wins_on_rearm(
     await clean(flow)
 
 
+async def test_a_pending_signal_wins_a_rearmed_wait_whose_new_timeout_already_passed(
+        db: Database, engine: Engine) -> None:
+    """The re-armed row is the wait's entry: the signal kept while the step was held wins even
+    when the engine comes only after the new (tiny) timeout."""
+    flow = await held_signal(db, engine)
+    sent = await send(flow)
+    await drain(engine)
+    await rearm(flow, timeout_ms=1)
+    new = max(await of_instance(flow, "weave_waits"), key=lambda w: w["generation"])
+    await wait_db_time_past(db, new["deadline_at"])
+    await drain(engine)
+    step = await step_row(flow, "approve")
+    assert (step["state"], json.loads(step["output"])["signal_id"]) == ("SUCCEEDED", sent["id"])
+    await clean(flow)
+
+
 async def test_a_rearmed_wait_that_times_out_again_holds_and_keeps_its_first_deadline(
         db: Database, engine: Engine) -> None:
     flow = await held_signal(db, engine)

@@ -246,6 +246,14 @@ async def test_needs_review_then_retry_then_success_advances_once(
     assert len(b_tasks) == 1
     assert json.loads(b_tasks[0]["input"]) == {"x2": 6}
     assert (await step_row(flow, "a"))["state"] == "SUCCEEDED"
+    # The retry is in the instance's timeline (its event names the instance).
+    response = await api.get(
+        f"/v1/namespaces/{tenant.namespace}/workflows/{flow.instance_id.hex()}/timeline",
+        headers={"Authorization": f"Bearer {tenant.api_key}"})
+    timeline = (await response.json())["items"]
+    (retried,) = [e for e in timeline if e["type"] == "workflow.step.retried"]
+    assert retried["payload"]["reviewed"] is True
+    assert retried["payload"]["budget"]["max_attempts"] == 1
     await clean(flow)
 
 
@@ -407,12 +415,16 @@ async def test_refusals_write_nothing(api: TestClient[Any, Any], db: Database,
     watch.reset()
     for body in ({}, {"reason": "r"}, {"reason": "", "step_revision": 1},
                  {**retry, "additional_attempts": 101}, {**retry, "additional_attempts": -1},
-                 {**retry, "extra": 1}, {**retry, "step_revision": "1"}):
+                 {**retry, "extra": 1}, {**retry, "step_revision": "1"},
+                 {**retry, "evidence_ref": None}, {**retry, "additional_attempts": None},
+                 {**retry, "execution_ended": "yes"}):
         await refused(api, flow, "a", "retry", body, 400, "validation_failed")
     for body in ({**resolve, "conclusion": "maybe"}, {**resolve, "evidence_ref": None},
                  {**resolve, "conclusion": "failed"},
                  {**resolve, "conclusion": "failed", "error": "Bad Code"},
-                 {**resolve, "error": "x"}, {**resolve, "task_decision": "perhaps"}):
+                 {**resolve, "error": "x"}, {**resolve, "task_decision": "perhaps"},
+                 {**resolve, "error": None}, {**resolve, "task_decision": None},
+                 {**resolve, "conclusion": "failed", "error": "gave_up", "output": None}):
         await refused(api, flow, "a", "resolve", body, 400, "validation_failed")
     problem = await refused(api, flow, "a", "retry", retry, 409, "step_not_retryable")
     assert "RUNNING" in problem["detail"]
@@ -438,6 +450,29 @@ async def test_refusals_write_nothing(api: TestClient[Any, Any], db: Database,
     await refused(api, flow, "a", "resolve", {**resolve, "step_revision": held["revision"]},
                   409, "workflow_instance_not_running")
     watch.assert_unchanged()
+
+
+async def test_two_retries_of_one_revision_make_one_new_activation(
+        api: TestClient[Any, Any], db: Database, engine: Engine) -> None:
+    """Two operators retry the same held step at once (and the engine runs meanwhile): the
+    step's lock and revision let one through; the other is stale_revision."""
+    import asyncio
+
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, held_doc(retry={"max_attempts": 3}))
+    await drain(engine)
+    await fail_current(flow, engine, "a")
+    step = await step_row(flow, "a")
+    body = {"reason": "race", "step_revision": step["revision"]}
+    answers = await asyncio.gather(post(api, flow, "a", "retry", body),
+                                   post(api, flow, "a", "retry", body), engine.run_once())
+    statuses = sorted(status for status, _ in answers[:2])
+    assert statuses == [201, 409], answers
+    assert {a["code"] for s, a in answers[:2] if s == 409} == {"stale_revision"}
+    view = next(a for s, a in answers[:2] if s == 201)
+    assert [a["state"] for a in view["activations"]] == ["SUPERSEDED", "LIVE"]
+    assert len([t for t in await flow.tasks() if t["step"] == "a"]) == 2
+    await clean(flow)
 
 
 async def test_a_held_step_without_a_task_is_resolved_not_retried(

@@ -452,6 +452,44 @@ async def test_refusals_write_nothing(api: TestClient[Any, Any], db: Database,
     watch.assert_unchanged()
 
 
+async def test_resolving_a_held_poll_in_a_branch_completes_the_join(
+        api: TestClient[Any, Any], db: Database, engine: Engine) -> None:
+    """A POLL step held after its rounds ran out, in one branch of a PARALLEL block whose other
+    branch succeeded: its resolution completes the branch, the join, the instance."""
+    from tests.integration.weave.test_polls import poll
+
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, doc({
+        "p": {"kind": "PARALLEL", "join": {"policy": "ALL_SUCCEED"}, "next": "done",
+              "branches": [
+                  {"name": "x", "start": "check", "steps": {
+                      "check": poll(max_rounds=1, on_exhausted="$hold", next="cx"),
+                      "cx": {"kind": "SUCCEED", "output": "steps.check.result"}}},
+                  {"name": "y", "start": "b", "steps": {
+                      "b": task("w.b", "by"), "by": {"kind": "SUCCEED"}}}]},
+        "done": {"kind": "SUCCEED", "output": "steps.p.result"}}, "p"))
+    await drain(engine)
+    (b_task,) = [t for t in await flow.tasks() if t["step"] == "b"]
+    await flow.end(b_task["id"], "ok", {})
+    await drain(engine)
+    (round_task,) = [t for t in await flow.tasks() if t["step"] == "check"]
+    await flow.end(round_task["id"], "ok", {"done": False})
+    await drain(engine)
+    step = await step_row(flow, "check")
+    assert json.loads(step["held_error"])["error"] == "poll_exhausted"
+    assert (await step_row(flow, "p"))["state"] == "RUNNING"  # the join waits for it
+    status, _ = await post(api, flow, "check", "resolve", {
+        "reason": "settled at the bank", "evidence_ref": "bank-1",
+        "step_revision": step["revision"], "conclusion": "succeeded",
+        "output": {"done": True, "i": 9}})
+    assert status == 202
+    await drain(engine)
+    instance = await flow.instance()
+    assert (instance["state"], json.loads(instance["output"])) == (
+        "SUCCEEDED", {"x": {"done": True, "i": 9}, "y": None})
+    await clean(flow)
+
+
 async def test_two_retries_of_one_revision_make_one_new_activation(
         api: TestClient[Any, Any], db: Database, engine: Engine) -> None:
     """Two operators retry the same held step at once (and the engine runs meanwhile): the

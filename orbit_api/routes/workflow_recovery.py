@@ -43,9 +43,16 @@ RESOLVE_FIELDS = frozenset({"reason", "evidence_ref", "step_revision", "conclusi
                             "error", "task_decision", "execution_ended"})
 
 
-def _merge(problems: list[dict[str, str]], exc: errors.ValidationFailed | None) -> None:
+def _merge(problems: list[dict[str, str]], exc: errors.ValidationFailed | None,
+           body: dict[str, Any]) -> None:
+    """The body's problems: unknown fields, then the checks'; no field but ``output`` may be
+    null (absent is the way to leave an optional field out)."""
+    problems += [{"path": f"$.{key}", "message": "may not be null"}
+                 for key, value in sorted(body.items()) if value is None and key != "output"
+                 and key in RETRY_FIELDS | RESOLVE_FIELDS]
     if exc is not None:
-        problems += exc.errors
+        problems += [p for p in exc.errors
+                     if not any(p["path"] == n["path"] for n in problems)]
     if problems:
         raise errors.ValidationFailed(problems)
 
@@ -63,7 +70,7 @@ async def retry_step(request: web.Request) -> web.Response:
             additional_attempts=body.get("additional_attempts"))
     except errors.ValidationFailed as exc:
         failure = exc
-    _merge(problems, failure)
+    _merge(problems, failure, body)
     assert checked is not None  # noqa: S101 - _merge raised otherwise
     done = await recovery.retry_step(
         request.app[DB], principal_of(request), namespace=_namespace(request),
@@ -89,7 +96,7 @@ async def resolve_step(request: web.Request) -> web.Response:
             execution_ended=body.get("execution_ended"))
     except errors.ValidationFailed as exc:
         failure = exc
-    _merge(problems, failure)
+    _merge(problems, failure, body)
     assert checked is not None  # noqa: S101 - _merge raised otherwise
     done = await recovery.resolve_step(
         request.app[DB], principal_of(request), namespace=_namespace(request),
@@ -206,5 +213,9 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                                 "description": "true: the task's execution has ended "
                                                "(required while it is in NEEDS_REVIEW)"},
         },
+        # succeeded: an output, no error; failed: an error, no output.
+        "if": {"properties": {"conclusion": {"const": "failed"}}},
+        "then": {"required": ["error"], "not": {"required": ["output"]}},
+        "else": {"not": {"required": ["error"]}},
     },
 }

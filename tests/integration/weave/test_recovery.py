@@ -246,6 +246,14 @@ async def test_needs_review_then_retry_then_success_advances_once(
     assert len(b_tasks) == 1
     assert json.loads(b_tasks[0]["input"]) == {"x2": 6}
     assert (await step_row(flow, "a"))["state"] == "SUCCEEDED"
+    # The retry is in the instance's timeline (its event names the instance).
+    response = await api.get(
+        f"/v1/namespaces/{tenant.namespace}/workflows/{flow.instance_id.hex()}/timeline",
+        headers={"Authorization": f"Bearer {tenant.api_key}"})
+    timeline = (await response.json())["items"]
+    (retried,) = [e for e in timeline if e["type"] == "workflow.step.retried"]
+    assert retried["payload"]["reviewed"] is True
+    assert retried["payload"]["budget"]["max_attempts"] == 1
     await clean(flow)
 
 
@@ -407,12 +415,16 @@ async def test_refusals_write_nothing(api: TestClient[Any, Any], db: Database,
     watch.reset()
     for body in ({}, {"reason": "r"}, {"reason": "", "step_revision": 1},
                  {**retry, "additional_attempts": 101}, {**retry, "additional_attempts": -1},
-                 {**retry, "extra": 1}, {**retry, "step_revision": "1"}):
+                 {**retry, "extra": 1}, {**retry, "step_revision": "1"},
+                 {**retry, "evidence_ref": None}, {**retry, "additional_attempts": None},
+                 {**retry, "execution_ended": "yes"}):
         await refused(api, flow, "a", "retry", body, 400, "validation_failed")
     for body in ({**resolve, "conclusion": "maybe"}, {**resolve, "evidence_ref": None},
                  {**resolve, "conclusion": "failed"},
                  {**resolve, "conclusion": "failed", "error": "Bad Code"},
-                 {**resolve, "error": "x"}, {**resolve, "task_decision": "perhaps"}):
+                 {**resolve, "error": "x"}, {**resolve, "task_decision": "perhaps"},
+                 {**resolve, "error": None}, {**resolve, "task_decision": None},
+                 {**resolve, "conclusion": "failed", "error": "gave_up", "output": None}):
         await refused(api, flow, "a", "resolve", body, 400, "validation_failed")
     problem = await refused(api, flow, "a", "retry", retry, 409, "step_not_retryable")
     assert "RUNNING" in problem["detail"]
@@ -438,6 +450,67 @@ async def test_refusals_write_nothing(api: TestClient[Any, Any], db: Database,
     await refused(api, flow, "a", "resolve", {**resolve, "step_revision": held["revision"]},
                   409, "workflow_instance_not_running")
     watch.assert_unchanged()
+
+
+async def test_resolving_a_held_poll_in_a_branch_completes_the_join(
+        api: TestClient[Any, Any], db: Database, engine: Engine) -> None:
+    """A POLL step held after its rounds ran out, in one branch of a PARALLEL block whose other
+    branch succeeded: its resolution completes the branch, the join, the instance."""
+    from tests.integration.weave.test_polls import poll
+
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, doc({
+        "p": {"kind": "PARALLEL", "join": {"policy": "ALL_SUCCEED"}, "next": "done",
+              "branches": [
+                  {"name": "x", "start": "check", "steps": {
+                      "check": poll(max_rounds=1, on_exhausted="$hold", next="cx"),
+                      "cx": {"kind": "SUCCEED", "output": "steps.check.result"}}},
+                  {"name": "y", "start": "b", "steps": {
+                      "b": task("w.b", "by"), "by": {"kind": "SUCCEED"}}}]},
+        "done": {"kind": "SUCCEED", "output": "steps.p.result"}}, "p"))
+    await drain(engine)
+    (b_task,) = [t for t in await flow.tasks() if t["step"] == "b"]
+    await flow.end(b_task["id"], "ok", {})
+    await drain(engine)
+    (round_task,) = [t for t in await flow.tasks() if t["step"] == "check"]
+    await flow.end(round_task["id"], "ok", {"done": False})
+    await drain(engine)
+    step = await step_row(flow, "check")
+    assert json.loads(step["held_error"])["error"] == "poll_exhausted"
+    assert (await step_row(flow, "p"))["state"] == "RUNNING"  # the join waits for it
+    status, _ = await post(api, flow, "check", "resolve", {
+        "reason": "settled at the bank", "evidence_ref": "bank-1",
+        "step_revision": step["revision"], "conclusion": "succeeded",
+        "output": {"done": True, "i": 9}})
+    assert status == 202
+    await drain(engine)
+    instance = await flow.instance()
+    assert (instance["state"], json.loads(instance["output"])) == (
+        "SUCCEEDED", {"x": {"done": True, "i": 9}, "y": None})
+    await clean(flow)
+
+
+async def test_two_retries_of_one_revision_make_one_new_activation(
+        api: TestClient[Any, Any], db: Database, engine: Engine) -> None:
+    """Two operators retry the same held step at once (and the engine runs meanwhile): the
+    step's lock and revision let one through; the other is stale_revision."""
+    import asyncio
+
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, held_doc(retry={"max_attempts": 3}))
+    await drain(engine)
+    await fail_current(flow, engine, "a")
+    step = await step_row(flow, "a")
+    body = {"reason": "race", "step_revision": step["revision"]}
+    answers = await asyncio.gather(post(api, flow, "a", "retry", body),
+                                   post(api, flow, "a", "retry", body), engine.run_once())
+    statuses = sorted(status for status, _ in answers[:2])
+    assert statuses == [201, 409], answers
+    assert {a["code"] for s, a in answers[:2] if s == 409} == {"stale_revision"}
+    view = next(a for s, a in answers[:2] if s == 201)
+    assert [a["state"] for a in view["activations"]] == ["SUPERSEDED", "LIVE"]
+    assert len([t for t in await flow.tasks() if t["step"] == "a"]) == 2
+    await clean(flow)
 
 
 async def test_a_held_step_without_a_task_is_resolved_not_retried(

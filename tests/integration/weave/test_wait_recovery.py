@@ -504,6 +504,34 @@ async def test_a_cut_short_round_whose_request_deadline_passed_is_not_continued(
     await clean(flow)
 
 
+async def test_a_poll_continued_while_paused_waits_for_the_resume(
+        db: Database, engine: Engine) -> None:
+    """The continued round's task is behind the instance's gate: no grant while paused; after
+    the resume it runs and the query goes on."""
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, poll_doc(on_failure="$hold", retry={"max_attempts": 2}))
+    await drain(engine)
+    (original,) = await flow.tasks()
+    await attempt(flow, original["id"], retryable=False)
+    await drain(engine)
+    who = await principal(db, tenant.api_key)
+
+    async def control(paused: bool) -> None:
+        await controls.set_paused(db, who, namespace=tenant.namespace,
+                                  instance_id=flow.instance_id.hex(), paused=paused,
+                                  reason="maintenance")
+
+    await control(True)
+    await proceed(flow)
+    (_, continued) = await tasks_of_round(flow, 1)
+    assert continued["max_attempts"] == 1
+    assert await claim(db, flow.session, flow.queue) == []  # the gate holds it back
+    await control(False)
+    await answer(flow, engine, "ok", {"done": True})
+    assert (await flow.instance())["state"] == "SUCCEEDED"
+    await clean(flow)
+
+
 async def test_continue_after_the_query_deadline_needs_a_new_deadline(
         db: Database, engine: Engine) -> None:
     tenant = await make_tenant(db)

@@ -17,7 +17,9 @@ from orbit_api.routes import (
     subscriptions,
     tasks,
     workflow_controls,
+    workflow_recovery,
     workflow_signals,
+    workflow_wait_recovery,
     workflows,
 )
 from orbit_common.db.pool import Database
@@ -44,11 +46,14 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     workflows.add_routes(app)
     workflow_signals.add_routes(app)
     workflow_controls.add_routes(app)
+    workflow_recovery.add_routes(app)
+    workflow_wait_recovery.add_routes(app)
     return app
 
 
 for _module in (queues, tasks, interventions, applications, schedules, subscriptions,
-                workflows, workflow_signals, workflow_controls):
+                workflows, workflow_signals, workflow_controls, workflow_recovery,
+                workflow_wait_recovery):
     openapi.merge(_module.OPENAPI_PATHS, _module.OPENAPI_SCHEMAS)
 openapi.merge(subscription_stream.OPENAPI_PATHS, {})
 

@@ -31,8 +31,10 @@ from orbit_common.weave import controls as weave_controls
 from orbit_common.weave import instance_tasks as weave_instance_tasks
 from orbit_common.weave import instances as weave_instances
 from orbit_common.weave import operator as weave_operator
+from orbit_common.weave import recovery as weave_recovery
 from orbit_common.weave import signals as weave_signals
 from orbit_common.weave import timeline as weave_timeline
+from orbit_common.weave import wait_recovery
 
 T = TypeVar("T")
 
@@ -570,7 +572,8 @@ def _echo_line(value: Any) -> None:
 @admin.group("workflows")
 def admin_workflows() -> None:
     """Workflow definitions, versions and instances (docs/api/workflows.md); pause and resume
-    of an instance (docs/weave/pause.md)."""
+    of an instance (docs/weave/pause.md); manual recovery of held steps
+    (docs/weave/recovery.md)."""
 
 
 def _workflow_control(ctx: click.Context, instance_id: str, namespace: str, reason: str,
@@ -785,6 +788,140 @@ def tasks_get(ctx: click.Context, task_id: str, namespace: str) -> None:
     and activation)."""
     _echo_document(_with_db(ctx, lambda db: queries.operator_task(
         db, namespace=namespace, task_id=task_id)))
+
+
+@admin_workflows.group("steps")
+def workflows_steps() -> None:
+    """Manual recovery of a step (docs/weave/recovery.md): retry a TASK step, resolve a step,
+    re-arm a SIGNAL wait, continue a POLL step. Recorded with the operator's identity (--actor)
+    and the reason in the audit log."""
+
+
+def _recovery_request(check: Callable[[], T]) -> T:
+    try:
+        return check()
+    except errors.ValidationFailed as exc:
+        raise click.BadParameter("; ".join(f"{p['path']}: {p['message']}"
+                                           for p in exc.errors)) from exc
+
+
+@workflows_steps.command("retry")
+@click.argument("instance_id")
+@click.argument("step")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.option("--step-revision", type=int, required=True,
+              help="The step's revision as read (compare-and-set).")
+@click.option("--evidence-ref", default=None,
+              help="The evidence judged (required when the task is in NEEDS_REVIEW).")
+@click.option("--execution-ended", is_flag=True,
+              help="Declare that the old task's execution has ended (required when it is in "
+                   "NEEDS_REVIEW).")
+@click.option("--additional-attempts", type=click.IntRange(0, weave_recovery.ADDITIONAL_MAX),
+              default=0, show_default=True, help="Attempts granted beyond the original budget.")
+@click.pass_context
+def workflows_steps_retry(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, instance_id: str, step: str, namespace: str, reason: str,
+    step_revision: int, evidence_ref: str | None, execution_ended: bool,
+    additional_attempts: int,
+) -> None:
+    """Retry a TASK step: a new activation with a new task, the budget left and the original
+    absolute deadline. Prints the step with every activation."""
+    request = _recovery_request(lambda: weave_recovery.RetryRequest.check(
+        reason=reason, step_revision=step_revision, evidence_ref=evidence_ref,
+        execution_ended=True if execution_ended else None,
+        additional_attempts=additional_attempts))
+    _echo_document(_with_db(ctx, lambda db: weave_recovery.operator_retry(
+        db, namespace=namespace, instance_id=instance_id, step=step, request=request,
+        actor=_actor(ctx))))
+
+
+@workflows_steps.command("resolve")
+@click.argument("instance_id")
+@click.argument("step")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.option("--evidence-ref", required=True, help="The evidence the conclusion rests on.")
+@click.option("--step-revision", type=int, required=True,
+              help="The step's revision as read (compare-and-set).")
+@click.option("--conclusion", type=click.Choice(weave_recovery.CONCLUSIONS), required=True)
+@click.option("--output", "output_json", default=None,
+              help="JSON: the step's result (conclusion succeeded).")
+@click.option("--error", "error_code", default=None,
+              help="The error code (conclusion failed).")
+@click.option("--task-decision", type=click.Choice(weave_recovery.CONCLUSIONS), default=None,
+              help="The task's execution conclusion (required when it is in NEEDS_REVIEW).")
+@click.option("--execution-ended", is_flag=True,
+              help="Declare that the task's execution has ended (required when it is in "
+                   "NEEDS_REVIEW).")
+@click.pass_context
+def workflows_steps_resolve(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, instance_id: str, step: str, namespace: str, reason: str,
+    evidence_ref: str, step_revision: int, conclusion: str, output_json: str | None,
+    error_code: str | None, task_decision: str | None, execution_ended: bool,
+) -> None:
+    """Record a step's logical conclusion (and, for a task in NEEDS_REVIEW, the task's
+    review); the engine advances the step with it. Prints the step."""
+    output = None
+    if output_json is not None:
+        try:
+            output = jsondoc.loads_strict(output_json)
+        except errors.BadRequest as exc:
+            raise click.BadParameter(f"{exc.code}: {exc.detail}", param_hint="--output") from exc
+    request = _recovery_request(lambda: weave_recovery.ResolveRequest.check(
+        reason=reason, evidence_ref=evidence_ref, step_revision=step_revision,
+        conclusion=conclusion, output=output, has_output=output_json is not None,
+        error=error_code, task_decision=task_decision,
+        execution_ended=True if execution_ended else None))
+    _echo_document(_with_db(ctx, lambda db: weave_recovery.operator_resolve(
+        db, namespace=namespace, instance_id=instance_id, step=step, request=request,
+        actor=_actor(ctx))))
+
+
+@workflows_steps.command("rearm")
+@click.argument("instance_id")
+@click.argument("step")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log and the event.")
+@click.option("--step-revision", type=click.IntRange(1), required=True,
+              help="The step's revision as read (stale_revision when it moved).")
+@click.option("--timeout-ms", type=click.IntRange(wait_recovery.TIMEOUT_MIN_MS,
+                                                   wait_recovery.TIMEOUT_MAX_MS),
+              required=True, help="The new wait's timeout from now.")
+@click.pass_context
+def workflows_steps_rearm(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, instance_id: str, step: str, namespace: str, reason: str,
+    step_revision: int, timeout_ms: int,
+) -> None:
+    """Re-arm a SIGNAL wait held after its timeout: a new activation and wait generation
+    (the first deadline kept); prints the step with every activation."""
+    _echo_document(_with_db(ctx, lambda db: wait_recovery.operator_rearm(
+        db, namespace=namespace, instance_id=instance_id, step=step, reason=reason,
+        step_revision=step_revision, timeout_ms=timeout_ms, actor=_actor(ctx))))
+
+
+@workflows_steps.command("continue")
+@click.argument("instance_id")
+@click.argument("step")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log and the event.")
+@click.option("--step-revision", type=click.IntRange(1), required=True,
+              help="The step's revision as read (stale_revision when it moved).")
+@click.option("--rounds", type=click.IntRange(1, wait_recovery.ROUNDS_MAX), required=True,
+              help="Rounds granted beyond the definition's max_rounds.")
+@click.option("--deadline-ms", type=click.IntRange(1, wait_recovery.TIMEOUT_MAX_MS),
+              help="A new query deadline from now (the first one is kept).")
+@click.pass_context
+def workflows_steps_continue(  # noqa: PLR0917 - one parameter per click option
+    ctx: click.Context, instance_id: str, step: str, namespace: str, reason: str,
+    step_revision: int, rounds: int, deadline_ms: int | None,
+) -> None:
+    """Continue a POLL step held after it exhausted or after a round task failed (a cut-short
+    round gets only its remaining attempts); prints the step with every activation."""
+    _echo_document(_with_db(ctx, lambda db: wait_recovery.operator_continue(
+        db, namespace=namespace, instance_id=instance_id, step=step, reason=reason,
+        step_revision=step_revision, rounds=rounds, deadline_ms=deadline_ms,
+        actor=_actor(ctx))))
 
 
 # --- daemons ---------------------------------------------------------------------------------

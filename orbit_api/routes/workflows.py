@@ -391,7 +391,7 @@ async def list_rounds(request: web.Request) -> web.Response:
         step=step, after=after, limit=limit)
     items = view["items"]
     view["next_cursor"] = (cursors.encode("workflow_rounds", filters, [items[-1]["round"]])
-                           if len(items) == limit else None)
+                           if len(items) >= limit else None)
     return json_response(view)
 
 
@@ -842,12 +842,25 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                      "current_activation", "activations"],
         "properties": {
             "id": ID, "name": {"type": "string"},
+            "workflow_id": {**ID, "description": "In the answers of step recovery (retry, "
+                                                 "resolve): the instance"},
             "kind": {"enum": ["ROOT", "TASK", "CHOICE", "PARALLEL", "SUCCEED", "FAIL", "TIMER",
                               "SIGNAL", "POLL"]},
             "state": {"enum": ["PENDING", "RUNNING", "WAITING", "SUCCEEDED", "FAILED",
                                "CANCELLED", "SKIPPED"]},
             "revision": {"type": "integer", "minimum": 1}, "output": _JSON_ANY,
             "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
+            "held_at": {**nullable(TIME),
+                        "description": "Set while the step is held ($hold): WAITING, its "
+                                       "activation LIVE, until a person decides (retry, "
+                                       "resolve)"},
+            "held_error": {**_JSON_ANY,
+                           "description": "While held: the error the step would have "
+                                          "propagated"},
+            "resolution": {**_JSON_ANY,
+                           "description": "The logical conclusion an operator recorded "
+                                          "(resolve): conclusion, output or error, reason, "
+                                          "evidence_ref, actor, at"},
             "activation_count": {"type": "integer", "minimum": 0,
                                  "description": "Activations the step has had"},
             "current_activation": {"type": ["integer", "null"], "minimum": 1,
@@ -865,8 +878,9 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     },
     "WorkflowPollState": {
         "type": "object",
-        "required": ["state", "used_rounds", "max_rounds", "next_interval_ms", "next_round_at",
-                     "deadline_at", "activation_id"],
+        "required": ["state", "used_rounds", "max_rounds", "granted_rounds", "next_interval_ms",
+                     "next_round_at", "deadline_at", "continued_deadline_at", "first_round",
+                     "first_round_attempts_used", "activation_id"],
         "properties": {
             "state": {"enum": ["ROUND", "WAITING", "SATISFIED", "EXHAUSTED", "FAILED",
                                "CANCELLED"]},
@@ -877,6 +891,17 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "deadline_at": {**nullable(TIME),
                             "description": "The query's absolute deadline, fixed when the step "
                                            "started; null without query_deadline_ms"},
+            "granted_rounds": {"type": "integer", "minimum": 0,
+                               "description": "Rounds granted by continues: the query may use "
+                                              "max_rounds + granted_rounds"},
+            "continued_deadline_at": {**nullable(TIME),
+                                      "description": "A continue's new query deadline, in "
+                                                     "force instead of deadline_at"},
+            "first_round": {"type": "integer", "minimum": 1,
+                            "description": "The current activation's first round"},
+            "first_round_attempts_used": {"type": "integer", "minimum": 0,
+                                          "description": "Attempts that round had used in "
+                                                         "older activations"},
             "activation_id": ID,
         },
     },
@@ -932,7 +957,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         "properties": {
             "id": ID, "type": {"type": "string", "description": "e.g. workflow.started"},
             "aggregate_type": {"type": "string",
-                               "description": "workflow_instance or workflow_signal"},
+                               "description": "workflow_instance, workflow_signal or "
+                                              "workflow_step (a manual recovery)"},
             "aggregate_id": ID, "aggregate_revision": {"type": "integer", "minimum": 1},
             "from_state": {"type": ["string", "null"]}, "to_state": {"type": ["string", "null"]},
             "payload": _JSON_ANY,

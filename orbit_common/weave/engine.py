@@ -82,6 +82,7 @@ from orbit_common.weave import (
     types,
 )
 from orbit_common.weave.language import (
+    HOLD,
     ChoiceStep,
     Definition,
     FailStep,
@@ -237,6 +238,9 @@ class _Step:
     new: bool = False
     dirty: bool = False
     wait: timers.Wait | None = None  # the WAITING wait of its LIVE activation, or one it made
+    held_at: Any = None  # held ($hold): WAITING, activation LIVE, until a person decides
+    held_error: Any = None  # the error the step would have propagated
+    resolution: Any = None  # an operator's logical conclusion (docs/weave/recovery.md)
 
 
 @attrs.frozen
@@ -284,6 +288,7 @@ class _Advance:
         self.polls = polls.Book()
         self.now: Any = None  # the advance's database time (set before any step runs)
         self.replayed = False  # this advance replayed the instance's parked checkpoints
+        self.held: list[str] = []  # the steps this advance held ($hold)
         if model is not None:
             self.input = types.cel_input(model.definition.input_schema,
                                          jsondoc.loads_strict(instance["input"]))
@@ -332,15 +337,31 @@ class _Advance:
         return row
 
     def _end(self, row: _Step, state: str, *, output: Any = None, error: Any = None) -> None:
-        """``row`` ends in ``state``; so does its activation if it is LIVE."""
+        """``row`` ends in ``state``; so does its activation if it is LIVE (a hold ends)."""
         row.state = state
         row.output = output if state == "SUCCEEDED" else row.output
         row.error = error
+        row.held_at = row.held_error = None
         row.dirty = True
         if row.activation is not None and row.activation.state == "LIVE":
             row.activation.state = state
             row.activation.dirty = True
         self.changed = True
+
+    def hold(self, row: _Step, error: Any) -> None:
+        """The step's failure or timeout transition is ``$hold``: instead of transitioning,
+        the step stays WAITING with its activation LIVE, ``held_at`` set and ``held_error``
+        the error it would have propagated (docs/weave/recovery.md)."""
+        if row.activation is None or row.activation.state != "LIVE":
+            raise errors.DatabaseError(f"step {row.name!r} is held without a LIVE activation")
+        if self.now is None:
+            raise errors.DatabaseError("an advance without its database time")
+        row.state = "WAITING"
+        row.held_at = self.now
+        row.held_error = error
+        row.dirty = True
+        self.changed = True
+        self.held.append(row.name)
 
     def alive(self, frame: Frame) -> bool:
         while frame is not None:
@@ -371,6 +392,9 @@ class _Advance:
             except expressions.ExpressionError as exc:
                 failure = {"error": EXPRESSION_FAILED, "cause": exc.message, "step": step.name}
                 # Every expression is evaluated before its step's row is made.
+                if isinstance(step, TaskStep | PollStep) and step.on_failure == HOLD:
+                    self.hold(self._reach(step, "WAITING"), failure)
+                    return
                 self._reach(step, "FAILED", error=failure)
                 if isinstance(step, TaskStep | PollStep):
                     self.task_failed(step, failure)
@@ -482,7 +506,7 @@ class _Advance:
                     raise errors.DatabaseError(f"step {row.name!r} is not a SIGNAL step")
                 self._signalled(step, row, wait, signal)
                 return
-        if any(s.name not in self.steps for s in steps):
+        if any(s.name not in self.steps or self._rearmable(s.name) for s in steps):
             self.book.later(signal)
         elif any(w.key == signal.key for w in waits):
             signal.disposition = signals.PAYLOAD_VERSION
@@ -490,6 +514,12 @@ class _Advance:
             signal.disposition = signals.CORRELATION_MISMATCH
         else:
             signal.disposition = signals.WAIT_CLOSED
+
+    def _rearmable(self, name: str) -> bool:
+        """A SIGNAL step held after its wait timed out (``$hold``): a re-arm may open its wait
+        again, so the signals of its name wait for it (docs/weave/recovery.md § 重新等待)."""
+        row = self.steps[name]
+        return row.kind == "SIGNAL" and row.state == "WAITING" and row.held_at is not None
 
     def receive_signals(self) -> None:
         """The signals this round leased for the instance, then :meth:`settle_signals`."""
@@ -581,18 +611,21 @@ class _Advance:
                 failure = {"error": RESULT_SHAPE,
                            "cause": f"{found[0]['path']}: {found[0]['message']}",
                            "step": step.name}
-                self._end(row, "FAILED", error=failure)
                 self.task_failed(step, failure)
                 return
         self._complete(row, result)
         self.run_path(step.next)
 
     def task_failed(self, step: TaskStep | ParallelStep | PollStep, error: Any) -> None:
-        """``step`` failed (its row already FAILED): its failure transition, else its scope
-        ends with the error."""
+        """``step`` failed: its row FAILED and its failure transition, else its scope ends
+        with the error; a ``$hold`` transition holds the step instead (its row WAITING, its
+        activation LIVE)."""
         if isinstance(error, dict) and "step" not in error:
             error = {**error, "step": step.name}
         row = self.steps[step.name]
+        if step.on_failure == HOLD and row.state != "FAILED":
+            self.hold(row, error)
+            return
         if row.state != "FAILED":
             self._end(row, "FAILED", error=error)
         if step.on_failure is not None:
@@ -682,6 +715,10 @@ class _Advance:
             return STALE
         if not self.alive(self.frame(step.name)):
             return CLOSED_BLOCK
+        if step.resolution is not None:
+            # An operator recorded the step's conclusion (the RESOLVE advance carries it); the
+            # task's own result -- its review -- is kept, never advanced.
+            return STALE
         if row["task_state"] == "NEEDS_REVIEW":
             if step.state != "WAITING":
                 step.state = "WAITING"
@@ -696,7 +733,6 @@ class _Advance:
         else:
             failure = {"error": TASK_FAILED, "cause": snapshot.get("error"),
                        "step": step.name}
-            self._end(step, "FAILED", error=failure)
             self.task_failed(definition_step, failure)
         return ADVANCED
 
@@ -712,7 +748,41 @@ class _Advance:
             return self.next_round(row)
         if row["kind"] == "RESUME":  # the replay ran first in this advance (or an earlier one)
             return ADVANCED if self.replayed else DUPLICATE
+        if row["kind"] == "RESOLVE":
+            return self.resolve(row)
         return STALE
+
+    def resolve(self, row: dict[str, Any]) -> str:
+        """An operator recorded the step's conclusion (``resolution``; recovery.py): the step
+        advances as if it had succeeded with the output, or failed with the error -- through
+        its own failure transition (``on_failure``; a SIGNAL step's ``on_timeout``), never
+        ``$hold`` again: without one the failure propagates to the scope."""
+        if not self.running:
+            return INSTANCE_ENDED
+        step = next((s for s in self.steps.values() if s.id == row["step_id"]), None)
+        if (step is None or step.resolution is None or step.state != "WAITING"
+                or step.activation is None or step.activation.state != "LIVE"):
+            return STALE
+        definition_step = self.definition.all_steps.get(step.name)
+        if not isinstance(definition_step, TaskStep | PollStep | SignalStep):
+            return STALE
+        if not self.alive(self.frame(step.name)):
+            return CLOSED_BLOCK
+        resolution = step.resolution
+        if resolution.get("conclusion") == "succeeded":
+            self._complete(step, resolution.get("output"))
+            self.run_path(definition_step.next)
+            return ADVANCED
+        failure = {"error": resolution.get("error"), "cause": resolution.get("reason"),
+                   "step": step.name, "resolved": True}
+        self._end(step, "FAILED", error=failure)
+        target = (definition_step.on_timeout if isinstance(definition_step, SignalStep)
+                  else definition_step.on_failure)
+        if target is not None and target != HOLD:
+            self.run_path(target)
+        else:
+            self.scope_ended(self.frame(step.name), False, failure)
+        return ADVANCED
 
     def fire_timer(self, row: dict[str, Any]) -> str:
         """A due TIMER row (timers.py): re-checked against the rows and database time; the
@@ -740,21 +810,36 @@ class _Advance:
 
     def signal_timeout(self, row: dict[str, Any]) -> str:
         """A SIGNAL wait's deadline: the wait TIMED_OUT, the step FAILED ``signal_timeout``,
-        then ``on_timeout``. Never early (database time): an early row is re-armed."""
+        then ``on_timeout``. Never early (database time): an early row (a re-armed wait's comes
+        at once) first lets a matching pending signal win, else it is re-armed for the
+        deadline."""
         if not self.running:
             return INSTANCE_ENDED
         wait = self.book.waits.get(row["activation_id"]) if row["activation_id"] else None
         if wait is None or not self._wait_open(wait):
             return STALE
-        if wait.deadline_at is None or self.book.now < wait.deadline_at:
-            self.book.rearm.append(row["id"])
-            return STALE
         step_row = self.by_activation[wait.activation_id]
         step = self.definition.all_steps[step_row.name]
         if not isinstance(step, SignalStep):
             return STALE
+        early = wait.deadline_at is None or self.book.now < wait.deadline_at
+        # A re-armed wait's row is due at once (wait_recovery.py), before its deadline: it is
+        # the wait's entry, where a matching signal already pending wins, however short the
+        # new timeout (a row due at the deadline times out: signals lost that race on entry).
+        entry = wait.deadline_at is not None and as_utc(row["due_at"]) < wait.deadline_at
+        if early or entry:
+            winner = self.book.take(wait)
+            if winner is not None:
+                self._signalled(step, step_row, wait, winner)
+                return ADVANCED
+        if early:  # not due yet: the row waits for the deadline
+            self.book.rearm.append((row["id"], wait.deadline_at or as_utc(row["due_at"])))
+            return STALE
         self.book.time_out(wait)
         failure = {"error": signals.SIGNAL_TIMEOUT, "step": step.name}
+        if step.on_timeout == HOLD:
+            self.hold(step_row, failure)
+            return ADVANCED
         self._end(step_row, "FAILED", error=failure)
         if step.on_timeout is not None:
             self.run_path(step.on_timeout)
@@ -810,9 +895,9 @@ class _Advance:
         now = self.polls.time
         interval = state.next_interval_ms
         at = now + dt.timedelta(milliseconds=interval)
-        if state.used_rounds >= state.max_rounds:
+        if state.used_rounds >= state.round_budget:
             self._poll_exhausted(definition_step, step, state, "max_rounds")
-        elif state.deadline_at is not None and at >= state.deadline_at:
+        elif state.query_deadline is not None and at >= state.query_deadline:
             self._poll_exhausted(definition_step, step, state, "deadline")
         else:
             state.state = polls.WAITING
@@ -847,7 +932,6 @@ class _Advance:
                      failure: dict[str, Any]) -> None:
         state.state = polls.FAILED
         state.dirty = True
-        self._end(row, "FAILED", error=failure)
         self.task_failed(step, failure)
 
     def _poll_exhausted(self, step: PollStep, row: _Step, state: polls.PollState,
@@ -858,8 +942,11 @@ class _Advance:
         state.next_round_at = state.arm_at = None
         state.dirty = True
         failure = polls.exhausted_error(step.name, state, reason)
-        self._end(row, "FAILED", error=failure)
         target = step.on_exhausted or step.on_failure
+        if target == HOLD:
+            self.hold(row, failure)
+            return
+        self._end(row, "FAILED", error=failure)
         if target is not None:
             self.run_path(target)
         else:
@@ -885,8 +972,8 @@ class _Advance:
         if not self.polls.gate_open:
             state.arm_at = now + dt.timedelta(milliseconds=state.next_interval_ms)
             return HELD
-        left = polls.remaining_ms(state.deadline_at, now)
-        if state.used_rounds >= state.max_rounds:
+        left = polls.remaining_ms(state.query_deadline, now)
+        if state.used_rounds >= state.round_budget:
             self._poll_exhausted(definition_step, step, state, "max_rounds")
             return ADVANCED
         if left is not None and left < 1:
@@ -924,7 +1011,8 @@ class _Advance:
         """The instance's poll rows and the advance's database time; each earlier round of a
         query made a task the activations do not count."""
         self.polls = book
-        self.task_count += sum(s.used_rounds - 1 for s in book.states.values())
+        self.task_count += sum(s.extra_tasks if s.granted_rounds else s.used_rounds - 1
+                               for s in book.states.values())
 
 
 # --- SQL ----------------------------------------------------------------------------------------
@@ -937,14 +1025,17 @@ LOCK_INSTANCES = ("SELECT id, namespace_id, definition_id, version, version_dige
                   " WHERE namespace_id = %s AND id IN ({ids}) ORDER BY id FOR UPDATE")
 FENCE = ("SELECT * FROM {table} WHERE namespace_id = %s AND id IN ({ids})"
          " ORDER BY created_at, id FOR UPDATE")
-STEPS = ("SELECT instance_id, id, name, kind, state, output, error, join_state"
-         " FROM weave_steps WHERE namespace_id = %s AND instance_id IN ({ids})")
+STEPS = ("SELECT instance_id, id, name, kind, state, output, error, join_state, held_at,"
+         " held_error, resolution FROM weave_steps"
+         " WHERE namespace_id = %s AND instance_id IN ({ids})")
+# In sequence order: a step's activation that counts is its LIVE one, else its newest.
 ACTIVATIONS = ("SELECT instance_id, id, step_id, state, task_id, result_event_id"
-               " FROM weave_activations WHERE namespace_id = %s AND instance_id IN ({ids})")
+               " FROM weave_activations WHERE namespace_id = %s AND instance_id IN ({ids})"
+               " ORDER BY step_id, sequence")
 INSERT_STEPS = ("INSERT INTO weave_steps (namespace_id, instance_id, id, name, kind, state,"
                 " revision, activation_count, live_activation_id, output, error, join_state,"
-                " created_at, updated_at)")
-STEP_ROW = "(%s, %s, %s, %s, %s, %s, 1, 1, %s, %s, %s, %s, %s, %s)"
+                " held_at, held_error, created_at, updated_at)")
+STEP_ROW = "(%s, %s, %s, %s, %s, %s, 1, 1, %s, %s, %s, %s, %s, %s, %s, %s)"
 INSERT_ACTIVATIONS = ("INSERT INTO weave_activations (namespace_id, instance_id, step_id, id,"
                       " sequence, state, live_step_id, task_id, result_event_id, created_at,"
                       " ended_at)")
@@ -955,6 +1046,7 @@ ACTIVATION_ROW = "(%s, %s, %s, %s, 1, %s, %s, %s, %s, %s, %s)"
 UPDATE_STEPS = ("UPDATE weave_steps SET state = CASE id {state} END, revision = revision + 1,"
                 " live_activation_id = CASE id {live} END, output = CASE id {output} END,"
                 " error = CASE id {error} END, join_state = CASE id {join} END,"
+                " held_at = CASE id {held_at} END, held_error = CASE id {held_error} END,"
                 " updated_at = %s WHERE namespace_id = %s AND instance_id IN ({instances})"
                 " AND id IN ({ids})")
 UPDATE_ACTIVATIONS = ("UPDATE weave_activations SET state = CASE id {state} END,"
@@ -1027,9 +1119,10 @@ async def _load_steps(cur: Any, ns: bytes, instance_ids: Sequence[bytes]
     for a in await cur.fetchall():
         if a["task_id"] is not None:
             made[a["instance_id"]] += 1
-        # One activation per step in this issue (no loops); the LIVE one, else the last.
+        # A step's LIVE activation, else its newest (a retried step has older, SUPERSEDED
+        # ones: their results are stale).
         current = activations.get(a["step_id"])
-        if current is None or a["state"] == "LIVE":
+        if current is None or current.state != "LIVE":
             activations[a["step_id"]] = _Activation(
                 id=a["id"], step_id=a["step_id"], state=a["state"], task_id=a["task_id"],
                 result_event_id=a["result_event_id"])
@@ -1042,6 +1135,9 @@ async def _load_steps(cur: Any, ns: bytes, instance_ids: Sequence[bytes]
             id=r["id"], name=r["name"], kind=r["kind"], state=r["state"],
             output=_text(r["output"]), error=_text(r["error"]), join=_text(r["join_state"]),
             activation=activation,
+            held_at=None if r["held_at"] is None else as_utc(r["held_at"]),
+            held_error=_text(r["held_error"]),
+            resolution=_text(r["resolution"]),
             wait=waits[r["instance_id"]].get(activation.id) if activation else None))
     return {instance_id: (steps[instance_id], made[instance_id]) for instance_id in instance_ids}
 
@@ -1133,6 +1229,7 @@ async def _write(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any) ->
                  "tasks": [{"step": t.step, "task_id": t.item.task_id.hex(),
                             "sequence": t.sequence} for t in adv.new_tasks],
                  "waiting": sorted(r.name for r in adv.rows() if r.state == "WAITING"),
+                 **({"held": sorted(adv.held)} if adv.held else {}),
                  "output": adv.output, "error": adv.error}) for adv in advances])
 
 
@@ -1175,8 +1272,8 @@ async def _write_rows(cur: Any, ns: bytes, advances: Sequence[_Advance], when: A
             if row.new:
                 new_steps.append((ns, instance_id, row.id, row.name, row.kind, row.state,
                                   activation.id if live and activation else None,
-                                  _json(row.output), _json(row.error), _json(row.join), when,
-                                  when))
+                                  _json(row.output), _json(row.error), _json(row.join),
+                                  _held_at(row), _json(row.held_error), when, when))
             elif row.dirty:
                 dirty_steps.append((instance_id, row))
             if activation is None:
@@ -1205,6 +1302,8 @@ async def _write_rows(cur: Any, ns: bytes, advances: Sequence[_Advance], when: A
             "output": [(r.id, _json(r.output)) for _, r in dirty_steps],
             "error": [(r.id, _json(r.error)) for _, r in dirty_steps],
             "join": [(r.id, _json(r.join)) for _, r in dirty_steps],
+            "held_at": [(r.id, _held_at(r)) for _, r in dirty_steps],
+            "held_error": [(r.id, _json(r.held_error)) for _, r in dirty_steps],
         }, (when, ns), instances=sorted({i for i, _ in dirty_steps}),
             ids=[r.id for _, r in dirty_steps])
     if dirty_activations:
@@ -1223,6 +1322,10 @@ async def _write_rows(cur: Any, ns: bytes, advances: Sequence[_Advance], when: A
                       for adv in advances],
     }, (when, ns), ids=[adv.instance["id"] for adv in advances])
     await timers.write(cur, ns, _timer_waits(advances), when)
+
+
+def _held_at(row: _Step) -> Any:
+    return None if row.held_at is None else to_db(row.held_at)
 
 
 def _timer_waits(advances: Sequence[_Advance]) -> list[tuple[bytes, timers.Wait]]:

@@ -48,6 +48,9 @@ class PollStepNotFound(errors.NotFound):
     title = "Workflow step not found"
 
 
+StepNotFound = PollStepNotFound  # the same problem (workflow_step_not_found) for any step
+
+
 class DefinitionNotPublished(errors.Conflict):
     code = "definition_not_published"
     title = "The workflow definition has no published version"
@@ -122,6 +125,11 @@ def step_view(row: dict[str, Any], activations: list[dict[str, Any]],
         "current_activation": count or None,
         "output": jsondoc.RawJson(row["output"]) if row["output"] is not None else None,
         "error": jsondoc.RawJson(row["error"]) if row["error"] is not None else None,
+        "held_at": _iso(row["held_at"]),
+        "held_error": (jsondoc.RawJson(row["held_error"]) if row["held_error"] is not None
+                       else None),
+        "resolution": (jsondoc.RawJson(row["resolution"]) if row["resolution"] is not None
+                       else None),
         "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
         "activations": [{
             "id": a["id"].hex(), "sequence": a["sequence"], "state": a["state"],

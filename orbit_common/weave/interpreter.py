@@ -25,6 +25,10 @@ round ends, so a test gives a sequence of round results. A round whose result do
 ``until`` makes the next round at once, in the same advance (the engine makes it in an advance
 of its own once the interval has passed); the interpreter has no clock, so it never exhausts a
 query by its deadline -- only by ``max_rounds``.
+
+A failure or timeout transition to ``$hold`` holds its step (docs/weave/recovery.md): the path
+stops there and the step waits for a person; :attr:`Run.held` lists the held steps (with the
+error each would have propagated) whose block has not closed since.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import attrs
 from orbit_common.pulse.tasks import iso
 from orbit_common.weave import expressions, timers, types
 from orbit_common.weave.language import (
+    HOLD,
     ChoiceStep,
     Definition,
     FailStep,
@@ -138,6 +143,7 @@ class Run:
     error: Any  # FAILED: {"error": code, "cause": value, "step": name}
     advances: tuple[Advance, ...]
     results: dict[str, Any]  # step name -> result, for every step that completed
+    held: dict[str, Any] = attrs.field(factory=dict)  # held step -> its held error
 
     @property
     def tasks(self) -> list[TaskCall]:
@@ -194,6 +200,7 @@ class _Instance:
         self.pending: list[tuple[TaskCall, TaskStep | PollStep, _Frame]] = []
         self.created: list[TaskCall] = []
         self.timers: list[tuple[TimerCall, TimerStep, _Frame]] = []
+        self.held: list[tuple[str, Any, _Frame]] = []
         self.now = dt.datetime.now(dt.UTC)
 
     def evaluate(self, source: str) -> Any:
@@ -334,7 +341,9 @@ class _Instance:
         failure = {"error": POLL_EXHAUSTED, "rounds": call.round, "reason": "max_rounds",
                    "step": step.name}
         target = step.on_exhausted or step.on_failure
-        if target is not None:
+        if target == HOLD:
+            self.held.append((step.name, failure, frame))
+        elif target is not None:
             self.run_path(target, frame)
         else:
             self.scope_ended(frame, False, failure)
@@ -343,7 +352,9 @@ class _Instance:
                     error: Any) -> None:
         if isinstance(error, dict) and "step" not in error:
             error = {**error, "step": step.name}
-        if step.on_failure is not None:
+        if step.on_failure == HOLD:
+            self.held.append((step.name, error, frame))
+        elif step.on_failure is not None:
             self.run_path(step.on_failure, frame)
         else:
             self.scope_ended(frame, False, error)
@@ -432,8 +443,10 @@ def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall
         else:
             instance.task_succeeded(step, frame, ended.result)
         advances.append(Advance(trigger=call.seq, created=tuple(instance.created)))
+    held_steps = ({name: error for name, error, frame in instance.held if frame.alive()}
+                  if instance.state is InstanceState.RUNNING else {})
     return Run(state=instance.state, output=instance.output, error=instance.error,
-               advances=tuple(advances), results=dict(instance.results))
+               advances=tuple(advances), results=dict(instance.results), held=held_steps)
 
 
 def _time_out(instance: _Instance) -> Advance:
@@ -443,5 +456,8 @@ def _time_out(instance: _Instance) -> Advance:
     instance.created = []
     if not frame.alive():
         return Advance(trigger=0, created=(), ignored=True, timeout=step.name)
-    instance.run_path(step.on_timeout, frame)
+    if step.on_timeout == HOLD:
+        instance.held.append((step.name, {"error": SIGNAL_TIMEOUT, "step": step.name}, frame))
+    else:
+        instance.run_path(step.on_timeout, frame)
     return Advance(trigger=0, created=tuple(instance.created), timeout=step.name)

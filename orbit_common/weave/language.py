@@ -50,6 +50,11 @@ MAX_PAYLOAD_VERSIONS = 16
 MAX_PAYLOAD_VERSION = 1_000_000
 MAX_BACKOFF_MULTIPLIER = 10
 POLICIES = ("ALL_SUCCEED", "FAIL_FAST")
+# The reserved target of a failure or timeout transition (TASK and POLL ``on_failure``, SIGNAL
+# ``on_timeout``, POLL ``on_exhausted``): instead of transitioning, the step is *held* -- it
+# stays WAITING with its activation LIVE until a person decides (docs/weave/recovery.md). It is
+# not a step: it has no reachability or visibility effect.
+HOLD = "$hold"
 ERROR_CODE = re.compile(r"\A[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?\Z")
 ERROR_CODE_RULE = ("1-64 characters: lowercase letters, digits, '.', '_' or '-', "
                    "starting and ending with a letter or digit")
@@ -248,7 +253,12 @@ class Definition:
 
 
 def targets(step: Step) -> list[tuple[str, str]]:
-    """The transitions of ``step`` in its scope: (JSON path of the field, target name)."""
+    """The transitions of ``step`` in its scope: (JSON path of the field, target name). A
+    ``$hold`` target (:data:`HOLD`) is no transition: it is left out."""
+    return [(where, target) for where, target in _targets(step) if target != HOLD]
+
+
+def _targets(step: Step) -> list[tuple[str, str]]:
     if isinstance(step, TaskStep | ParallelStep):
         found = [(f"{step.path}.next", step.next)]
         if step.on_failure is not None:
@@ -408,10 +418,21 @@ class _Parser:
             input=_expression(raw, "input", path, self.problem),
             options=self.options(raw, path), result_schema=self.result_schema(raw, path),
             next=_name_of(raw, "next", path, self.problem),
-            on_failure=self.optional_target(raw, "on_failure", path))
+            on_failure=self.optional_target(raw, "on_failure", path, hold=True))
 
-    def optional_target(self, raw: dict[str, Any], key: str, path: str) -> str | None:
-        return _name_of(raw, key, path, self.problem) if key in raw else None
+    def optional_target(self, raw: dict[str, Any], key: str, path: str, *,
+                        hold: bool = False) -> str | None:
+        """A transition's target if given; ``hold``: ``$hold`` is allowed here."""
+        if key not in raw:
+            return None
+        if raw[key] == HOLD:
+            if hold:
+                return HOLD
+            self.problem(f"{path}.{key}", "invalid_value",
+                         f"{HOLD} is allowed only as on_failure of a TASK or POLL step, "
+                         "on_timeout of a SIGNAL step and on_exhausted of a POLL step")
+            return ""
+        return _name_of(raw, key, path, self.problem)
 
     def result_schema(self, raw: dict[str, Any], path: str) -> Schema | None:
         if "result_schema" not in raw:
@@ -489,7 +510,7 @@ class _Parser:
             name=name, path=path, signal=_name_of(raw, "signal", path, problem),
             correlation=_expression(raw, "correlation", path, problem),
             payload_versions=versions, timeout_ms=timeout_ms,
-            on_timeout=self.optional_target(raw, "on_timeout", path),
+            on_timeout=self.optional_target(raw, "on_timeout", path, hold=True),
             next=_name_of(raw, "next", path, problem))
 
     def poll(self, name: str, raw: dict[str, Any], path: str) -> PollStep:
@@ -528,8 +549,8 @@ class _Parser:
             query_deadline_ms=self.milliseconds(raw, "query_deadline_ms", path, 1,
                                                 MAX_WAIT_MS),
             next=_name_of(raw, "next", path, problem),
-            on_exhausted=self.optional_target(raw, "on_exhausted", path),
-            on_failure=self.optional_target(raw, "on_failure", path))
+            on_exhausted=self.optional_target(raw, "on_exhausted", path, hold=True),
+            on_failure=self.optional_target(raw, "on_failure", path, hold=True))
 
     def choice(self, name: str, raw: dict[str, Any], path: str) -> ChoiceStep:
         problem = self.problem
@@ -590,8 +611,7 @@ class _Parser:
         return ParallelStep(name=name, path=path, branches=tuple(branches),
                             policy=policy,  # type: ignore[arg-type]
                             next=_name_of(raw, "next", path, problem),
-                            on_failure=_name_of(raw, "on_failure", path, problem)
-                            if "on_failure" in raw else None)
+                            on_failure=self.optional_target(raw, "on_failure", path))
 
 
 # --- the graph ----------------------------------------------------------------------------------

@@ -77,11 +77,25 @@ class PollState:
     next_round_at: dt.datetime | None
     deadline_at: dt.datetime | None
     last_result: Any = None
+    granted_rounds: int = 0  # rounds an operator granted (continue): the budget grows by them
+    continued_deadline_at: dt.datetime | None = None  # a continue's new query deadline
+    extra_tasks: int = 0  # tasks of older activations beyond one each (continued queries)
     advance_id: bytes = b""
     advance_state: str = "DONE"
     arm_at: dt.datetime | None = None  # re-arm the POLL advance (PENDING at this time)
     new: bool = False
     dirty: bool = False
+
+    @property
+    def round_budget(self) -> int:
+        """The rounds the query may use: the definition's, plus those granted by hand."""
+        return self.max_rounds + self.granted_rounds
+
+    @property
+    def query_deadline(self) -> dt.datetime | None:
+        """The query deadline in force: a continue's new one, else the first (which never
+        moves)."""
+        return self.continued_deadline_at or self.deadline_at
 
 
 @attrs.define
@@ -189,6 +203,17 @@ LOAD_ROUNDS = ("SELECT instance_id, activation_id, round, step_id, task_id, stat
                " AND state = 'RUNNING'")
 LOAD_ADVANCES = ("SELECT instance_id, id, step_id, state FROM weave_pending_advances"
                  " WHERE namespace_id = %s AND instance_id IN ({ids}) AND kind = 'POLL'")
+# Continued queries (granted_rounds > 0): their steps' tasks beyond one per activation that
+# made one (a round continued in a new activation made a second task for that round).
+LOAD_EXTRA_TASKS = (
+    "SELECT ps.instance_id, ps.step_id,"
+    " (SELECT COUNT(*) FROM weave_poll_rounds r WHERE r.namespace_id = ps.namespace_id"
+    " AND r.instance_id = ps.instance_id AND r.step_id = ps.step_id)"
+    " - (SELECT COUNT(*) FROM weave_activations a WHERE a.namespace_id = ps.namespace_id"
+    " AND a.instance_id = ps.instance_id AND a.step_id = ps.step_id"
+    " AND a.task_id IS NOT NULL) AS extra"
+    " FROM weave_poll_states ps WHERE ps.namespace_id = %s AND ps.instance_id IN ({ids})"
+    " AND ps.granted_rounds > 0")
 LOAD_GATES = ("SELECT id, state FROM pulse_execution_gates WHERE namespace_id = %s"
               " AND id IN ({ids})")
 INSERT_STATES = ("INSERT INTO weave_poll_states (namespace_id, instance_id, step_id,"
@@ -255,8 +280,15 @@ async def load(cur: Any, ns: bytes, instances: Mapping[bytes, tuple[bytes, bool]
             deadline_at=None if r["deadline_at"] is None else as_utc(r["deadline_at"]),
             last_result=None if r["last_result"] is None
             else jsondoc.loads_strict(r["last_result"]),
+            granted_rounds=r["granted_rounds"],
+            continued_deadline_at=None if r["continued_deadline_at"] is None
+            else as_utc(r["continued_deadline_at"]),
             advance_id=advance["id"] if advance else b"",
             advance_state=advance["state"] if advance else "NONE")
+    if any(s.granted_rounds for b in books.values() for s in b.states.values()):
+        await cur.execute(LOAD_EXTRA_TASKS.format(ids=marks), (ns, *polling))
+        for r in await cur.fetchall():
+            books[r["instance_id"]].states[r["step_id"]].extra_tasks = int(r["extra"])
     await cur.execute(LOAD_ROUNDS.format(ids=marks), (ns, *polling))
     for r in await cur.fetchall():
         books[r["instance_id"]].rounds[r["task_id"]] = RoundRow(
@@ -368,7 +400,13 @@ READ_ROUNDS = ("SELECT r.round, r.activation_id, r.task_id, r.state, r.result, r
                " r.ended_at, t.state AS task_state FROM weave_poll_rounds r"
                " LEFT JOIN pulse_tasks t ON t.namespace_id = r.namespace_id AND t.id = r.task_id"
                " WHERE r.namespace_id = %s AND r.instance_id = %s AND r.step_id = %s"
-               " AND r.round > %s ORDER BY r.round LIMIT %s")
+               " AND r.round > %s ORDER BY r.round, r.created_at, r.task_id LIMIT %s")
+# Every row of one round (a round continued in a new activation has one row per activation).
+READ_ROUND = ("SELECT r.round, r.activation_id, r.task_id, r.state, r.result, r.created_at,"
+              " r.ended_at, t.state AS task_state FROM weave_poll_rounds r"
+              " LEFT JOIN pulse_tasks t ON t.namespace_id = r.namespace_id AND t.id = r.task_id"
+              " WHERE r.namespace_id = %s AND r.instance_id = %s AND r.step_id = %s"
+              " AND r.round = %s ORDER BY r.created_at, r.task_id")
 READ_STATES = ("SELECT * FROM weave_poll_states WHERE namespace_id = %s"
                " AND instance_id = %s")
 
@@ -380,8 +418,12 @@ def _iso(value: Any) -> str | None:
 def state_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """A query's public state (the instance detail's step and the rounds route)."""
     return {"state": row["state"], "used_rounds": row["used_rounds"],
-            "max_rounds": row["max_rounds"], "next_interval_ms": row["next_interval_ms"],
+            "max_rounds": row["max_rounds"], "granted_rounds": row["granted_rounds"],
+            "next_interval_ms": row["next_interval_ms"],
             "next_round_at": _iso(row["next_round_at"]), "deadline_at": _iso(row["deadline_at"]),
+            "continued_deadline_at": _iso(row["continued_deadline_at"]),
+            "first_round": row["first_round"],
+            "first_round_attempts_used": row["first_round_attempts_used"],
             "activation_id": row["activation_id"].hex()}
 
 
@@ -394,17 +436,24 @@ async def states_of(cur: Any, ns: bytes, instance_id: bytes) -> dict[bytes, dict
 async def rounds_of(cur: Any, ns: bytes, instance_id: bytes, step_id: bytes, *, after: int,
                     limit: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """A POLL step's public state (None: not a POLL step that was entered) and its rounds
-    numbered after ``after``, in order, at most ``limit``. Rounds are numbered across the
-    step's activations, so the round number alone orders them."""
+    numbered after ``after``, in order, ``limit`` rows or a few more. Rounds are numbered
+    across the step's activations, so the round number orders them; a round continued in a new
+    activation (wait_recovery.py) has a row per activation, and a page never splits a round:
+    it ends with every row of its last round."""
     await cur.execute(READ_STATE, (ns, instance_id, step_id))
     row = await cur.fetchone()
     if row is None:
         return None, []
     await cur.execute(READ_ROUNDS, (ns, instance_id, step_id, after, limit))
+    found = list(await cur.fetchall())
+    if len(found) == limit:
+        last = found[-1]["round"]
+        await cur.execute(READ_ROUND, (ns, instance_id, step_id, last))
+        found = [r for r in found if r["round"] != last] + list(await cur.fetchall())
     rounds = [{
         "round": r["round"], "activation_id": r["activation_id"].hex(),
         "task_id": r["task_id"].hex(), "state": r["state"], "task_state": r["task_state"],
         "result": jsondoc.RawJson(r["result"]) if r["result"] is not None else None,
         "created_at": _iso(r["created_at"]), "ended_at": _iso(r["ended_at"]),
-    } for r in await cur.fetchall()]
+    } for r in found]
     return state_view(row), rounds

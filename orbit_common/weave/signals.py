@@ -447,7 +447,7 @@ class Book:
     signals: list[Signal] = attrs.field(factory=list)  # oldest first
     advances: list[tuple[bytes, bytes, dt.datetime]] = attrs.field(factory=list)
     done_steps: set[bytes] = attrs.field(factory=set)
-    rearm: list[bytes] = attrs.field(factory=list)
+    rearm: list[tuple[bytes, dt.datetime]] = attrs.field(factory=list)  # (row id, due at)
 
     def open_wait(self, step_id: bytes, activation_id: bytes, *, name: str, key: bytes,
                   versions: tuple[int, ...], timeout_ms: int | None) -> Wait:
@@ -591,8 +591,9 @@ FINISH_ADVANCES = ("UPDATE weave_pending_advances SET state = 'DONE', done_at = 
                    " lease_owner = NULL, lease_expires_at = NULL WHERE namespace_id = %s"
                    " AND instance_id IN ({instances}) AND step_id IN ({steps})"
                    " AND kind = 'SIGNAL' AND state <> 'DONE'")
-REARM = ("UPDATE weave_pending_advances SET state = 'PENDING', done_at = NULL,"
-         " lease_owner = NULL, lease_expires_at = NULL WHERE namespace_id = %s AND id IN ({ids})")
+REARM = ("UPDATE weave_pending_advances SET state = 'PENDING', due_at = CASE id {due} END,"
+         " done_at = NULL, lease_owner = NULL, lease_expires_at = NULL"
+         " WHERE namespace_id = %s AND id IN ({ids})")
 RESOLVE = ("UPDATE weave_signals SET state = CASE id {state} END,"
            " disposition = CASE id {disposition} END, wait_id = CASE id {wait} END,"
            " target_activation_sequence = CASE id {sequence} END, resolved_at = %s,"
@@ -661,9 +662,9 @@ async def write(cur: Any, namespace_id: bytes, books: Sequence[tuple[bytes, Book
             steps=placeholders(len(finished))),
             (when, namespace_id, *sorted({i for i, _ in finished}),
              *[s for _, s in finished]))
-    rearm = [row_id for _, book in books for row_id in book.rearm]
+    rearm = [(row_id, to_db(due)) for _, book in books for row_id, due in book.rearm]
     if rearm:
-        await cur.execute(REARM.format(ids=placeholders(len(rearm))), (namespace_id, *rearm))
+        await _case_update(cur, REARM, {"due": rearm}, (namespace_id,), [r for r, _ in rearm])
     await _write_signals(cur, namespace_id, books, now)
 
 

@@ -7,7 +7,8 @@ The timeline is the union of two indexed reads of ``orbit_events`` (each keyset-
   ``workflow.advanced``, ``workflow.succeeded``, ``workflow.failed``, and whatever later
   commands append to the instance), by ``ix_events_aggregate``;
 - every other event that names the instance in its payload's ``workflow_id`` (its signals'
-  ``workflow.signal.accepted`` / ``.consumed`` / ``.rejected``), by ``ix_events_workflow``
+  ``workflow.signal.accepted`` / ``.consumed`` / ``.rejected``, its steps' manual recoveries
+  such as ``workflow.step.rearmed`` / ``.continued``), by ``ix_events_workflow``
   (the generated ``workflow_id``/``workflow_at`` of migration 0014).
 
 Task events are not part of it: a step's tasks are named (``task_id``) by the

@@ -1105,6 +1105,39 @@ async def test_inbox_outcome_corruptions(
     assert "no activation with this result event" in found[0]
 
 
+async def test_step_hold_corruptions(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any]
+) -> None:
+    """A held step (WAITING, LIVE activation, held_at and held_error) is clean; the CHECK
+    refuses half a hold; a held step whose activation was superseded without a successor is
+    ``step_hold`` twice (held without a LIVE activation; a SUPERSEDED activation without a
+    successor)."""
+    from tests.integration.weave.test_inbox import workflow_task
+
+    damaged = await make_tenant(scratch_db)
+    await workflow_task(scratch_db, damaged)
+    ns = [damaged.namespace_id]
+    sql(scratch_conn, "UPDATE weave_steps SET state = 'WAITING', held_at = UTC_TIMESTAMP(6),"
+                      " held_error = '{\"error\": \"task_failed\"}' WHERE namespace_id = %s"
+                      " AND name = 'a'", damaged.namespace_id)
+    assert check(scratch_conn, ns) == []
+    with pytest.raises(pymysql.err.OperationalError):  # 4025 (MariaDB) / 3819 (MySQL)
+        sql(scratch_conn, "UPDATE weave_steps SET held_error = NULL WHERE namespace_id = %s"
+                          " AND name = 'a'", damaged.namespace_id)
+    sql(scratch_conn, "UPDATE weave_activations SET state = 'SUPERSEDED', live_step_id = NULL,"
+                      " ended_at = UTC_TIMESTAMP(6) WHERE namespace_id = %s AND step_id IN"
+                      " (SELECT id FROM weave_steps WHERE namespace_id = %s AND name = 'a')",
+        damaged.namespace_id, damaged.namespace_id)
+    sql(scratch_conn, "UPDATE weave_steps SET live_activation_id = NULL WHERE namespace_id = %s"
+                      " AND name = 'a'", damaged.namespace_id)
+    found = check(scratch_conn, ns)
+    assert codes(found) == {"step_hold"}, found
+    assert len(found) == 2, found
+    assert any("held but not WAITING with a LIVE activation" in f for f in found)
+    assert any("a SUPERSEDED activation without a successor" in f for f in found)
+    assert "step_hold" in codes(await check_db(scratch_db, ns))
+
+
 # --- subscriptions and deliveries (orbit_common/relay) ---------------------------------------
 
 
@@ -1270,5 +1303,5 @@ def test_every_code_has_a_corruption_test() -> None:
                   # tests/integration/weave/test_polls.py
                   "poll_rounds",
                   # tests/integration/weave/test_pause.py
-                  "pause_control"})
+                  "pause_control", "step_hold"})
     assert covered == set(CODES)

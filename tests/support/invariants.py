@@ -125,8 +125,10 @@ Invariants (code: what must hold)
                           instance naming that wait; no two CONSUMED signals name one wait; a
                           CONSUMED signal is the winner of the SIGNALLED wait it names
     poll_rounds           (Weave POLL) a query's rounds number 1..used_rounds without gaps and
-                          never more than its max_rounds; every WAITING query has its POLL
-                          pending advance (PENDING or LEASED, for the query's activation)
+                          never more than its max_rounds plus the rounds granted by a continue
+                          (a round continued in a new activation counts once); every WAITING
+                          query has its POLL pending advance (PENDING or LEASED, for the
+                          query's activation)
     pause_control         (Weave pause) a RUNNING instance's gate is PAUSED exactly when it is
                           paused; a paused instance has its PENDING RESUME row, due never; its
                           ``checkpoints`` equals its parked rows (inbox rows consumed as
@@ -136,6 +138,9 @@ Invariants (code: what must hold)
     wait_pending_advance  (Weave waits) every WAITING TIMER step has a WAITING wait and a
                           PENDING/LEASED TIMER pending advance for its LIVE activation; every
                           WAITING SIGNAL wait with a deadline has its SIGNAL pending advance
+    step_hold             (Weave recovery) ``held_at`` and ``held_error`` are set together; a
+                          held step is WAITING with a LIVE activation; a SUPERSEDED activation
+                          has a successor (a newer activation of its step)
 """
 
 from __future__ import annotations
@@ -175,7 +180,7 @@ CODES = (
     "subscription_backlog", "delivery_unique", "delivery_source", "delivery_lease",
     "delivery_attempts", "scan_position", "delivery_stuck", "live_activation",
     "workflow_inbox", "instance_state", "inbox_outcome", "wait_pending_advance", "wait_winner",
-    "poll_rounds", "pause_control",
+    "poll_rounds", "pause_control", "step_hold",
 )
 
 
@@ -1045,6 +1050,32 @@ LEFT JOIN weave_pending_advances p ON p.namespace_id = i.namespace_id AND p.inst
 WHERE i.state = 'RUNNING' AND i.paused = 0 AND i.checkpoints > 0 AND p.id IS NULL{s.ns('i')}"""
 
 
+def _step_hold_sql(s: Scope) -> str:
+    return f"""
+SELECT st.namespace_id, st.instance_id, st.name, st.state AS detail,
+  'held_at and held_error are not set together' AS problem
+FROM weave_steps st
+WHERE (st.held_at IS NULL) <> (st.held_error IS NULL){s.ns('st')}
+UNION ALL
+SELECT st.namespace_id, st.instance_id, st.name, CONCAT(st.state, ', activation ',
+  COALESCE(a.state, 'none')), 'held but not WAITING with a LIVE activation'
+FROM weave_steps st
+LEFT JOIN weave_activations a ON a.namespace_id = st.namespace_id
+  AND a.instance_id = st.instance_id AND a.step_id = st.id AND a.id = st.live_activation_id
+WHERE st.held_at IS NOT NULL AND (st.state <> 'WAITING' OR a.id IS NULL
+  OR a.state <> 'LIVE'){s.ns('st')}
+UNION ALL
+SELECT st.namespace_id, st.instance_id, st.name, CONCAT('activation ', a.sequence),
+  'a SUPERSEDED activation without a successor'
+FROM weave_activations a
+JOIN weave_steps st ON st.namespace_id = a.namespace_id AND st.instance_id = a.instance_id
+  AND st.id = a.step_id
+WHERE a.state = 'SUPERSEDED' AND NOT EXISTS (
+  SELECT 1 FROM weave_activations n WHERE n.namespace_id = a.namespace_id
+    AND n.instance_id = a.instance_id AND n.step_id = a.step_id
+    AND n.sequence > a.sequence){s.ns('a')}"""
+
+
 def _wait_winner_sql(s: Scope) -> str:
     return f"""
 SELECT w.namespace_id, w.id AS wait_id, w.winner_signal_id AS signal_id,
@@ -1086,15 +1117,18 @@ WHERE i.state = 'CONSUMED' AND i.outcome IN ('advanced', 'duplicate')
 
 def _poll_rounds_sql(s: Scope) -> str:
     return f"""
-SELECT ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds, ps.max_rounds,
-  COUNT(r.round) AS n, MIN(r.round) AS lo, MAX(r.round) AS hi, 'rounds' AS problem
+SELECT ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds,
+  ps.max_rounds + ps.granted_rounds AS max_rounds,
+  COUNT(DISTINCT r.round) AS n, MIN(r.round) AS lo, MAX(r.round) AS hi, 'rounds' AS problem
 FROM weave_poll_states ps
 LEFT JOIN weave_poll_rounds r ON r.namespace_id = ps.namespace_id
   AND r.instance_id = ps.instance_id AND r.step_id = ps.step_id
 WHERE TRUE{s.ns('ps')}
-GROUP BY ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds, ps.max_rounds
-HAVING COUNT(r.round) > ps.max_rounds OR COUNT(r.round) <> ps.used_rounds
-  OR (COUNT(r.round) > 0 AND (MIN(r.round) <> 1 OR MAX(r.round) <> COUNT(r.round)))
+GROUP BY ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds, ps.max_rounds,
+  ps.granted_rounds
+HAVING COUNT(DISTINCT r.round) > ps.max_rounds + ps.granted_rounds
+  OR COUNT(DISTINCT r.round) <> ps.used_rounds
+  OR (COUNT(r.round) > 0 AND (MIN(r.round) <> 1 OR MAX(r.round) <> COUNT(DISTINCT r.round)))
 UNION ALL
 SELECT ps.namespace_id, ps.instance_id, ps.step_id, ps.state, ps.used_rounds, ps.max_rounds,
   0, NULL, NULL, 'no pending advance'
@@ -1303,6 +1337,9 @@ PROBES: tuple[Probe, ...] = (
           lambda r, s: f"wait {_h(r['namespace_id'])}/{_h(r['wait_id'])}: {r['problem']}"
                        f" (signal {_h(r['signal_id'])})"),
     Probe("poll_rounds", _poll_rounds_sql, _poll_rounds_render),
+    Probe("step_hold", _step_hold_sql,
+          lambda r, s: f"step {_h(r['namespace_id'])}/{_h(r['instance_id'])}/{r['name']}:"
+                       f" {r['problem']} ({_h(r['detail'])})"),
     Probe("pause_control", _pause_control_sql,
           lambda r, s: f"instance {_h(r['namespace_id'])}/{_h(r['instance_id'])} (paused"
                        f" {r['paused']}): {r['problem']} ({_h(r['detail'])})"),

@@ -57,6 +57,7 @@ from orbit_sdk.workflows import (
     WorkflowPollState,
     WorkflowSignal,
     WorkflowStart,
+    WorkflowStep,
     WorkflowTask,
     WorkflowValidation,
     WorkflowVersion,
@@ -783,6 +784,58 @@ class Client:
                                idempotency_key=idempotency_key or new_idempotency_key())
         return WorkflowInstance.from_json(raw)
 
+    async def retry_workflow_step(self, workflow_id: str, step: str, reason: str, *,
+                                  step_revision: int, evidence_ref: str | None = None,
+                                  execution_ended: bool | None = None,
+                                  additional_attempts: int = 0,
+                                  idempotency_key: str | None = None) -> WorkflowStep:
+        """Retry a TASK step that waits for a person (credential action
+        ``workflows.control``): its task in NEEDS_REVIEW (then ``evidence_ref`` and
+        ``execution_ended=True`` are required: the old task is reviewed ``failed``) or the step
+        held after its task failed. A new activation runs a new task with the attempt budget
+        left across the step's activations (+ ``additional_attempts``) and the original
+        absolute deadline. ``step_revision``: compare-and-set on the step's revision. Refusals:
+        :class:`~orbit_sdk.Conflict` ``step_not_retryable``, ``workflow_instance_not_running``,
+        ``stale_revision``. Returns the step with every activation."""
+        body: dict[str, Any] = {"reason": reason, "step_revision": step_revision,
+                                "additional_attempts": additional_attempts}
+        if evidence_ref is not None:
+            body["evidence_ref"] = evidence_ref
+        if execution_ended is not None:
+            body["execution_ended"] = execution_ended
+        raw = await self._post(
+            self._ns(f"/workflows/{_seg(workflow_id)}/steps/{_seg(step)}/retry"), body,
+            idempotency_key=idempotency_key or new_idempotency_key())
+        return WorkflowStep.from_json(raw)
+
+    async def resolve_workflow_step(self, workflow_id: str, step: str, reason: str, *,
+                                    evidence_ref: str, step_revision: int, conclusion: str,
+                                    output: Any = None, error: str | None = None,
+                                    task_decision: str | None = None,
+                                    execution_ended: bool | None = None,
+                                    idempotency_key: str | None = None) -> WorkflowStep:
+        """Record a held step's logical conclusion (``conclusion`` ``"succeeded"`` with
+        ``output``, or ``"failed"`` with an ``error`` code); a TASK step whose task is in
+        NEEDS_REVIEW also needs ``task_decision`` (the task's execution conclusion, kept apart)
+        and ``execution_ended=True``. The engine then advances the step with the conclusion.
+        Refusals: :class:`~orbit_sdk.Conflict` ``step_not_resolvable``,
+        ``workflow_instance_not_running``, ``stale_revision``. Returns the step with its
+        ``resolution``."""
+        body: dict[str, Any] = {"reason": reason, "evidence_ref": evidence_ref,
+                                "step_revision": step_revision, "conclusion": conclusion}
+        if conclusion == "succeeded":
+            body["output"] = output
+        if error is not None:
+            body["error"] = error
+        if task_decision is not None:
+            body["task_decision"] = task_decision
+        if execution_ended is not None:
+            body["execution_ended"] = execution_ended
+        raw = await self._post(
+            self._ns(f"/workflows/{_seg(workflow_id)}/steps/{_seg(step)}/resolve"), body,
+            idempotency_key=idempotency_key or new_idempotency_key())
+        return WorkflowStep.from_json(raw)
+
     async def get_poll_rounds(self, workflow_id: str, step: str, *,
                               page_size: int | None = None) -> WorkflowPollRounds:
         """A POLL step's bounded query (rounds used of the maximum, the fixed deadline, the
@@ -802,6 +855,42 @@ class Client:
         return WorkflowPollRounds(workflow_id=str(page.get("workflow_id") or workflow_id),
                                   step=str(page.get("step") or step), poll=poll,
                                   rounds=tuple(rounds))
+
+    async def rearm_wait(self, workflow_id: str, step: str, reason: str, *,
+                         step_revision: int, timeout_ms: int,
+                         idempotency_key: str | None = None) -> WorkflowStep:
+        """Re-arm the SIGNAL wait of ``step``, held after it timed out (its ``on_timeout`` is
+        ``$hold``; credential action ``workflows.control``): a new activation and wait
+        generation whose timeout is ``timeout_ms`` from now; the first deadline is kept; a
+        matching signal already sent wins at once. ``step_revision``: the step's revision as
+        read (:class:`~orbit_sdk.Conflict` ``stale_revision`` when it moved). Refusals:
+        ``wait_not_rearmable``, ``workflow_instance_not_running``. Returns the step with
+        every activation; a replay under the same ``idempotency_key`` returns the original
+        receipt."""
+        body = {"reason": reason, "step_revision": step_revision, "timeout_ms": timeout_ms}
+        raw = await self._post(
+            self._ns(f"/workflows/{_seg(workflow_id)}/steps/{_seg(step)}/rearm"), body,
+            idempotency_key=idempotency_key or new_idempotency_key())
+        return WorkflowStep.from_json(raw)
+
+    async def continue_poll(self, workflow_id: str, step: str, reason: str, *,
+                            step_revision: int, rounds: int, deadline_ms: int | None = None,
+                            idempotency_key: str | None = None) -> WorkflowStep:
+        """Continue the POLL ``step``, held after it exhausted its rounds or deadline or after
+        a round's task failed (credential action ``workflows.control``): ``rounds`` more
+        rounds are granted, ``deadline_ms`` (optional) is a new query deadline from now. A
+        round cut short by its failed task continues at once with only the attempts it has
+        left; otherwise a new round comes after the stored interval. Refusals:
+        ``poll_not_continuable``, ``workflow_instance_not_running``, ``stale_revision``.
+        Returns the step with every activation and its query."""
+        body: dict[str, Any] = {"reason": reason, "step_revision": step_revision,
+                                "rounds": rounds}
+        if deadline_ms is not None:
+            body["deadline_ms"] = deadline_ms
+        raw = await self._post(
+            self._ns(f"/workflows/{_seg(workflow_id)}/steps/{_seg(step)}/continue"), body,
+            idempotency_key=idempotency_key or new_idempotency_key())
+        return WorkflowStep.from_json(raw)
 
     async def list_workflow_waits(self, workflow_id: str) -> list[WorkflowWait]:
         """The instance's waits (TIMER and SIGNAL steps), oldest first: deadlines, state,

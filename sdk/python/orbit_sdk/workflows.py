@@ -146,6 +146,10 @@ class WorkflowPollState:
     next_round_at: dt.datetime | None = None
     deadline_at: dt.datetime | None = None
     activation_id: str = ""
+    granted_rounds: int = 0  # rounds granted by continues (the budget is max + granted)
+    continued_deadline_at: dt.datetime | None = None  # a continue's query deadline, in force
+    first_round: int = 1  # the current activation's first round
+    first_round_attempts_used: int = 0  # what that round had used in older activations
     raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
 
     @classmethod
@@ -156,7 +160,12 @@ class WorkflowPollState:
             next_interval_ms=_int(raw, "next_interval_ms") or 0,
             next_round_at=parse_time(raw.get("next_round_at")),
             deadline_at=parse_time(raw.get("deadline_at")),
-            activation_id=_str(raw, "activation_id") or "", raw=dict(raw),
+            activation_id=_str(raw, "activation_id") or "",
+            granted_rounds=_int(raw, "granted_rounds") or 0,
+            continued_deadline_at=parse_time(raw.get("continued_deadline_at")),
+            first_round=_int(raw, "first_round") or 1,
+            first_round_attempts_used=_int(raw, "first_round_attempts_used") or 0,
+            raw=dict(raw),
         )
 
 
@@ -303,6 +312,10 @@ class WorkflowStep:
     current_activation: int | None = None  # the current (newest) activation's sequence
     poll: WorkflowPollState | None = None  # a POLL step's query
     waits: tuple[WorkflowWait, ...] = ()
+    workflow_id: str = ""  # in the answers of step recovery (retry, resolve)
+    held_at: dt.datetime | None = None  # held ($hold): waits for a person's decision
+    held_error: Any = None  # while held: the error the step would have propagated
+    resolution: Any = None  # the logical conclusion an operator recorded (resolve)
     raw: dict[str, Any] = attrs.field(factory=dict, repr=False)
 
     @classmethod
@@ -320,7 +333,9 @@ class WorkflowStep:
             current_activation=_int(raw, "current_activation"),
             poll=WorkflowPollState.from_json(poll) if isinstance(poll, Mapping) else None,
             waits=tuple(WorkflowWait.from_json(w) for w in _objects(raw, "waits")),
-            raw=dict(raw),
+            workflow_id=_str(raw, "workflow_id") or "",
+            held_at=parse_time(raw.get("held_at")), held_error=raw.get("held_error"),
+            resolution=raw.get("resolution"), raw=dict(raw),
         )
 
 

@@ -38,7 +38,7 @@ from orbit_common.service.health import ReadinessGate
 from tests.conftest import Tenant, api_config, make_key, make_tenant
 from tests.integration.test_leases import claim, finish, report, start
 from tests.support import database, relay
-from tests.support.lease_fixtures import open_session
+from tests.support.lease_fixtures import open_session, wait_db_time_past
 from tests.support.openapi_routes import served_routes
 from tests.support.servers import ServiceTestServer
 
@@ -81,6 +81,8 @@ class Objects:
     definition_revision: int
     workflow: str  # an instance of it, hex, with the definition's name as its business key
     signal: str  # a signal sent to it, hex
+    poll_revision: int = 0  # its POLL step a, held after its round's task was cancelled
+    wait_revision: int = 0  # its SIGNAL step s, held after its wait timed out
 
 
 @attrs.frozen(kw_only=True)
@@ -118,6 +120,11 @@ class Case:
     listing: bool = False
     global_: bool = False  # not addressed to a namespace: see _check_global
     control_body: Body | None = None  # when the control cannot repeat the attack's body
+    step: str = "a"  # which step {step} names
+    # The control's answer when the twin's object is never in the state the command needs (a
+    # step recovery: its step waits for no person): this 409 code, the command's own refusal
+    # after the authorization passed, instead of a 2xx.
+    control_code: str | None = None
     replay_body: Body | None = None  # the victim's idempotent command, when not ``body``
 
     def replayed(self, o: Objects) -> Any:
@@ -148,12 +155,25 @@ NO_TASKS = {"format": "orbit.weave/1", "start": "done", "steps": {"done": {"kind
 
 
 def _flow_document(queue: str) -> dict[str, Any]:
-    """A POLL step (its rounds are a route of their own) on ``queue``."""
-    return {"format": "orbit.weave/1", "start": "a",
-            "steps": {"a": {"kind": "POLL", "queue": queue, "handler": "noop",
+    """A POLL step a (its rounds are a route of their own) on ``queue`` and a SIGNAL step s,
+    each held for a person when it fails or times out (re-arm, continue), and a TASK step t
+    that waits for no person (retry and resolve refuse it), in parallel."""
+    return {"format": "orbit.weave/1", "start": "p", "steps": {
+        "p": {"kind": "PARALLEL", "join": {"policy": "ALL_SUCCEED"}, "next": "done",
+              "branches": [
+                  {"name": "x", "start": "a", "steps": {
+                      "a": {"kind": "POLL", "queue": queue, "handler": "noop",
                             "until": "round.result == 1", "interval_ms": 1000,
-                            "max_rounds": 2, "next": "done"},
-                      "done": {"kind": "SUCCEED"}}}
+                            "max_rounds": 2, "on_failure": "$hold", "next": "ax"},
+                      "ax": {"kind": "SUCCEED"}}},
+                  {"name": "y", "start": "s", "steps": {
+                      "s": {"kind": "SIGNAL", "signal": "approval", "timeout_ms": 1,
+                            "on_timeout": "$hold", "next": "sy"},
+                      "sy": {"kind": "SUCCEED"}}},
+                  {"name": "z", "start": "t", "steps": {
+                      "t": {"kind": "TASK", "queue": queue, "handler": "noop", "next": "tz"},
+                      "tz": {"kind": "SUCCEED"}}}]},
+        "done": {"kind": "SUCCEED"}}}
 
 
 async def _enter(db: Database, tenant: Tenant, instance_id: str) -> None:
@@ -177,6 +197,62 @@ async def _enter(db: Database, tenant: Tenant, instance_id: str) -> None:
     rows = await db.transaction("test.lease_root", lease)
     done = await Engine(db, owner=owner).advance(tenant.namespace_id, raw_id, [], rows)
     assert done.outcomes == {"advanced": 1}, done
+    await _hold(db, tenant, raw_id, Engine(db, owner=owner))
+
+
+async def _hold(db: Database, tenant: Tenant, raw_id: bytes, engine: Any) -> None:
+    """Hold both steps, advancing only this instance: the POLL round's task cancelled (its
+    inbox row advanced: task_failed, held), the SIGNAL wait's timeout (held)."""
+    from orbit_common.db.clock import db_now
+    from orbit_common.pulse import interventions
+
+    ns, owner = tenant.namespace_id, engine.owner
+
+    async def cancel(cur: Any) -> None:
+        await cur.execute("SELECT a.task_id FROM weave_activations a JOIN weave_steps s"
+                          " ON s.namespace_id = a.namespace_id AND s.instance_id = a.instance_id"
+                          " AND s.id = a.step_id WHERE a.namespace_id = %s"
+                          " AND a.instance_id = %s AND s.name = 'a'", (ns, raw_id))
+        (row,) = await cur.fetchall()
+        await interventions.request_cancel(cur, ns, [row["task_id"]], reason="matrix",
+                                           now=await db_now(cur), by="workflow")
+
+    await db.transaction("test.cancel_round", cancel)
+
+    async def lease(cur: Any, table: str, where: str) -> list[dict[str, Any]]:
+        await cur.execute(f"UPDATE {table} SET state = 'LEASED', lease_owner = %s,"
+                          " lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR,"
+                          f" attempts = attempts + 1 WHERE namespace_id = %s AND instance_id = %s"
+                          f" AND {where}", (owner, ns, raw_id))
+        await cur.execute(f"SELECT * FROM {table} WHERE namespace_id = %s AND instance_id = %s"
+                          " AND state = 'LEASED' AND lease_owner = %s", (ns, raw_id, owner))
+        return [dict(r) for r in await cur.fetchall()]
+
+    inbox = await db.transaction("test.lease_inbox", lambda cur: lease(
+        cur, "weave_inbox", "state = 'PENDING'"))
+    done = await engine.advance(ns, raw_id, inbox, [])
+    assert done.outcomes == {"advanced": 1}, done
+
+    async def deadline(cur: Any) -> Any:
+        await cur.execute("SELECT deadline_at FROM weave_waits WHERE namespace_id = %s"
+                          " AND instance_id = %s", (ns, raw_id))
+        return (await cur.fetchone())["deadline_at"]
+
+    await wait_db_time_past(db, await db.read("test.deadline", deadline))
+    due = await db.transaction("test.lease_timeout", lambda cur: lease(
+        cur, "weave_pending_advances", "kind = 'SIGNAL'"))
+    done = await engine.advance(ns, raw_id, [], due)
+    assert done.outcomes == {"advanced": 1}, done
+
+
+async def _held_revisions(db: Database, tenant: Tenant, instance_id: str) -> dict[str, int]:
+    async def body(cur: Any) -> dict[str, int]:
+        await cur.execute("SELECT name, revision FROM weave_steps WHERE namespace_id = %s"
+                          " AND instance_id = %s AND held_at IS NOT NULL",
+                          (tenant.namespace_id, bytes.fromhex(instance_id)))
+        return {r["name"]: r["revision"] for r in await cur.fetchall()}
+
+    return await db.read("test.held", body)
 
 
 def _submit(o: Objects) -> dict[str, Any]:
@@ -365,6 +441,28 @@ ROUTES: dict[Route, Case] = {
     ("POST", WORKFLOWS + "/{workflow_id}/resume"): Case(
         needs=(one(A.WORKFLOWS_CONTROL),), body=lambda o: {"reason": "ops"},
         body2=lambda o: {"reason": "other"}),
+    # Step recovery: the victim's TASK step t is not waiting for a person, so no victim receipt
+    # to replay (their replays are tests/integration/weave/test_recovery.py's); its POLL step a
+    # and SIGNAL step s are held, so re-arm and continue succeed (and are replayed).
+    ("POST", WORKFLOWS + "/{workflow_id}/steps/{step}/retry"): Case(
+        needs=(one(A.WORKFLOWS_CONTROL),), step="t",
+        body=lambda o: {"reason": "ops", "step_revision": 1},
+        control_code="step_not_retryable"),
+    ("POST", WORKFLOWS + "/{workflow_id}/steps/{step}/resolve"): Case(
+        needs=(one(A.WORKFLOWS_CONTROL),), step="t",
+        body=lambda o: {"reason": "ops", "evidence_ref": "e", "step_revision": 1,
+                        "conclusion": "failed", "error": "given_up"},
+        control_code="step_not_resolvable"),
+    ("POST", WORKFLOWS + "/{workflow_id}/steps/{step}/rearm"): Case(
+        needs=(one(A.WORKFLOWS_CONTROL),), step="s",
+        body=lambda o: {"reason": "ops", "step_revision": o.wait_revision,
+                        "timeout_ms": 60_000},
+        body2=lambda o: {"reason": "other", "step_revision": o.wait_revision,
+                         "timeout_ms": 60_000}),
+    ("POST", WORKFLOWS + "/{workflow_id}/steps/{step}/continue"): Case(
+        needs=(one(A.WORKFLOWS_CONTROL),),
+        body=lambda o: {"reason": "ops", "step_revision": o.poll_revision, "rounds": 1},
+        body2=lambda o: {"reason": "other", "step_revision": o.poll_revision, "rounds": 1}),
 }
 
 # Routes the router serves that the matrix does not send attacker keys to, with the reason.
@@ -422,7 +520,7 @@ def path_of(route: Route, o: Objects) -> str:
         task_id=getattr(o, case.task), attempt_id=o.attempt,
         subscription=getattr(o, case.subscription), delivery_id=getattr(o, case.delivery),
         definition=o.definition, version=1, workflow_id=o.workflow, signal_id=o.signal,
-        step="a")
+        step=case.step)
 
 
 async def send(client: TestClient[Any, Any], route: Route, o: Objects, key: str, *,
@@ -507,6 +605,7 @@ async def _objects(db: Database, client: TestClient[Any, Any], tenant: Tenant,
         instance = await _ok(client, "POST", ns + "/workflows", tenant,
                              {"definition": flow, "input": {}, "business_key": flow})
         await _enter(db, tenant, instance["id"])
+        held = await _held_revisions(db, tenant, instance["id"])
         sent = await _ok(client, "POST", f"{ns}/workflows/{instance['id']}/signals", tenant,
                          {"name": "go", "payload_version": 1})
         found.append(Objects(
@@ -518,7 +617,7 @@ async def _objects(db: Database, client: TestClient[Any, Any], tenant: Tenant,
             subscription_revision=sub["revision"], leased=kept["delivery"]["id"],
             token=kept["lease_token"], exhausted=gone["delivery"]["id"], definition=flow,
             definition_revision=published["revision"], workflow=instance["id"],
-            signal=sent["id"]))
+            signal=sent["id"], poll_revision=held["a"], wait_revision=held["s"]))
     return found
 
 
@@ -739,6 +838,9 @@ async def test_the_victims_own_key_succeeds(world: World, route: Route) -> None:
     make_body = case.control_body or case.body
     status, text = await send(world.client, route, twin.plain, twin.tenant.api_key,
                               body=None if make_body is None else make_body(twin.plain))
+    if case.control_code is not None:
+        assert (status, json.loads(text)["code"]) == (409, case.control_code), text
+        return
     assert 200 <= status < 300, (status, text)
 
 

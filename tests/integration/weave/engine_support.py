@@ -292,3 +292,8 @@ async def assert_same(flow: Flow, run: interpreter.Run) -> None:
     predicted_timers = set(run.results) & flow.timer_steps()
     assert results == {k: v for k, v in run.results.items() if k not in predicted_timers}
     assert timers == predicted_timers
+    # Steps held by a $hold transition: WAITING, with the error they would have propagated.
+    held = {name: json.loads(s["held_error"]) for name, s in steps.items()
+            if s["held_at"] is not None}
+    assert all(steps[name]["state"] == "WAITING" for name in held)
+    assert held == run.held

@@ -16,7 +16,7 @@ INPUT_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "req
 
 
 def _task() -> st.SearchStrategy[tuple[Any, ...]]:
-    return st.tuples(st.just("task"), st.sampled_from(["none", "end", "skip"]))
+    return st.tuples(st.just("task"), st.sampled_from(["none", "end", "skip", "hold"]))
 
 
 def _nodes(depth: int, timers: bool) -> st.SearchStrategy[list[tuple[Any, ...]]]:
@@ -61,6 +61,8 @@ class _Emitter:
             steps[body["on_failure"]] = {"kind": "FAIL", "error": "task_failed_here"}
         elif mode == "skip":
             body["on_failure"] = next_name
+        elif mode == "hold":  # a failure holds the step for a person (no transition)
+            body["on_failure"] = language.HOLD
         steps[name] = body
         return available if mode == "skip" else [*available, name]
 

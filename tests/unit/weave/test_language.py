@@ -326,3 +326,64 @@ def test_the_largest_chain_validates() -> None:
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}
     definition = language.parse_definition(json.dumps(document))
     assert len(definition.steps) == language.MAX_STEPS
+
+
+def _hold_document(**reserve: Any) -> dict[str, Any]:
+    document = copy.deepcopy(ORDER)
+    document["steps"]["reserve"].update(reserve)
+    return document
+
+
+def test_hold_is_a_target_of_failure_and_timeout_transitions_only() -> None:
+    """``$hold`` is allowed as TASK/POLL on_failure, SIGNAL on_timeout, POLL on_exhausted; it is
+    no step: a step that only ``$hold`` would lead to is still an orphan, and results after a
+    held step are visible as after its success."""
+    document = _hold_document(on_failure="$hold")
+    document["steps"]["wait"] = {"kind": "SIGNAL", "signal": "paid", "timeout_ms": 1000,
+                                 "on_timeout": "$hold", "next": "query"}
+    document["steps"]["query"] = {
+        "kind": "POLL", "queue": "payments", "handler": "pay.status", "until": "true",
+        "max_rounds": 3, "interval_ms": 1000, "on_exhausted": "$hold",
+        "on_failure": "$hold", "next": "done"}
+    document["steps"]["check"]["default"] = "wait"
+    del document["steps"]["failed"]
+    document["steps"]["done"].pop("output")  # reached also without fulfil
+    document["steps"]["fulfil"].pop("on_failure")
+    document["steps"]["check"]["choices"][0]["next"] = "fulfil"
+    definition = language.parse_definition(json.dumps(document))
+    reserve = definition.steps["reserve"]
+    assert isinstance(reserve, language.TaskStep)
+    assert reserve.on_failure == language.HOLD
+    assert language.targets(reserve) == [("$.steps.reserve.next", "check")]
+    wait = definition.steps["wait"]
+    assert isinstance(wait, language.SignalStep)
+    assert wait.on_timeout == language.HOLD
+    query = definition.steps["query"]
+    assert isinstance(query, language.PollStep)
+    assert (query.on_exhausted, query.on_failure) == (language.HOLD, language.HOLD)
+
+
+@pytest.mark.parametrize(("mutate", "expected"), [
+    (_step("fulfil", on_failure="$hold"), [("$.steps.fulfil.on_failure", "invalid_value")]),
+    (_step("reserve", next="$hold"), [("$.steps.reserve.next", "invalid_name")]),
+    (_step("check", default="$hold"), [("$.steps.check.default", "invalid_name")]),
+    (_step("reserve", on_failure="$Hold"), [("$.steps.reserve.on_failure", "invalid_name")]),
+    # `failed` was reached only by on_failure transitions that now hold: it is an orphan
+    # unless something else leads there (check's default still does).
+    (lambda d: (d["steps"]["reserve"].update(on_failure="$hold"),
+                d["steps"]["fulfil"].update(on_failure="$hold")),
+     [("$.steps.fulfil.on_failure", "invalid_value")]),
+])
+def test_hold_elsewhere_is_refused(mutate: Callable[[dict[str, Any]], None],
+                                   expected: list[tuple[str, str]]) -> None:
+    assert refusals(mutate) == expected
+
+
+def test_a_step_reached_only_through_hold_is_an_orphan() -> None:
+    document = _hold_document(on_failure="$hold")
+    document["steps"]["check"]["default"] = "done"
+    document["steps"]["fulfil"]["on_failure"] = "done"
+    with pytest.raises(errors.DefinitionInvalid) as caught:
+        language.parse_definition(json.dumps(document))
+    assert [(p["path"], p["code"]) for p in caught.value.errors] == [
+        ("$.steps.failed", "orphan_step")]

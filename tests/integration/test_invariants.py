@@ -1270,5 +1270,7 @@ def test_every_code_has_a_corruption_test() -> None:
                   # tests/integration/weave/test_polls.py
                   "poll_rounds",
                   # tests/integration/weave/test_pause.py
-                  "pause_control"})
+                  "pause_control",
+                  # tests/integration/weave/test_stop.py
+                  "stop_intent"})
     assert covered == set(CODES)

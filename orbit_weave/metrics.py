@@ -2,7 +2,8 @@
 
 * ``orbit_weave_advances_total{outcome}`` -- inbox rows and pending advances handled, by outcome
   (``advanced``, ``held``, ``duplicate``, ``stale``, ``closed_block``, ``instance_ended``,
-  ``rejected``, ``paused``, ``stopping``; ``fenced``: a row whose lease another replica took before this one locked it;
+  ``rejected``, ``paused``, ``stopping``; ``fenced``: a row whose lease another replica took
+  before this one locked it;
   ``error``: an advance that failed and rolled back, its rows' leases will lapse);
 * ``orbit_weave_advance_duration_seconds`` -- one instance's advance transaction;
 * ``orbit_weave_result_to_advance_seconds`` -- database time from a task's ending commit (its

@@ -1,7 +1,8 @@
-"""…/workflows/{workflow_id}/pause, …/resume and …/cancel against the real database: the instance after the
-change, idempotency, the compare-and-set on the control revision, every refusal (a stable
-problem code, nothing written), another tenant's 404, 403 without ``workflows.control``, and
-the SDK. The engine's part (parking, replay) is tests/integration/weave/test_pause.py's."""
+"""…/workflows/{workflow_id}/pause, …/resume and …/cancel against the real database: the
+instance after the change, idempotency, the compare-and-set on the control revision, every
+refusal (a stable problem code, nothing written), another tenant's 404, 403 without
+``workflows.control``, and the SDK. The engine's part (parking, replay, the stop's settlement)
+is tests/integration/weave/test_pause.py's and test_stop.py's."""
 
 from __future__ import annotations
 

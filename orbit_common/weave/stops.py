@@ -38,16 +38,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from orbit_common import errors
 from orbit_common.db.clock import db_now, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
 from orbit_common.platform import authz, credentials, namespaced
-from orbit_common.platform.audit import AuditRecord, append_audit
+from orbit_common.platform.audit import Actor, AuditRecord, append_audit
 from orbit_common.platform.events import append_event
 from orbit_common.platform.idempotency import Replay
 from orbit_common.pulse import interventions
-from orbit_common.weave import controls, instances
+from orbit_common.weave import controls, instances, operator
 from orbit_common.weave.signals import InstanceFinished
 
 CANCEL = "CANCEL"
@@ -96,33 +98,68 @@ async def cancel(db: Database, principal: credentials.Principal, *, namespace: s
                               principal)
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
-        await cur.execute(LOCK_INSTANCE, (namespace_id, raw_id))
-        row = await cur.fetchone()
-        if row is None:
-            raise instances.InstanceNotFound("no such workflow instance in this namespace")
-        if control_revision is not None and row["control_revision"] != control_revision:
-            raise errors.StaleRevision(
-                f"the instance's control revision is {row['control_revision']}, not"
-                f" {control_revision}; read it again")
-        if row["state"] not in ("RUNNING", "STOPPING"):
-            raise InstanceFinished(f"workflow instance {raw_id.hex()} is {row['state']}")
-        now = await db_now(cur)
-        when = to_db(now)
-        if row["state"] == "STOPPING":
-            if row["cancel_requested_at"] is None:
-                await _note(cur, principal, namespace_id, dict(row), reason, when, request_id)
-            return 200, await instances.detail(cur, namespace_id, raw_id), raw_id
-        await _stop(cur, principal, namespace_id, dict(row), reason, now, request_id)
-        return 202, await instances.detail(cur, namespace_id, raw_id), raw_id
+        who = _Who(actor=principal.actor, application_id=principal.application_id,
+                   request_id=request_id)
+        return await _cancel(cur, who, namespace_id, raw_id, reason, control_revision)
 
     return await namespaced.run(db, "workflows.instances.cancel", principal=principal,
                                 action=authz.Action.WORKFLOWS_CONTROL, namespace=namespace,
                                 idem=idem, act=act)
 
 
-async def _stop(cur: Any, principal: credentials.Principal,  # noqa: PLR0917
-                namespace_id: bytes, row: dict[str, Any], reason: str, now: Any,
-                request_id: str | None) -> None:
+async def operator_cancel(db: Database, *, namespace: str, instance_id: str, reason: str,
+                          actor: Actor, control_revision: int | None = None
+                          ) -> tuple[int, dict[str, Any]]:
+    """``orbit admin workflows cancel``: the same transaction with the operator's identity
+    (the database credentials of the command line; no API credential, no idempotency key)."""
+    controls.check_request(reason, control_revision)
+    try:
+        raw_id = ids.from_hex(instance_id)
+    except ValueError as exc:
+        raise instances.InstanceNotFound("no such workflow instance in this namespace") from exc
+
+    async def body(cur: Any) -> tuple[int, dict[str, Any]]:
+        ns = await operator.namespace_of(cur, namespace)
+        who = _Who(actor=actor, application_id=ns.application_id, request_id=None)
+        status, view, _ = await _cancel(cur, who, ns.id, raw_id, reason, control_revision)
+        return status, view
+
+    return await db.transaction("weave.operator.cancel", body)
+
+
+@attrs.frozen(kw_only=True)
+class _Who:
+    """Who cancels: recorded in the audit record."""
+
+    actor: Actor
+    application_id: bytes
+    request_id: str | None
+
+
+async def _cancel(cur: Any, who: _Who, namespace_id: bytes,  # noqa: PLR0917
+                  raw_id: bytes, reason: str, control_revision: int | None
+                  ) -> tuple[int, dict[str, Any], bytes]:
+    await cur.execute(LOCK_INSTANCE, (namespace_id, raw_id))
+    row = await cur.fetchone()
+    if row is None:
+        raise instances.InstanceNotFound("no such workflow instance in this namespace")
+    if control_revision is not None and row["control_revision"] != control_revision:
+        raise errors.StaleRevision(
+            f"the instance's control revision is {row['control_revision']}, not"
+            f" {control_revision}; read it again")
+    if row["state"] not in ("RUNNING", "STOPPING"):
+        raise InstanceFinished(f"workflow instance {raw_id.hex()} is {row['state']}")
+    now = await db_now(cur)
+    if row["state"] == "STOPPING":
+        if row["cancel_requested_at"] is None:
+            await _note(cur, who, namespace_id, dict(row), reason, to_db(now))
+        return 200, await instances.detail(cur, namespace_id, raw_id), raw_id
+    await _stop(cur, who, namespace_id, dict(row), reason, now)
+    return 202, await instances.detail(cur, namespace_id, raw_id), raw_id
+
+
+async def _stop(cur: Any, who: _Who, namespace_id: bytes,  # noqa: PLR0917
+                row: dict[str, Any], reason: str, now: Any) -> None:
     """The stop intent of a RUNNING instance (locked), steps 3-7 of the module docstring."""
     raw_id, when = row["id"], to_db(now)
     await cur.execute(controls.LOCK_GATE, (namespace_id, row["gate_id"]))
@@ -162,19 +199,18 @@ async def _stop(cur: Any, principal: credentials.Principal,  # noqa: PLR0917
                        event_type="workflow.cancel_requested", from_state="RUNNING",
                        to_state="STOPPING", payload=payload)
     await append_audit(cur, AuditRecord(
-        actor=principal.actor, action="workflow.cancel", resource_type="workflow_instance",
+        actor=who.actor, action="workflow.cancel", resource_type="workflow_instance",
         resource_id=raw_id, resource_revision=revision, namespace_id=namespace_id,
-        application_id=principal.application_id, reason=reason,
+        application_id=who.application_id, reason=reason,
         before={"state": "RUNNING", "paused": bool(row["paused"]),
                 "control_revision": row["control_revision"], "gate": gate["state"]},
         after={"state": "STOPPING", "stop_kind": CANCEL, "paused": False,
                "control_revision": revision, "gate": "STOPPED", "tasks": asked},
-        request_id=request_id))
+        request_id=who.request_id))
 
 
-async def _note(cur: Any, principal: credentials.Principal,  # noqa: PLR0917
-                namespace_id: bytes, row: dict[str, Any], reason: str, when: Any,
-                request_id: str | None) -> None:
+async def _note(cur: Any, who: _Who, namespace_id: bytes,  # noqa: PLR0917
+                row: dict[str, Any], reason: str, when: Any) -> None:
     """A user's cancel of an instance stopping for a FAILURE: only ``cancel_requested_at``
     (the intent stays FAILURE, frozen); its tasks were asked to stop by the engine."""
     raw_id = row["id"]
@@ -189,11 +225,11 @@ async def _note(cur: Any, principal: credentials.Principal,  # noqa: PLR0917
                        payload={"workflow_id": raw_id.hex(), "reason": reason,
                                 "stop_kind": row["stop_kind"], "control_revision": revision})
     await append_audit(cur, AuditRecord(
-        actor=principal.actor, action="workflow.cancel", resource_type="workflow_instance",
+        actor=who.actor, action="workflow.cancel", resource_type="workflow_instance",
         resource_id=raw_id, resource_revision=revision, namespace_id=namespace_id,
-        application_id=principal.application_id, reason=reason,
+        application_id=who.application_id, reason=reason,
         before={"state": "STOPPING", "stop_kind": row["stop_kind"],
                 "control_revision": row["control_revision"], "cancel_requested": False},
         after={"state": "STOPPING", "stop_kind": row["stop_kind"],
                "control_revision": revision, "cancel_requested": True},
-        request_id=request_id))
+        request_id=who.request_id))

@@ -4,11 +4,12 @@ instances of a namespace by name (the API's views; the operator needs no API cre
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.weave import definitions, instances, signals
 from tests.conftest import Tenant
-from tests.integration.test_admin_cli import ok, orbit_admin
+from tests.integration.test_admin_cli import ACTOR, ok, orbit_admin
 from tests.integration.weave.support import document, principal, published
 from tests.integration.weave.test_inbox import workflow_task
 from tests.support.lease_fixtures import make_queue
@@ -137,4 +138,40 @@ async def test_instances_by_version_and_the_timeline(db: Database, db_url: Datab
         sent.body["id"]]
     missing = await orbit_admin(db_url, "workflows", "instances", "timeline", "nothex",
                                 "--namespace", tenant.namespace)
+    assert "workflow_instance_not_found" in missing.err
+
+
+async def test_cancel_an_instance(db: Database, db_url: DatabaseUrl, tenant: Tenant) -> None:
+    """``orbit admin workflows cancel``: the stop intent CANCEL with the operator's identity in
+    the audit record, the instance's WAITING task cancelled at once; a repeat changes nothing;
+    an unknown instance and a stale control revision are refused."""
+    task_id, instance, _ = await workflow_task(db, tenant)
+    instance_id = instance["id"].hex()
+    stale = await orbit_admin(db_url, "workflows", "cancel", instance_id, "--namespace",
+                              tenant.namespace, "--reason", "r", "--control-revision", "3")
+    assert stale.code != 0
+    assert "stale_revision" in stale.err
+    done = (await ok(db_url, "workflows", "cancel", instance_id, "--namespace",
+                     tenant.namespace, "--reason", "withdrawn", "--control-revision",
+                     "1")).json()
+    assert (done["state"], done["stop_kind"], done["control_revision"]) == (
+        "STOPPING", "CANCEL", 2)
+    again = (await ok(db_url, "workflows", "cancel", instance_id, "--namespace",
+                      tenant.namespace, "--reason", "again")).json()
+    assert again["control_revision"] == 2
+
+    async def body(cur: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        await cur.execute("SELECT state, cancel_reason FROM pulse_tasks WHERE namespace_id = %s"
+                          " AND id = %s", (tenant.namespace_id, task_id))
+        task = dict(await cur.fetchone())
+        await cur.execute("SELECT actor_kind, actor_id, reason FROM orbit_audit_events"
+                          " WHERE namespace_id = %s AND action = 'workflow.cancel'",
+                          (tenant.namespace_id,))
+        return task, [dict(r) for r in await cur.fetchall()]
+
+    task, audit = await db.read("test.admin.cancel", body)
+    assert (task["state"], task["cancel_reason"]) == ("CANCELLED", "withdrawn")
+    assert audit == [{"actor_kind": "operator", "actor_id": ACTOR, "reason": "withdrawn"}]
+    missing = await orbit_admin(db_url, "workflows", "cancel", "00" * 16, "--namespace",
+                                tenant.namespace, "--reason", "r")
     assert "workflow_instance_not_found" in missing.err

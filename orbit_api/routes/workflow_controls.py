@@ -106,7 +106,7 @@ _CANCEL_RESPONSES: dict[str, Any] = {
                              "it CANCELLED once no step is in flight (or the replay of the "
                              "original receipt)"),
     "200": _json("Workflow", "The instance was already stopping: unchanged (an instance "
-                             "stopping for a FAILURE records cancel_requested_at once)"),
+                             "stopping for a FAILURE records the user's cancel time once)"),
     **resource_errors("forbidden: the credential may not workflows.control here"),
     "404": _problem("namespace_not_found, or workflow_instance_not_found"),
     "409": _problem("workflow_instance_finished (the instance has ended: a committed success "

@@ -716,7 +716,7 @@ class _Advance:
         settles in this advance."""
         if self.stop_kind is None:
             self.stop_kind = kind
-            self.stop_requested_at = self.now
+            self.stop_requested_at = to_db(self.now)  # naive UTC, as the column stores it
             self.error = error
             self.stop_began = True
         for row in self.closed_now:  # its block closed in this advance; its task still runs

@@ -1071,9 +1071,9 @@ UNION ALL
 SELECT i.namespace_id, i.id, i.state, i.stop_kind, NULL,
   'ended otherwise than its stop intent says'
 FROM weave_instances i
-WHERE (i.state = 'CANCELLED' AND NOT (i.stop_kind <=> 'CANCEL'))
+WHERE ((i.state = 'CANCELLED' AND NOT (i.stop_kind <=> 'CANCEL'))
   OR (i.state = 'SUCCEEDED' AND i.stop_kind IS NOT NULL)
-  OR (i.state = 'FAILED' AND i.stop_kind = 'CANCEL'){s.ns('i')}
+  OR (i.state = 'FAILED' AND i.stop_kind = 'CANCEL')){s.ns('i')}
 UNION ALL
 SELECT i.namespace_id, i.id, i.state, i.stop_kind, CONCAT(COUNT(*), ' LIVE'),
   'stopped but keeps LIVE activations'

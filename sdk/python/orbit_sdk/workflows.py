@@ -337,7 +337,8 @@ class WorkflowInstance:
 
     @property
     def finished(self) -> bool:
-        """True in a final state (SUCCEEDED, FAILED, CANCELLED)."""
+        """True in a final state (SUCCEEDED, FAILED, CANCELLED); a STOPPING instance (a cancel
+        or a failure settlement waiting for its in-flight steps) is not finished yet."""
         return self.state in {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 

@@ -30,10 +30,12 @@ Each row gets one outcome (``OUTCOMES``), stored on the inbox row: ``advanced`` 
 moved its step), ``held`` (NEEDS_REVIEW: the step waits, its activation stays LIVE),
 ``duplicate`` (the activation was already advanced by this very event), ``stale`` (the event's
 activation is not the task's current LIVE activation), ``closed_block`` (a FAIL_FAST block
-closed its branch), ``instance_ended``, ``rejected`` (see below). Only ``advanced``, ``held``
-and ``rejected`` change the instance. A pending advance is dispatched by its ``kind`` (``due``):
-a TIMER row fires its wait (``timers.py``); one leased before its due time (database time) goes
-back to PENDING unchanged (``timers.EARLY``, counted, not an outcome).
+closed its branch), ``instance_ended``, ``rejected`` (see below), ``paused`` (parked),
+``stopping`` (the instance is stopping: the result is recorded on its step, never advanced).
+Only ``advanced``, ``held``, ``rejected`` and ``stopping`` change the instance. A pending
+advance is dispatched by its ``kind`` (``due``): a TIMER row fires its wait (``timers.py``);
+one leased before its due time (database time) goes back to PENDING unchanged
+(``timers.EARLY``, counted, not an outcome).
 
 Deterministic refusals inside an advance -- the pinned version no longer verifies, a queue a
 step names is gone, a task the step creates is refused (its options, a queue or application
@@ -52,6 +54,15 @@ transaction the engine sends their tasks a cancel intent with the kernel's cance
 for a person; events say ``"by": "workflow"``). The results of those tasks arrive later through
 the inbox like any other and are consumed as ``closed_block`` / ``instance_ended``: kept, never
 advanced.
+
+The stop (docs/weave/stop.md): a failure that ends the top-level scope records the stop intent
+FAILURE (frozen: kind, time, error), closes the instance's gate for good (``STOPPED``), ends
+what is not in flight and asks the in-flight tasks (a RUNNING TASK step or POLL round with its
+activation LIVE and its task made before this advance) to stop; the instance is STOPPING
+until their results are recorded (``stopping``), and the advance that accounts for the last of
+them settles it FAILED -- in the same advance when nothing is in flight. A user's cancel
+(``stops.py``) records the intent CANCEL and re-arms the ROOT continuation, whose advance runs
+the same sweep and settles the instance CANCELLED once nothing is in flight.
 """
 
 from __future__ import annotations

@@ -465,3 +465,21 @@ async def test_the_invariant_checker_finds_stop_corruptions(
         await damage(db, "UPDATE weave_instances SET stop_requested_at = NULL"
                          " WHERE namespace_id = %s AND id = %s", ns, stopping.instance_id)
     assert await invariants.check_db(db, [bystander.namespace_id]) == []
+
+
+async def test_a_stopped_gate_grants_and_starts_nothing(db: Database, engine: Engine) -> None:
+    """The kernel reads only OPEN as open: behind a STOPPED workflow gate a task is neither
+    granted nor started (a cancel's own cancel intents end such tasks anyway; this pins the
+    gate state every claim and start path reads)."""
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, PAIR)
+    await drain(engine)
+    offered = await claim(db, flow.session, flow.queue, 1)
+    assert len(offered) == 1
+    await damage(db, "UPDATE pulse_execution_gates g JOIN weave_instances i"
+                     " ON i.namespace_id = g.namespace_id AND i.gate_id = g.id"
+                     " SET g.state = 'STOPPED' WHERE i.namespace_id = %s AND i.id = %s",
+                 tenant.namespace_id, flow.instance_id)
+    assert await claim(db, flow.session, flow.queue) == []
+    outcomes = await start(db, tenant, offered)
+    assert [(o.approved, o.reason) for o in outcomes] == [(False, "workflow_paused")]

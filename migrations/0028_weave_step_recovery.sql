@@ -2,7 +2,7 @@
 -- (`$hold`, or a task in NEEDS_REVIEW), the error it would have propagated, the logical
 -- conclusion an operator records for it, and the RESOLVE pending advance that carries that
 -- conclusion to the engine.
--- depends: 0026_weave_instance_list_indexes
+-- depends: 0027_weave_stop_intent
 -- transactional: false
 
 ALTER TABLE weave_steps

@@ -3,7 +3,7 @@
 -- first_round_attempts_used (0024); a continue also grants rounds and may give a new query
 -- deadline, both kept apart from the definition's max_rounds and the first deadline_at, which
 -- never change.
--- depends: 0026_weave_instance_list_indexes
+-- depends: 0028_weave_step_recovery
 -- transactional: false
 
 ALTER TABLE weave_poll_states

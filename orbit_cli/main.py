@@ -33,6 +33,7 @@ from orbit_common.weave import instances as weave_instances
 from orbit_common.weave import operator as weave_operator
 from orbit_common.weave import recovery as weave_recovery
 from orbit_common.weave import signals as weave_signals
+from orbit_common.weave import stops as weave_stops
 from orbit_common.weave import timeline as weave_timeline
 from orbit_common.weave import wait_recovery
 
@@ -571,9 +572,10 @@ def _echo_line(value: Any) -> None:
 
 @admin.group("workflows")
 def admin_workflows() -> None:
-    """Workflow definitions, versions and instances (docs/api/workflows.md); pause and resume
-    of an instance (docs/weave/pause.md); manual recovery of held steps
-    (docs/weave/recovery.md)."""
+    """Workflow definitions, versions and instances (docs/api/workflows.md); pause, resume and
+    cancel of an instance (docs/weave/pause.md, docs/weave/stop.md); manual recovery of held
+    steps (docs/weave/recovery.md)."""
+
 
 
 def _workflow_control(ctx: click.Context, instance_id: str, namespace: str, reason: str,
@@ -611,6 +613,24 @@ def workflows_resume(ctx: click.Context, instance_id: str, namespace: str, reaso
     """Resume a paused instance: its gate opens and the engine replays the parked checkpoints
     in order, once."""
     _workflow_control(ctx, instance_id, namespace, reason, control_revision, paused=False)
+
+
+@admin_workflows.command("cancel")
+@click.argument("instance_id")
+@click.option("--namespace", required=True)
+@click.option("--reason", required=True, help="Why; recorded in the audit log.")
+@click.option("--control-revision", type=click.IntRange(1), default=None,
+              help="Compare-and-set on the instance's control revision (as read).")
+@click.pass_context
+def workflows_cancel(ctx: click.Context, instance_id: str, namespace: str, reason: str,
+                     control_revision: int | None) -> None:
+    """Cancel an instance: the stop intent CANCEL, its gate closed for good, its unfinished
+    tasks asked to stop; the engine settles it CANCELLED once no step is in flight. Prints the
+    instance (STOPPING; unchanged when it was already stopping)."""
+    _, view = _with_db(ctx, lambda db: weave_stops.operator_cancel(
+        db, namespace=namespace, instance_id=instance_id, reason=reason, actor=_actor(ctx),
+        control_revision=control_revision))
+    _echo_document(view)
 
 
 @admin_workflows.group("definitions")

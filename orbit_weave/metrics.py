@@ -2,7 +2,8 @@
 
 * ``orbit_weave_advances_total{outcome}`` -- inbox rows and pending advances handled, by outcome
   (``advanced``, ``held``, ``duplicate``, ``stale``, ``closed_block``, ``instance_ended``,
-  ``rejected``; ``fenced``: a row whose lease another replica took before this one locked it;
+  ``rejected``, ``paused``, ``stopping``; ``fenced``: a row whose lease another replica took
+  before this one locked it;
   ``error``: an advance that failed and rolled back, its rows' leases will lapse);
 * ``orbit_weave_advance_duration_seconds`` -- one instance's advance transaction;
 * ``orbit_weave_result_to_advance_seconds`` -- database time from a task's ending commit (its
@@ -17,7 +18,10 @@
 * ``orbit_weave_inbox_quarantined`` -- QUARANTINED inbox rows (links missing: a person looks);
 * ``orbit_weave_instances{state}`` -- instances by state;
 * ``orbit_weave_instances_paused`` / ``orbit_weave_checkpoints_parked`` -- paused instances and
-  the checkpoints they parked (results, due timers and poll rounds) that a resume replays.
+  the checkpoints they parked (results, due timers and poll rounds) that a resume replays;
+* ``orbit_weave_instances_stopping`` -- instances with a stop intent (a cancel or a failure
+  settlement) still waiting for in-flight steps (docs/weave/stop.md): one that stays up names
+  a worker that does not stop its task.
 
 The gauges come from the database every ``[weave] gauge_interval_s``; no series names a tenant.
 """
@@ -75,6 +79,10 @@ class EngineMetrics:
             "orbit_weave_checkpoints_parked",
             "Checkpoints parked while instances were paused, waiting for the replay.",
             registry=registry)
+        self.stopping = prometheus_client.Gauge(
+            "orbit_weave_instances_stopping",
+            "Workflow instances stopping: stop intent recorded, in-flight steps still running.",
+            registry=registry)
         for outcome in (*OUTCOMES, FENCED, FAILED_ADVANCE):
             self.advances.labels(outcome)
 
@@ -95,6 +103,7 @@ class EngineMetrics:
         self.signals_pending.set(found.signals_pending)
         self.paused.set(found.paused)
         self.checkpoints.set(found.checkpoints)
+        self.stopping.set(found.instances.get("STOPPING", 0))
         for state in STATES:
             self.instances.labels(state).set(found.instances.get(state, 0))
 

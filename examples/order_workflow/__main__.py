@@ -70,7 +70,7 @@ async def place(order_id: str, amount: float, skus: list[str], express: bool,
             DEFINITION, {"order_id": order_id, "amount": amount, "express": express,
                          "items": [{"sku": sku, "qty": 1} for sku in skus]},
             business_key=order_id, idempotency_key=f"order-{order_id}")
-        while wait and instance.state == "RUNNING":
+        while wait and not instance.finished:  # RUNNING, or STOPPING (docs/weave/stop.md)
             await asyncio.sleep(0.2)
             instance = await orbit.get_workflow(instance.id)
         return instance.raw

@@ -83,7 +83,7 @@ async def confirm(payment_id: str, status: str, version: int, wait: bool) -> dic
             definition=DEFINITION, business_key=payment_id,
             idempotency_key=f"confirm-{payment_id}")
         instance = await orbit.get_workflow(sent.workflow_id)
-        while wait and instance.state == "RUNNING":
+        while wait and not instance.finished:  # RUNNING, or STOPPING (docs/weave/stop.md)
             await asyncio.sleep(0.2)
             instance = await orbit.get_workflow(sent.workflow_id)
         signal = await orbit.get_signal(sent.workflow_id, sent.id)

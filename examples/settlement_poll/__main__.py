@@ -71,7 +71,7 @@ async def start(transfer_id: str, amount: float, settle_after_ms: int,
             DEFINITION, {"transfer_id": transfer_id, "amount": amount,
                          "settle_after_ms": settle_after_ms},
             business_key=transfer_id, idempotency_key=f"transfer-{transfer_id}")
-        while wait and instance.state == "RUNNING":
+        while wait and not instance.finished:  # RUNNING, or STOPPING (docs/weave/stop.md)
             await asyncio.sleep(0.2)
             instance = await orbit.get_workflow(instance.id)
         return instance.raw

@@ -1,4 +1,5 @@
-"""Pause and resume of a workflow instance over HTTP (docs/api/workflows.md § 暂停与继续).
+"""Pause, resume and cancel of a workflow instance over HTTP (docs/api/workflows.md § 暂停与继续,
+§ 取消).
 
 The routes check the shape of the body (unknown fields, types) and hand the rest to
 ``orbit_common.weave.controls``: a refused request writes nothing.
@@ -28,16 +29,16 @@ from orbit_common import errors
 from orbit_common.platform.principals import principal_of
 from orbit_common.service.http.body import query_params
 from orbit_common.service.http.context import DB, request_id_of
-from orbit_common.weave import controls
+from orbit_common.weave import controls, stops
 
 PAUSE = INSTANCE + "/pause"
 RESUME = INSTANCE + "/resume"
+CANCEL = INSTANCE + "/cancel"
 FIELDS = frozenset({"reason", "control_revision"})
 
 
-async def _control(request: web.Request, *, paused: bool) -> web.Response:
+async def _body(request: web.Request) -> dict[str, Any]:
     query_params(request, ())
-    key = idempotency_key(request)
     body, problems = await _object(request, FIELDS)
     try:
         controls.check_request(body.get("reason"), body.get("control_revision"))
@@ -45,6 +46,12 @@ async def _control(request: web.Request, *, paused: bool) -> web.Response:
         problems += exc.errors
     if problems:
         raise errors.ValidationFailed(problems)
+    return body
+
+
+async def _control(request: web.Request, *, paused: bool) -> web.Response:
+    key = idempotency_key(request)
+    body = await _body(request)
     outcome = await controls.set_paused(
         request.app[DB], principal_of(request), namespace=_namespace(request),
         instance_id=request.match_info["workflow_id"], paused=paused, reason=body["reason"],
@@ -61,10 +68,22 @@ async def resume_workflow(request: web.Request) -> web.Response:
     return await _control(request, paused=False)
 
 
+async def cancel_workflow(request: web.Request) -> web.Response:
+    key = idempotency_key(request)
+    body = await _body(request)
+    outcome = await stops.cancel(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"], reason=body["reason"],
+        control_revision=body.get("control_revision"), idempotency_key=key,
+        request_id=request_id_of(request))
+    return json_response(outcome.body, status=outcome.status)
+
+
 def add_routes(app: web.Application) -> None:
-    """Register the pause and resume routes."""
+    """Register the pause, resume and cancel routes."""
     app.router.add_post(PAUSE, pause_workflow)
     app.router.add_post(RESUME, resume_workflow)
+    app.router.add_post(CANCEL, cancel_workflow)
 
 
 # --- OpenAPI ------------------------------------------------------------------------------------
@@ -76,8 +95,23 @@ _RESPONSES: dict[str, Any] = {
     **resource_errors("forbidden: the credential may not workflows.control here"),
     "404": _problem("namespace_not_found, or workflow_instance_not_found"),
     "409": _problem("workflow_instance_finished (the instance has ended; nothing written), "
-                    "stale_revision (the control revision given is not the instance's), or "
-                    "idempotency_conflict"),
+                    "workflow_instance_stopping (a cancel or a failure settlement is stopping "
+                    "it: its gate stays closed), stale_revision (the control revision given is "
+                    "not the instance's), or idempotency_conflict"),
+    **BODY_ERRORS,
+}
+_CANCEL_RESPONSES: dict[str, Any] = {
+    "202": _json("Workflow", "The stop intent is recorded: the instance is STOPPING, its gate "
+                             "STOPPED, its unfinished tasks asked to stop; the engine settles "
+                             "it CANCELLED once no step is in flight (or the replay of the "
+                             "original receipt)"),
+    "200": _json("Workflow", "The instance was already stopping: unchanged (an instance "
+                             "stopping for a FAILURE records the user's cancel time once)"),
+    **resource_errors("forbidden: the credential may not workflows.control here"),
+    "404": _problem("namespace_not_found, or workflow_instance_not_found"),
+    "409": _problem("workflow_instance_finished (the instance has ended: a committed success "
+                    "is never overridden; nothing written), stale_revision (the control "
+                    "revision given is not the instance's), or idempotency_conflict"),
     **BODY_ERRORS,
 }
 
@@ -95,6 +129,13 @@ OPENAPI_PATHS: dict[str, Any] = {
     RESUME: {"parameters": _PARAMS, "post": _operation(
         "resume", "Resume an instance: its gate opens, its parked checkpoints are replayed in "
                   "order, once")},
+    CANCEL: {"parameters": _PARAMS, "post": {
+        "summary": "Cancel an instance: the stop intent CANCEL, its gate closed for good, its "
+                   "unfinished tasks asked to stop; it settles CANCELLED once nothing is in "
+                   "flight",
+        "operationId": "cancelWorkflow", "parameters": [IDEMPOTENCY_PARAM],
+        "requestBody": request_body("WorkflowControlRequest"),
+        "responses": _CANCEL_RESPONSES}},
 }
 
 OPENAPI_SCHEMAS: dict[str, Any] = {

@@ -929,7 +929,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     "Workflow": {
         "type": "object",
         "required": ["id", "definition", "version", "version_digest", "state", "revision",
-                     "paused", "control_revision", "checkpoints", "business_key", "input",
+                     "paused", "control_revision", "checkpoints", "stop_kind",
+                     "stop_requested_at", "cancel_requested_at", "business_key", "input",
                      "output", "error", "created_at", "updated_at", "completed_at"],
         "properties": {
             "id": ID, "definition": NAME, "version": _VERSION,
@@ -940,9 +941,17 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                        "description": "Paused (apart from state): its gate holds its tasks"
                                       " back, its results and due checkpoints are parked"},
             "control_revision": {"type": "integer", "minimum": 1,
-                                 "description": "+1 on each pause and resume"},
+                                 "description": "+1 on each pause, resume and cancel"},
             "checkpoints": {"type": "integer", "minimum": 0,
                             "description": "Parked checkpoints the resume replays"},
+            "stop_kind": {"enum": ["CANCEL", "FAILURE", None],
+                          "description": "The first stop intent, frozen: a user's cancel or "
+                                         "a failure settlement; null when none"},
+            "stop_requested_at": {**nullable(TIME),
+                                  "description": "When the stop intent was recorded"},
+            "cancel_requested_at": {**nullable(TIME),
+                                    "description": "When a user asked to cancel (also on an "
+                                                   "instance stopping for a FAILURE)"},
             "business_key": {"type": ["string", "null"]}, "input": _JSON_ANY,
             "output": _JSON_ANY, "error": _JSON_ANY, "created_at": TIME, "updated_at": TIME,
             "completed_at": nullable(TIME),

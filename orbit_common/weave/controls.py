@@ -21,7 +21,9 @@ The instance's execution state (``state``) does not change: ``paused`` is kept a
 (001 "暂停"). Pausing a paused instance (resuming a running one) returns it unchanged: no new
 control revision, no event, no audit. ``control_revision`` in the request is a compare-and-set
 on the instance's control revision (``stale_revision`` when it moved). An ended instance is
-``workflow_instance_finished``.
+``workflow_instance_finished``; a stopping one (a cancel or a failure settlement recorded its
+stop intent and closed its gate for good: docs/weave/stop.md) is ``workflow_instance_stopping``
+-- a resume can never reopen a stopped instance's gate.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ from orbit_common.weave.signals import InstanceFinished
 # A parked row's due time: the lease scans (``due_at <= now``) never reach it.
 PARKED = dt.datetime(9999, 12, 31, tzinfo=dt.UTC)
 REASON_MAX = 1024
+
+
+class InstanceStopping(errors.Conflict):
+    code = "workflow_instance_stopping"
+    title = "The workflow instance is stopping"
 
 LOCK_INSTANCE = ("SELECT id, state, paused, control_revision, checkpoints, gate_id"
                  " FROM weave_instances WHERE namespace_id = %s AND id = %s FOR UPDATE")
@@ -101,7 +108,10 @@ async def change_pause(cur: Any, namespace_id: bytes, raw_id: bytes, *, paused: 
         raise errors.StaleRevision(
             f"the instance's control revision is {row['control_revision']}, not"
             f" {control_revision}; read it again")
-    if row["state"] not in ("RUNNING", "STOPPING"):
+    if row["state"] == "STOPPING":
+        raise InstanceStopping(f"workflow instance {raw_id.hex()} is stopping: its gate"
+                               " stays closed; it settles when its in-flight steps end")
+    if row["state"] != "RUNNING":
         raise InstanceFinished(f"workflow instance {raw_id.hex()} is {row['state']}")
     if bool(row["paused"]) == paused:
         return await instances.detail(cur, namespace_id, raw_id)

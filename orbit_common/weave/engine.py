@@ -30,10 +30,12 @@ Each row gets one outcome (``OUTCOMES``), stored on the inbox row: ``advanced`` 
 moved its step), ``held`` (NEEDS_REVIEW: the step waits, its activation stays LIVE),
 ``duplicate`` (the activation was already advanced by this very event), ``stale`` (the event's
 activation is not the task's current LIVE activation), ``closed_block`` (a FAIL_FAST block
-closed its branch), ``instance_ended``, ``rejected`` (see below). Only ``advanced``, ``held``
-and ``rejected`` change the instance. A pending advance is dispatched by its ``kind`` (``due``):
-a TIMER row fires its wait (``timers.py``); one leased before its due time (database time) goes
-back to PENDING unchanged (``timers.EARLY``, counted, not an outcome).
+closed its branch), ``instance_ended``, ``rejected`` (see below), ``paused`` (parked),
+``stopping`` (the instance is stopping: the result is recorded on its step, never advanced).
+Only ``advanced``, ``held``, ``rejected`` and ``stopping`` change the instance. A pending
+advance is dispatched by its ``kind`` (``due``): a TIMER row fires its wait (``timers.py``);
+one leased before its due time (database time) goes back to PENDING unchanged
+(``timers.EARLY``, counted, not an outcome).
 
 Deterministic refusals inside an advance -- the pinned version no longer verifies, a queue a
 step names is gone, a task the step creates is refused (its options, a queue or application
@@ -52,6 +54,15 @@ transaction the engine sends their tasks a cancel intent with the kernel's cance
 for a person; events say ``"by": "workflow"``). The results of those tasks arrive later through
 the inbox like any other and are consumed as ``closed_block`` / ``instance_ended``: kept, never
 advanced.
+
+The stop (docs/weave/stop.md): a failure that ends the top-level scope records the stop intent
+FAILURE (frozen: kind, time, error), closes the instance's gate for good (``STOPPED``), ends
+what is not in flight and asks the in-flight tasks (a RUNNING TASK step or POLL round with its
+activation LIVE and its task made before this advance) to stop; the instance is STOPPING
+until their results are recorded (``stopping``), and the advance that accounts for the last of
+them settles it FAILED -- in the same advance when nothing is in flight. A user's cancel
+(``stops.py``) records the intent CANCEL and re-arms the ROOT continuation, whose advance runs
+the same sweep and settles the instance CANCELLED once nothing is in flight.
 """
 
 from __future__ import annotations
@@ -106,11 +117,16 @@ REJECTED = "rejected"
 # The instance is paused: the row is parked (an inbox row CONSUMED with this outcome, a pending
 # advance or a signal moved out of the scans' reach) until the resume replays it (controls.py).
 PAUSED = "paused"
+# The instance is stopping (docs/weave/stop.md): the result is recorded on its step (a committed
+# success stays SUCCEEDED), nothing advances; the last in-flight step's result settles it.
+STOPPING = "stopping"
 # The cancel intents the engine sends (docs/weave/engine.md § 取消意图).
 CLOSED_REASON = "workflow block closed"
 ENDED_REASON = "workflow instance ended"
 CANCELLED_BY = "workflow"
-OUTCOMES = (ADVANCED, HELD, DUPLICATE, STALE, CLOSED_BLOCK, INSTANCE_ENDED, REJECTED, PAUSED)
+STOP_REASONS = {"CANCEL": "workflow instance cancelled", "FAILURE": "workflow instance failed"}
+OUTCOMES = (ADVANCED, HELD, DUPLICATE, STALE, CLOSED_BLOCK, INSTANCE_ENDED, REJECTED, PAUSED,
+            STOPPING)
 # Not outcomes of a row: this round's lease on it was lost before the advance locked it; the
 # advance failed with an error that is not a refusal (it rolled back, the lease will lapse).
 FENCED = "fenced"
@@ -289,6 +305,17 @@ class _Advance:
         self.now: Any = None  # the advance's database time (set before any step runs)
         self.replayed = False  # this advance replayed the instance's parked checkpoints
         self.held: list[str] = []  # the steps this advance held ($hold)
+        # The stop intent (docs/weave/stop.md): frozen once recorded; ``stop_began`` when this
+        # advance recorded it (a failure settlement: the engine closes the gate and asks the
+        # in-flight tasks to stop); ``closed_now`` the in-flight steps a block closed in this
+        # advance (they stay in flight if the instance stops in the same advance).
+        self.stop_kind: str | None = instance.get("stop_kind")
+        self.stop_requested_at: Any = instance.get("stop_requested_at")
+        self.stop_began = False
+        self.stop_tasks: list[bytes] = []
+        self.closed_now: list[_Step] = []
+        if self.stop_kind is not None:
+            self.error = _text(instance.get("error"))
         if model is not None:
             self.input = types.cel_input(model.definition.input_schema,
                                          jsondoc.loads_strict(instance["input"]))
@@ -310,6 +337,10 @@ class _Advance:
     @property
     def running(self) -> bool:
         return bool(self.state == "RUNNING")
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self.state == "STOPPING")
 
     # --- the rows ----------------------------------------------------------------------------
 
@@ -673,27 +704,182 @@ class _Advance:
         for name in self.model.inside[block.name]:
             row = self.steps.get(name)
             if row is not None and row.state in ("RUNNING", "WAITING"):
+                if self.in_flight(row):
+                    self.closed_now.append(row)
                 self._end(row, "CANCELLED")
 
     def _end_instance(self, ok: bool, value: Any) -> None:
-        self.state = "SUCCEEDED" if ok else "FAILED"
-        if ok:
-            self.output = value
-        else:
-            self.error = value
+        """The top-level scope ended: success ends the instance now (what still runs is
+        cancelled); a failure records the stop intent FAILURE (:meth:`stop`)."""
+        if not ok:
+            self.stop("FAILURE", value)
+            return
+        self.state = "SUCCEEDED"
+        self.output = value
         self.changed = True
         for row in self.steps.values():
             if row.state in ("RUNNING", "WAITING", "PENDING"):
                 self._end(row, "CANCELLED")
 
     def fail(self, code: str, cause: str) -> None:
-        """A deterministic refusal: the instance fails."""
+        """A deterministic refusal: the instance fails (a stopping one settles at once: its
+        version is unusable, so nothing more can be recorded)."""
+        if self.stopping:
+            self._sweep(force=True)
+            return
         self._end_instance(False, {"error": code, "cause": cause})
+
+    # --- the stop (docs/weave/stop.md) ---------------------------------------------------------
+
+    def rejected(self, rows: Sequence[dict[str, Any]]) -> None:
+        """The results of ``rows`` are consumed as ``rejected``: their steps are not in flight
+        any more (they end CANCELLED, as the refused advance never applied them)."""
+        for row in rows:
+            step = self.by_activation.get(row["activation_id"]) if row["activation_id"] else None
+            if (step is not None and self.in_flight(step)
+                    and _live(step).task_id == row["task_id"]):
+                self._end(step, "CANCELLED")
+
+    def _made(self) -> set[bytes]:
+        return {t.item.task_id for t in self.new_tasks}
+
+    def in_flight(self, row: _Step) -> bool:
+        """A TASK step, or a POLL round, whose task was made before this advance and whose
+        result has not been consumed: its step RUNNING with its activation LIVE. A step
+        WAITING for a review, a timer or a signal is not in flight; a task this advance made is
+        cancelled before any worker sees it."""
+        activation = row.activation
+        return (row.kind in ("TASK", "POLL") and row.state == "RUNNING"
+                and activation is not None and activation.state == "LIVE"
+                and not activation.new and activation.task_id is not None
+                and activation.task_id not in self._made())
+
+    def stop(self, kind: str, error: Any) -> None:
+        """Record the stop intent (the first one wins: kind, time and error are frozen), go
+        STOPPING; what is not in flight ends now, and with nothing in flight the instance
+        settles in this advance."""
+        if self.stop_kind is None:
+            self.stop_kind = kind
+            self.stop_requested_at = to_db(self.now)  # naive UTC, as the column stores it
+            self.error = error
+            self.stop_began = True
+        for row in self.closed_now:  # its block closed in this advance; its task still runs
+            row.state = "RUNNING"
+            row.error = None
+            _live(row).state = "LIVE"
+        self.closed_now = []
+        self.state = "STOPPING"
+        self.changed = True
+        if self.stop_began:
+            self.stop_tasks = sorted(_live(r).task_id or b"" for r in self.steps.values()
+                                     if self.in_flight(r))
+        self._sweep()
+
+    def _sweep(self, *, force: bool = False) -> None:
+        """Every open step that is not in flight ends CANCELLED; with none in flight (or
+        ``force``), the instance settles: CANCELLED for a user's cancel, FAILED with the
+        frozen error for a failure."""
+        for row in self.steps.values():
+            if row.state in ("RUNNING", "WAITING", "PENDING") and (
+                    force or not self.in_flight(row)):
+                self._end(row, "CANCELLED")
+        self.changed = True
+        if not any(self.in_flight(r) for r in self.steps.values()):
+            self.state = "CANCELLED" if self.stop_kind == "CANCEL" else "FAILED"
+
+    def stopping_result(self, row: dict[str, Any]) -> str:
+        """A result that arrives while the instance stops: recorded on its step if the step was
+        in flight (a success stays SUCCEEDED, never rewritten), never advanced; then the sweep
+        (the last in-flight step's result settles the instance)."""
+        step = self.by_activation.get(row["activation_id"]) if row["activation_id"] else None
+        activation = step.activation if step is not None else None
+        if step is None or activation is None:
+            return STALE
+        if activation.result_event_id == row["source_event_id"]:
+            return DUPLICATE
+        if activation.task_id != row["task_id"]:
+            return STALE
+        if self.in_flight(step):
+            snapshot = jsondoc.loads_strict(row["snapshot"])
+            task_state = row["task_state"]
+            if task_state == "NEEDS_REVIEW":  # waits for a person: it does not hold the stop
+                self._end(step, "CANCELLED")
+            else:
+                activation.result_event_id = row["source_event_id"]
+                activation.dirty = True
+                if step.kind == "POLL":
+                    self._stopped_round(row, step, snapshot)
+                elif task_state == "SUCCEEDED":
+                    self._stopped_success(step, snapshot.get("result"))
+                elif task_state == "CANCELLED":
+                    self._end(step, "CANCELLED")
+                else:
+                    self._end(step, "FAILED", error={"error": TASK_FAILED,
+                                                     "cause": snapshot.get("error"),
+                                                     "step": step.name})
+        self._sweep()
+        return STOPPING
+
+    def _definition_step(self, name: str) -> Step | None:
+        return None if self._model is None else self.definition.all_steps.get(name)
+
+    def _stopped_success(self, row: _Step, result: Any) -> None:
+        step = self._definition_step(row.name)
+        if isinstance(step, TaskStep) and step.result_schema is not None:
+            found: list[dict[str, str]] = []
+            types.value_problems(step.result_schema, result, "$.result", found)
+            if found:
+                self._end(row, "FAILED", error={
+                    "error": RESULT_SHAPE, "cause": f"{found[0]['path']}: {found[0]['message']}",
+                    "step": row.name})
+                return
+        self._end(row, "SUCCEEDED", output=result)
+        self.completed.append(row.name)
+
+    def _stopped_round(self, row: dict[str, Any], step: _Step, snapshot: Any) -> None:
+        """A POLL round's result while stopping: the round is decided; a met condition
+        completes the step, anything else ends it (no next round)."""
+        state = self.polls.states.get(step.id)
+        current = self.polls.rounds.get(row["task_id"])
+        definition_step = self._definition_step(step.name)
+        if state is None or current is None or current.state != polls.RUNNING:
+            self._end(step, "CANCELLED")
+            return
+        state.dirty = True
+        if row["task_state"] != "SUCCEEDED":
+            cancelled = row["task_state"] == "CANCELLED"
+            polls.end_round(current, polls.CANCELLED if cancelled else polls.FAILED)
+            if cancelled:
+                self._end(step, "CANCELLED")
+            else:
+                state.state = polls.FAILED
+                self._end(step, "FAILED", error={"error": TASK_FAILED,
+                                                 "cause": snapshot.get("error"),
+                                                 "step": step.name})
+            return
+        result = snapshot.get("result")
+        state.last_result = result
+        try:
+            met = isinstance(definition_step, PollStep) and self._until(definition_step, result)
+        except _RoundFailed as exc:
+            polls.end_round(current, polls.FAILED, result)
+            state.state = polls.FAILED
+            self._end(step, "FAILED", error=exc.failure)
+            return
+        polls.end_round(current, polls.MET if met else polls.NOT_MET, result)
+        if met:
+            state.state = polls.SATISFIED
+            self._end(step, "SUCCEEDED", output=result)
+            self.completed.append(step.name)
+        else:
+            self._end(step, "CANCELLED")
 
     # --- the events ----------------------------------------------------------------------------
 
     def consume(self, row: dict[str, Any]) -> str:  # noqa: PLR0912 - one guard per outcome
         """One inbox row's outcome (and its effect on the rows in memory)."""
+        if self.stopping:
+            return self.stopping_result(row)
         if not self.running:
             return INSTANCE_ENDED
         step = self.by_activation.get(row["activation_id"]) if row["activation_id"] else None
@@ -737,7 +923,11 @@ class _Advance:
         return ADVANCED
 
     def due(self, row: dict[str, Any]) -> str:
-        """One leased pending advance's outcome: by its kind."""
+        """One leased pending advance's outcome: by its kind. While the instance stops none
+        advances anything (the ROOT row a cancel re-arms only runs the sweep)."""
+        if self.stopping:
+            self._sweep()
+            return STOPPING
         if row["kind"] == "ROOT":
             return self.root()
         if row["kind"] == "TIMER":
@@ -1018,11 +1208,12 @@ class _Advance:
 # --- SQL ----------------------------------------------------------------------------------------
 
 LOCK_INSTANCE = ("SELECT id, namespace_id, definition_id, version, version_digest, state,"
-                 " revision, paused, checkpoints, input, gate_id FROM weave_instances"
-                 " WHERE namespace_id = %s AND id = %s FOR UPDATE")
+                 " revision, paused, checkpoints, input, error, stop_kind, stop_requested_at,"
+                 " gate_id FROM weave_instances WHERE namespace_id = %s AND id = %s FOR UPDATE")
 LOCK_INSTANCES = ("SELECT id, namespace_id, definition_id, version, version_digest, state,"
-                  " revision, paused, checkpoints, input, gate_id FROM weave_instances"
-                  " WHERE namespace_id = %s AND id IN ({ids}) ORDER BY id FOR UPDATE")
+                  " revision, paused, checkpoints, input, error, stop_kind, stop_requested_at,"
+                  " gate_id FROM weave_instances WHERE namespace_id = %s AND id IN ({ids})"
+                  " ORDER BY id FOR UPDATE")
 FENCE = ("SELECT * FROM {table} WHERE namespace_id = %s AND id IN ({ids})"
          " ORDER BY created_at, id FOR UPDATE")
 STEPS = ("SELECT instance_id, id, name, kind, state, output, error, join_state, held_at,"
@@ -1056,7 +1247,17 @@ UPDATE_ACTIVATIONS = ("UPDATE weave_activations SET state = CASE id {state} END,
 UPDATE_INSTANCES = ("UPDATE weave_instances SET state = CASE id {state} END,"
                     " revision = revision + 1, output = CASE id {output} END,"
                     " error = CASE id {error} END, completed_at = CASE id {completed} END,"
+                    " stop_kind = CASE id {kind} END, stop_requested_at = CASE id {stopped} END,"
                     " updated_at = %s WHERE namespace_id = %s AND id IN ({ids})")
+# A failure settlement closes the instance's gate for good (a cancel closes it in its own
+# transaction, controls.py): claims and starts read it with a shared lock.
+STOP_GATES = ("UPDATE pulse_execution_gates SET state = 'STOPPED', reason = %s,"
+              " control_revision = control_revision + 1, updated_at = %s"
+              " WHERE namespace_id = %s AND id IN ({ids})")
+# A stopping or stopped instance's open pending advances: none will advance anything.
+STOPPED_ADVANCES = ("UPDATE weave_pending_advances SET state = 'DONE', done_at = %s,"
+                    " lease_owner = NULL, lease_expires_at = NULL, parked_due_at = NULL"
+                    " WHERE namespace_id = %s AND instance_id IN ({ids}) AND state = 'PENDING'")
 CONSUME = ("UPDATE weave_inbox SET state = 'CONSUMED', outcome = %s, consumed_at = %s,"
            " lease_owner = NULL, lease_expires_at = NULL"
            " WHERE namespace_id = %s AND id IN ({ids})")
@@ -1179,7 +1380,13 @@ async def _cancel(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any, *
     by_reason: dict[str, list[bytes]] = {}
     for advance in advances:
         before, created = _cancelled_tasks(advance)
-        reason = CLOSED_REASON if advance.running else ENDED_REASON
+        if advance.running:
+            reason = CLOSED_REASON
+        elif advance.stop_kind is not None:
+            reason = STOP_REASONS[advance.stop_kind]
+            before = [*before, *advance.stop_tasks]  # in flight: asked to stop, still LIVE
+        else:
+            reason = ENDED_REASON
         by_reason.setdefault(reason, []).extend(created if made else before)
     for reason, task_ids in sorted(by_reason.items()):
         if task_ids:
@@ -1214,6 +1421,10 @@ async def _write(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any) ->
     and the application's rows, which every finishing task updates too, so the transaction
     holds them only for the moment before its commit. The cancels of tasks that were live come
     first (task rows, then the counters their endings update)."""
+    stopped = sorted(adv.instance["gate_id"] for adv in advances if adv.stop_began)
+    if stopped:
+        await cur.execute(STOP_GATES.format(ids=placeholders(len(stopped))),
+                          (STOP_REASONS["FAILURE"], to_db(now), ns, *stopped))
     await _cancel(cur, ns, advances, now, made=False)
     await _write_rows(cur, ns, advances, to_db(now))
     for advance in advances:
@@ -1222,15 +1433,29 @@ async def _write(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any) ->
     await append_events(cur, [EventRecord(
         namespace_id=ns, id=ids.new_id(), aggregate_type="workflow_instance",
         aggregate_id=adv.instance["id"], aggregate_revision=adv.instance["revision"] + 1,
-        event_type={"SUCCEEDED": "workflow.succeeded", "FAILED": "workflow.failed"}.get(
-            adv.state, "workflow.advanced"),
-        from_state="RUNNING", to_state=adv.state,
+        event_type=_event_type(adv), from_state=adv.instance["state"], to_state=adv.state,
         payload={"completed": adv.completed,
                  "tasks": [{"step": t.step, "task_id": t.item.task_id.hex(),
                             "sequence": t.sequence} for t in adv.new_tasks],
                  "waiting": sorted(r.name for r in adv.rows() if r.state == "WAITING"),
                  **({"held": sorted(adv.held)} if adv.held else {}),
                  "output": adv.output, "error": adv.error}) for adv in advances])
+
+
+async def _stopped_advances(cur: Any, ns: bytes, runs: Sequence[_Advance], now: Any) -> None:
+    """The open pending advances of the batch's stopping and stopped instances end DONE
+    (after this round's own rows are handled): nothing of theirs advances again."""
+    stopped = sorted(run.instance["id"] for run in runs if run.stop_kind is not None)
+    if stopped:
+        await cur.execute(STOPPED_ADVANCES.format(ids=placeholders(len(stopped))),
+                          (to_db(now), ns, *stopped))
+
+
+def _event_type(advance: _Advance) -> str:
+    if advance.state == "STOPPING":
+        return "workflow.stopping" if advance.stop_began else "workflow.advanced"
+    return {"SUCCEEDED": "workflow.succeeded", "FAILED": "workflow.failed",
+            "CANCELLED": "workflow.cancelled"}.get(advance.state, "workflow.advanced")
 
 
 async def _insert_tasks(cur: Any, ns: bytes, advances: Sequence[_Advance], now: Any) -> None:
@@ -1318,8 +1543,10 @@ async def _write_rows(cur: Any, ns: bytes, advances: Sequence[_Advance], when: A
         "state": [(adv.instance["id"], adv.state) for adv in advances],
         "output": [(adv.instance["id"], _json(adv.output)) for adv in advances],
         "error": [(adv.instance["id"], _json(adv.error)) for adv in advances],
-        "completed": [(adv.instance["id"], when if adv.state != "RUNNING" else None)
-                      for adv in advances],
+        "completed": [(adv.instance["id"], None if adv.state in ("RUNNING", "STOPPING")
+                       else when) for adv in advances],
+        "kind": [(adv.instance["id"], adv.stop_kind) for adv in advances],
+        "stopped": [(adv.instance["id"], adv.stop_requested_at) for adv in advances],
     }, (when, ns), ids=[adv.instance["id"] for adv in advances])
     await timers.write(cur, ns, _timer_waits(advances), when)
 
@@ -1368,10 +1595,10 @@ def _classify(instance_ids: Sequence[bytes], found: Mapping[bytes, dict[str, Any
     running, paused = [], []
     for instance_id in instance_ids:
         instance = found.get(instance_id)
-        if instance is None or instance["state"] != "RUNNING":
+        if instance is None or instance["state"] not in ("RUNNING", "STOPPING"):
             for r in rows_of.get(instance_id, []):
                 outcomes[r["id"]] = INSTANCE_ENDED if instance else STALE
-        elif instance["paused"]:
+        elif instance["paused"] and instance["state"] == "RUNNING":
             paused.append(instance_id)
             for r in rows_of.get(instance_id, []):
                 outcomes[r["id"]] = PAUSED
@@ -1685,6 +1912,7 @@ class Engine:
                 if r["instance_id"] not in running and r["instance_id"] not in paused], now))
             await polls.rearm(cur, ns, [run.polls for run in runs])
             await _insert_tasks(cur, ns, changed, now)
+            await _stopped_advances(cur, ns, runs, now)
             for row_id, outcome in (*outcomes.items(), *outcomes_due.items()):
                 if row_id not in parked_ids:
                     counts[outcome] = counts.get(outcome, 0) + 1
@@ -1733,8 +1961,9 @@ class Engine:
         now = await db_now(cur)
         outcome = REJECTED
         book: signals.Book | None = None
+        run: _Advance | None = None
         parked: list[dict[str, Any]] = []
-        if instance is None or instance["state"] != "RUNNING":
+        if instance is None or instance["state"] not in ("RUNNING", "STOPPING"):
             outcome = INSTANCE_ENDED if instance else STALE
         elif rows or due or held:
             instance = dict(instance)
@@ -1749,6 +1978,7 @@ class Engine:
                                                   [r["id"] for r in held]))[instance_id]
             run.adopt(books[instance_id])
             run.now = now
+            run.rejected([*rows, *(r for r in parked if "source_event_id" in r)])
             run.fail(refusal.reason, refusal.cause)
             run.receive_signals()
             signals.sweep([(book, True)])
@@ -1758,6 +1988,8 @@ class Engine:
             rows = [*rows, *(r for r in parked if "source_event_id" in r)]
             due = [*due, *(r for r in parked if "source_event_id" not in r)]
         await _consume(cur, ns, {r["id"]: outcome for r in rows}, [r["id"] for r in due], now)
+        if run is not None:
+            await _stopped_advances(cur, ns, [run], now)
         if book is not None:
             await signals.write(cur, ns, [(instance_id, book)], now)
         else:

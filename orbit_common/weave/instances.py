@@ -62,7 +62,8 @@ def _iso(value: Any) -> str | None:
 
 INSTANCE_COLUMNS = (
     "i.namespace_id, i.id, i.definition_id, i.version, i.version_digest, i.state, i.revision,"
-    " i.paused, i.control_revision, i.checkpoints,"
+    " i.paused, i.control_revision, i.checkpoints, i.stop_kind, i.stop_requested_at,"
+    " i.cancel_requested_at,"
     " i.business_key, i.input, i.output, i.error, i.gate_id, i.created_at, i.updated_at,"
     " i.completed_at, d.name AS definition_name"
 )
@@ -76,6 +77,8 @@ def instance_view(row: dict[str, Any]) -> dict[str, Any]:
         "version_digest": row["version_digest"].hex(), "state": row["state"],
         "revision": row["revision"], "paused": bool(row["paused"]),
         "control_revision": row["control_revision"], "checkpoints": row["checkpoints"],
+        "stop_kind": row["stop_kind"], "stop_requested_at": _iso(row["stop_requested_at"]),
+        "cancel_requested_at": _iso(row["cancel_requested_at"]),
         "business_key": tasks.business_key_text(row["business_key"]),
         "input": jsondoc.RawJson(row["input"]),
         "output": jsondoc.RawJson(row["output"]) if row["output"] is not None else None,
@@ -241,7 +244,8 @@ async def start_instance(db: Database, principal: credentials.Principal, *, name
         view = {"namespace_id": namespace_id, "id": instance_id, "definition_id": row["id"],
                 "version": pinned.version, "version_digest": pinned.digest,
                 "state": "RUNNING", "revision": 1, "paused": 0, "control_revision": 1,
-                "checkpoints": 0, "business_key": key, "input": input_text,
+                "checkpoints": 0, "stop_kind": None, "stop_requested_at": None,
+                "cancel_requested_at": None, "business_key": key, "input": input_text,
                 "output": None, "error": None, "gate_id": gate_id, "created_at": now,
                 "updated_at": now, "completed_at": None, "definition_name": row["name"]}
         return 201, instance_view(view), instance_id

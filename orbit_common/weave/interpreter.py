@@ -29,6 +29,14 @@ query by its deadline -- only by ``max_rounds``.
 A failure or timeout transition to ``$hold`` holds its step (docs/weave/recovery.md): the path
 stops there and the step waits for a person; :attr:`Run.held` lists the held steps (with the
 error each would have propagated) whose block has not closed since.
+A failure that ends the top-level scope is a *failure settlement* (docs/weave/stop.md): the
+tasks in flight -- those pending when the advance began (a block the failure closed in the same
+advance included), not those the advance itself created (the engine cancels them before any
+worker sees them) -- are still delivered, in the order ``choose`` gives, and recorded without
+advancing: a success completes its step (its result is kept; a POLL round's only when ``until``
+holds), anything else records nothing. Timers and signal timeouts no longer fire. The instance
+is FAILED, with the failure that ended the scope, once the last of them is delivered (at once
+when there is none).
 """
 
 from __future__ import annotations
@@ -202,6 +210,15 @@ class _Instance:
         self.timers: list[tuple[TimerCall, TimerStep, _Frame]] = []
         self.held: list[tuple[str, Any, _Frame]] = []
         self.now = dt.datetime.now(dt.UTC)
+        # The failure settlement: the in-flight tasks (by seq) still to be delivered; ``alive``
+        # the pending tasks of live frames when the current advance began.
+        self.stopping = False
+        self.in_flight: set[int] = set()
+        self.alive: set[int] = set()
+
+    def begin_advance(self) -> None:
+        self.created = []
+        self.alive = {call.seq for call, _, frame in self.pending if frame.alive()}
 
     def evaluate(self, source: str) -> Any:
         return expressions.evaluate(source, {"input": self.input, "steps": self.cel_results})
@@ -362,11 +379,18 @@ class _Instance:
     def scope_ended(self, frame: _Frame, ok: bool, value: Any) -> None:
         block = frame.block
         if block is None:
-            self.state = InstanceState.SUCCEEDED if ok else InstanceState.FAILED
             if ok:
+                self.state = InstanceState.SUCCEEDED
                 self.output = value
+                return
+            self.error = value
+            self.in_flight = {call.seq for call, _, _ in self.pending if call.seq in self.alive}
+            self.timers.clear()
+            self.timeouts.clear()
+            if self.in_flight:
+                self.stopping = True
             else:
-                self.error = value
+                self.state = InstanceState.FAILED
             return
         if block.closed:
             return
@@ -387,6 +411,32 @@ class _Instance:
         result = {branch.name: block.outcomes[branch.name][1] for branch in step.branches}
         self.completed(step.name, result, None)
         self.run_path(step.next, block.frame)
+
+
+def _stopped(instance: _Instance, call: TaskCall, step: TaskStep | PollStep,
+             ended: Outcome) -> None:
+    """An in-flight task's result while the instance stops: a success is recorded (a TASK
+    step's result if its shape holds, a POLL round's if ``until`` holds); nothing advances."""
+    instance.in_flight.discard(call.seq)
+    if isinstance(ended, Succeeded):
+        result = ended.result
+        found: list[dict[str, str]] = []
+        if step.result_schema is not None:
+            types.value_problems(step.result_schema, result, "$.result", found)
+        if not found:
+            holds: Any = True
+            if isinstance(step, PollStep):
+                try:
+                    holds = expressions.evaluate(step.until, {
+                        "input": instance.input, "steps": instance.cel_results,
+                        "round": {"result": types.cel_input(step.result_schema, result)}})
+                except expressions.ExpressionError:
+                    holds = False
+            if holds is True:
+                instance.results[step.name] = result
+    if not instance.in_flight:
+        instance.stopping = False
+        instance.state = InstanceState.FAILED
 
 
 def _failure(code: str, message: str, step: str | None = None) -> dict[str, Any]:
@@ -415,7 +465,16 @@ def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall
     held: list[TaskCall] = []
     while instance.state is InstanceState.RUNNING and (instance.pending or instance.timers
                                                        or instance.timeouts):
-        instance.created = []
+        instance.begin_advance()
+        if instance.stopping:
+            index = 0 if choose is None else choose([call for call, _, _ in instance.pending])
+            call, step, _ = instance.pending.pop(index)
+            if call.seq in instance.in_flight:
+                _stopped(instance, call, step, outcome(call))
+                advances.append(Advance(trigger=call.seq, created=()))
+            else:
+                advances.append(Advance(trigger=call.seq, created=(), ignored=True))
+            continue
         if instance.timers:
             timer, timer_step, timer_frame = instance.timers.pop(
                 0 if fire is None else fire([t for t, _, _ in instance.timers]))
@@ -453,7 +512,6 @@ def _time_out(instance: _Instance) -> Advance:
     """The oldest SIGNAL wait with a timeout times out: ``signal_timeout``, then
     ``on_timeout`` (ignored when its block has closed)."""
     step, frame = instance.timeouts.pop(0)
-    instance.created = []
     if not frame.alive():
         return Advance(trigger=0, created=(), ignored=True, timeout=step.name)
     if step.on_timeout == HOLD:

@@ -219,3 +219,39 @@ async def test_pause_refusals(db: Database, db_url: DatabaseUrl, tenant: Tenant)
     assert ended.code == 1
     assert "workflow_instance_finished" in ended.err
     assert (await _control_rows(db, tenant, instance["id"]))["audit"] == before["audit"]
+
+
+async def test_cancel_an_instance(db: Database, db_url: DatabaseUrl, tenant: Tenant) -> None:
+    """``orbit admin workflows cancel``: the stop intent CANCEL with the operator's identity in
+    the audit record, the instance's WAITING task cancelled at once; a repeat changes nothing;
+    an unknown instance and a stale control revision are refused."""
+    task_id, instance, _ = await workflow_task(db, tenant)
+    instance_id = instance["id"].hex()
+    stale = await orbit_admin(db_url, "workflows", "cancel", instance_id, "--namespace",
+                              tenant.namespace, "--reason", "r", "--control-revision", "3")
+    assert stale.code != 0
+    assert "stale_revision" in stale.err
+    done = (await ok(db_url, "workflows", "cancel", instance_id, "--namespace",
+                     tenant.namespace, "--reason", "withdrawn", "--control-revision",
+                     "1")).json()
+    assert (done["state"], done["stop_kind"], done["control_revision"]) == (
+        "STOPPING", "CANCEL", 2)
+    again = (await ok(db_url, "workflows", "cancel", instance_id, "--namespace",
+                      tenant.namespace, "--reason", "again")).json()
+    assert again["control_revision"] == 2
+
+    async def body(cur: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        await cur.execute("SELECT state, cancel_reason FROM pulse_tasks WHERE namespace_id = %s"
+                          " AND id = %s", (tenant.namespace_id, task_id))
+        task = dict(await cur.fetchone())
+        await cur.execute("SELECT actor_kind, actor_id, reason FROM orbit_audit_events"
+                          " WHERE namespace_id = %s AND action = 'workflow.cancel'",
+                          (tenant.namespace_id,))
+        return task, [dict(r) for r in await cur.fetchall()]
+
+    task, audit = await db.read("test.admin.cancel", body)
+    assert (task["state"], task["cancel_reason"]) == ("CANCELLED", "withdrawn")
+    assert audit == [{"actor_kind": "operator", "actor_id": ACTOR, "reason": "withdrawn"}]
+    missing = await orbit_admin(db_url, "workflows", "cancel", "00" * 16, "--namespace",
+                                tenant.namespace, "--reason", "r")
+    assert "workflow_instance_not_found" in missing.err

@@ -1290,6 +1290,67 @@ async def test_stuck_delivery_leases_count_only_at_quiescence(
     assert codes(found) == {"delivery_stuck"}, found
 
 
+async def _stopping_instance(db: Database) -> tuple[Tenant, bytes]:
+    """A tenant with an instance a user cancelled (STOPPING, its gate STOPPED) before any
+    engine advanced it: what the stop_intent corruptions start from."""
+    from orbit_common.weave import instances, stops
+    from tests.integration.weave.support import published
+
+    tenant = await make_tenant(db)
+    queue = await make_queue(db, tenant)
+    name = await published(db, tenant, queue.name)
+    who = await principal(db, tenant)
+    started = await instances.start_instance(db, who, namespace=tenant.namespace,
+                                             definition=name, input_json=b'{"n": 1}')
+    instance_id = bytes.fromhex(started.body["id"])
+    cancelled = await stops.cancel(db, who, namespace=tenant.namespace,
+                                   instance_id=instance_id.hex(), reason="corruption test")
+    assert cancelled.body["state"] == "STOPPING"
+    return tenant, instance_id
+
+
+def s_gate_reopened(conn: Any, ns: bytes, instance_id: bytes) -> None:
+    sql(conn, "UPDATE pulse_execution_gates g JOIN weave_instances i ON i.namespace_id ="
+              " g.namespace_id AND i.gate_id = g.id SET g.state = 'OPEN'"
+              " WHERE i.namespace_id = %s AND i.id = %s", ns, instance_id)
+
+
+def s_step_after_the_intent(conn: Any, ns: bytes, instance_id: bytes) -> None:
+    sql(conn, "UPDATE weave_steps st JOIN weave_instances i ON i.namespace_id ="
+              " st.namespace_id AND i.id = st.instance_id SET st.created_at ="
+              " i.stop_requested_at + INTERVAL 1 SECOND WHERE i.namespace_id = %s"
+              " AND i.id = %s", ns, instance_id)
+
+
+def s_ended_against_the_intent(conn: Any, ns: bytes, instance_id: bytes) -> None:
+    sql(conn, "UPDATE weave_instances SET state = 'FAILED', completed_at = UTC_TIMESTAMP(6)"
+              " WHERE namespace_id = %s AND id = %s", ns, instance_id)
+
+
+STOP_CORRUPTIONS: list[Callable[[Any, bytes, bytes], None]] = [
+    s_gate_reopened, s_step_after_the_intent, s_ended_against_the_intent]
+
+
+@pytest.mark.parametrize("corrupt", STOP_CORRUPTIONS, ids=lambda fn: fn.__name__[2:])
+async def test_the_checker_reports_each_stop_corruption(
+    scratch_db: Database, scratch_conn: pymysql.connections.Connection[Any],
+    corrupt: Callable[[Any, bytes, bytes], None],
+) -> None:
+    """``stop_intent`` on a cancelled instance: its gate reopened, a step created after the
+    intent, an end its intent does not allow (CANCEL ending FAILED). The engine's part (a
+    stopped instance keeping a LIVE activation, a FAILURE ending CANCELLED) is
+    tests/integration/weave/test_stop.py's."""
+    damaged, instance_id = await _stopping_instance(scratch_db)
+    bystander, _ = await _stopping_instance(scratch_db)
+    ns = damaged.namespace_id
+    assert check(scratch_conn, [ns]) == []
+    corrupt(scratch_conn, ns, instance_id)
+    found = check(scratch_conn, [ns])
+    assert "stop_intent" in codes(found), found
+    assert check(scratch_conn, [bystander.namespace_id]) == []
+    assert "stop_intent" in codes(check(scratch_conn))  # unscoped sees it too
+
+
 def test_every_code_has_a_corruption_test() -> None:
     from tests.support.invariants import CODES
 
@@ -1303,5 +1364,8 @@ def test_every_code_has_a_corruption_test() -> None:
                   # tests/integration/weave/test_polls.py
                   "poll_rounds",
                   # tests/integration/weave/test_pause.py
-                  "pause_control", "step_hold"})
+                  "pause_control", "step_hold",
+                  # test_the_checker_reports_each_stop_corruption and
+                  # tests/integration/weave/test_stop.py
+                  "stop_intent"})
     assert covered == set(CODES)

@@ -135,6 +135,12 @@ Invariants (code: what must hold)
                           ``paused``, PENDING pending advances with ``parked_due_at``); a
                           resumed instance that still counts some has a RESUME row due to
                           replay them
+    stop_intent           (Weave stop) stop_kind and stop_requested_at are set together, a
+                          user's cancel_requested_at only with them; an instance with a stop
+                          intent has its gate STOPPED; a STOPPING one has an intent; one that
+                          ended by a stop ended as its kind says (CANCEL: CANCELLED, FAILURE:
+                          FAILED) and keeps no LIVE activation; a CANCELLED instance was
+                          cancelled; no step was created after its instance's stop intent
     wait_pending_advance  (Weave waits) every WAITING TIMER step has a WAITING wait and a
                           PENDING/LEASED TIMER pending advance for its LIVE activation; every
                           WAITING SIGNAL wait with a deadline has its SIGNAL pending advance
@@ -180,7 +186,7 @@ CODES = (
     "subscription_backlog", "delivery_unique", "delivery_source", "delivery_lease",
     "delivery_attempts", "scan_position", "delivery_stuck", "live_activation",
     "workflow_inbox", "instance_state", "inbox_outcome", "wait_pending_advance", "wait_winner",
-    "poll_rounds", "pause_control", "step_hold",
+    "poll_rounds", "pause_control", "step_hold", "stop_intent",
 )
 
 
@@ -1076,6 +1082,46 @@ WHERE a.state = 'SUPERSEDED' AND NOT EXISTS (
     AND n.sequence > a.sequence){s.ns('a')}"""
 
 
+def _stop_intent_sql(s: Scope) -> str:
+    """docs/weave/stop.md: the frozen stop intent and what it implies."""
+    return f"""
+SELECT i.namespace_id, i.id AS instance_id, i.state, i.stop_kind AS kind,
+  CONCAT_WS(' ', IF(i.stop_requested_at IS NULL, 'no', 'a'), 'stop time') AS detail,
+  'a half stop intent (kind and time go together; a cancel needs an intent)' AS problem
+FROM weave_instances i
+WHERE ((i.stop_kind IS NULL) <> (i.stop_requested_at IS NULL)
+  OR (i.cancel_requested_at IS NOT NULL AND i.stop_kind IS NULL)
+  OR (i.state = 'STOPPING' AND i.stop_kind IS NULL)){s.ns('i')}
+UNION ALL
+SELECT i.namespace_id, i.id, i.state, i.stop_kind, g.state,
+  'a stop intent but its gate is not STOPPED'
+FROM weave_instances i
+JOIN pulse_execution_gates g ON g.namespace_id = i.namespace_id AND g.id = i.gate_id
+WHERE i.stop_kind IS NOT NULL AND g.state <> 'STOPPED'{s.ns('i')}
+UNION ALL
+SELECT i.namespace_id, i.id, i.state, i.stop_kind, NULL,
+  'ended otherwise than its stop intent says'
+FROM weave_instances i
+WHERE ((i.state = 'CANCELLED' AND NOT (i.stop_kind <=> 'CANCEL'))
+  OR (i.state = 'SUCCEEDED' AND i.stop_kind IS NOT NULL)
+  OR (i.state = 'FAILED' AND i.stop_kind = 'CANCEL')){s.ns('i')}
+UNION ALL
+SELECT i.namespace_id, i.id, i.state, i.stop_kind, CONCAT(COUNT(*), ' LIVE'),
+  'stopped but keeps LIVE activations'
+FROM weave_instances i
+JOIN weave_activations a ON a.namespace_id = i.namespace_id AND a.instance_id = i.id
+WHERE i.stop_kind IS NOT NULL AND i.state IN ('CANCELLED', 'FAILED')
+  AND a.state = 'LIVE'{s.ns('i')}
+GROUP BY i.namespace_id, i.id, i.state, i.stop_kind
+UNION ALL
+SELECT i.namespace_id, i.id, i.state, i.stop_kind, MIN(st.name),
+  'a step created after the stop intent'
+FROM weave_instances i
+JOIN weave_steps st ON st.namespace_id = i.namespace_id AND st.instance_id = i.id
+WHERE i.stop_requested_at IS NOT NULL AND st.created_at > i.stop_requested_at{s.ns('i')}
+GROUP BY i.namespace_id, i.id, i.state, i.stop_kind"""
+
+
 def _wait_winner_sql(s: Scope) -> str:
     return f"""
 SELECT w.namespace_id, w.id AS wait_id, w.winner_signal_id AS signal_id,
@@ -1343,6 +1389,9 @@ PROBES: tuple[Probe, ...] = (
     Probe("pause_control", _pause_control_sql,
           lambda r, s: f"instance {_h(r['namespace_id'])}/{_h(r['instance_id'])} (paused"
                        f" {r['paused']}): {r['problem']} ({_h(r['detail'])})"),
+    Probe("stop_intent", _stop_intent_sql,
+          lambda r, s: f"instance {_h(r['namespace_id'])}/{_h(r['instance_id'])} ({r['state']},"
+                       f" stop {_h(r['kind'])}): {r['problem']} ({_h(r['detail'])})"),
     Probe("wait_pending_advance", _wait_pending_advance_sql,
           lambda r, s: f"{r['kind']} wait of step {_h(r['namespace_id'])}/"
                        f"{_h(r['instance_id'])}/{r['name']} (activation"

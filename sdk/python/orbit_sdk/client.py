@@ -774,6 +774,19 @@ class Client:
         return await self._control(workflow_id, "resume", reason, control_revision,
                                    idempotency_key)
 
+    async def cancel_workflow(self, workflow_id: str, reason: str, *,
+                              control_revision: int | None = None,
+                              idempotency_key: str | None = None) -> WorkflowInstance:
+        """Cancel the instance (credential action ``workflows.control``): the stop intent
+        CANCEL is recorded and frozen, its gate closes for good, its unfinished tasks are asked
+        to stop (waiting ones end at once, running workers get the cancel notice). The instance
+        is ``STOPPING`` until no step is in flight, then ``CANCELLED`` (results that arrive
+        meanwhile are recorded on their steps, a committed success stays, nothing advances).
+        Cancelling a stopping instance returns it unchanged; an ended one is
+        ``workflow_instance_finished`` (a committed success is never overridden)."""
+        return await self._control(workflow_id, "cancel", reason, control_revision,
+                                   idempotency_key)
+
     async def _control(self, workflow_id: str, verb: str, reason: str,
                        control_revision: int | None, idempotency_key: str | None
                        ) -> WorkflowInstance:

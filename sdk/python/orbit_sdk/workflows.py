@@ -374,8 +374,13 @@ class WorkflowInstance:
     state: str = ""
     revision: int = 0
     paused: bool = False  # apart from state: its gate holds its tasks back (pause / resume)
-    control_revision: int = 0  # +1 on each pause and resume (the CAS of pause / resume)
+    control_revision: int = 0  # +1 on each pause, resume and cancel (their CAS)
     checkpoints: int = 0  # parked checkpoints a resume replays
+    # The stop intent, frozen once recorded: "CANCEL" (a user's cancel) or "FAILURE" (a
+    # failure settlement); None when the instance has none. STOPPING until in-flight steps end.
+    stop_kind: str | None = None
+    stop_requested_at: dt.datetime | None = None
+    cancel_requested_at: dt.datetime | None = None  # a user asked to cancel
     business_key: str | None = None
     input: Any = None
     output: Any = None
@@ -394,7 +399,10 @@ class WorkflowInstance:
             version_digest=_str(raw, "version_digest") or "", state=_str(raw, "state") or "",
             revision=_int(raw, "revision") or 0, paused=raw.get("paused") is True,
             control_revision=_int(raw, "control_revision") or 0,
-            checkpoints=_int(raw, "checkpoints") or 0, business_key=_str(raw, "business_key"),
+            checkpoints=_int(raw, "checkpoints") or 0, stop_kind=_str(raw, "stop_kind"),
+            stop_requested_at=parse_time(raw.get("stop_requested_at")),
+            cancel_requested_at=parse_time(raw.get("cancel_requested_at")),
+            business_key=_str(raw, "business_key"),
             input=raw.get("input"), output=raw.get("output"), error=raw.get("error"),
             created_at=parse_time(raw.get("created_at")),
             updated_at=parse_time(raw.get("updated_at")),
@@ -405,7 +413,8 @@ class WorkflowInstance:
 
     @property
     def finished(self) -> bool:
-        """True in a final state (SUCCEEDED, FAILED, CANCELLED)."""
+        """True in a final state (SUCCEEDED, FAILED, CANCELLED); a STOPPING instance (a cancel
+        or a failure settlement waiting for its in-flight steps) is not finished yet."""
         return self.state in {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 

@@ -463,6 +463,9 @@ ROUTES: dict[Route, Case] = {
         needs=(one(A.WORKFLOWS_CONTROL),),
         body=lambda o: {"reason": "ops", "step_revision": o.poll_revision, "rounds": 1},
         body2=lambda o: {"reason": "other", "step_revision": o.poll_revision, "rounds": 1}),
+    ("POST", WORKFLOWS + "/{workflow_id}/cancel"): Case(
+        needs=(one(A.WORKFLOWS_CONTROL),), body=lambda o: {"reason": "ops"},
+        body2=lambda o: {"reason": "other"}),
 }
 
 # Routes the router serves that the matrix does not send attacker keys to, with the reason.
@@ -477,9 +480,11 @@ NOT_EXERCISED: dict[Route, str] = {
 
 # Idempotent commands whose receipt an attacker tries to replay (Case.body2 is set), in the
 # order the victim sends them: a new version before pause and resume change the schedule's
-# revision, and the disabling DELETE last.
+# revision, and the disabling DELETE and the workflow's cancel (after it a signal, a pause or a
+# resume of the instance is refused) last.
 REPLAYED = sorted((r for r, c in ROUTES.items() if c.body2 is not None),
-                  key=lambda r: (r[0] == "DELETE" or r == ("POST", SUB + "/disable"),
+                  key=lambda r: (r[0] == "DELETE" or r == ("POST", SUB + "/disable")
+                                 or r == ("POST", WORKFLOWS + "/{workflow_id}/cancel"),
                                  r[1].endswith(("/pause", "/resume")), r))
 
 

@@ -175,6 +175,28 @@ class Flow:
         return await self.db.read("test.flow.inbox", body)
 
 
+async def gate_of(flow: Flow) -> dict[str, Any]:
+    """The instance's execution gate row."""
+    async def body(cur: Any) -> dict[str, Any]:
+        await cur.execute("SELECT g.* FROM pulse_execution_gates g JOIN weave_instances i"
+                          " ON i.namespace_id = g.namespace_id AND i.gate_id = g.id"
+                          " WHERE i.namespace_id = %s AND i.id = %s",
+                          (flow.tenant.namespace_id, flow.instance_id))
+        return dict(await cur.fetchone())
+    return await flow.db.read("test.flow.gate", body)
+
+
+async def workflow_events(db: Database, flow: Flow) -> list[str]:
+    """The types of the instance's own events, in order."""
+    async def body(cur: Any) -> list[str]:
+        await cur.execute("SELECT event_type FROM orbit_events WHERE namespace_id = %s"
+                          " AND aggregate_type = 'workflow_instance' AND aggregate_id = %s"
+                          " ORDER BY aggregate_revision, occurred_at",
+                          (flow.tenant.namespace_id, flow.instance_id))
+        return [r["event_type"] for r in await cur.fetchall()]
+    return await db.read("test.flow.events", body)
+
+
 async def begin(db: Database, tenant: Tenant, document: dict[str, Any],
                 workflow_input: Any = None) -> Flow:
     queue = await make_queue(db, tenant, max_attempts=1)
@@ -210,15 +232,18 @@ async def drain(engine: Engine) -> list[Round]:
 # A task that no longer waits for a worker (NEEDS_REVIEW: a cancel of a task that carried an
 # uncertain effect, or a worker's unknown outcome).
 ENDED = ("SUCCEEDED", "FAILED", "CANCELLED", "NEEDS_REVIEW")
+# An instance the engine still advances: running, or stopping (docs/weave/stop.md: a failure
+# settlement waits for the results of its in-flight tasks).
+ACTIVE = ("RUNNING", "STOPPING")
 Script = dict[str, tuple[str, Any]]  # handler -> ("ok", result) | ("fail", message) | ("review",)
 
 
 async def play(flow: Flow, engine: Engine, script: Script) -> None:
     """Deliver results oldest task first (the interpreter's default order), one advance each,
-    while the instance runs."""
+    while the instance runs or stops."""
     await drain(engine)
     ended: set[bytes] = set()
-    while (await flow.instance())["state"] == "RUNNING":
+    while (await flow.instance())["state"] in ACTIVE:
         pending = [t for t in await flow.tasks() if t["id"] not in ended]
         if not pending:
             return
@@ -244,6 +269,9 @@ async def predicted(flow: Flow, script: Script,
     parsed = language.validate_document(_queue_names(flow.document, flow.queue.name))
 
     def outcome(call: interpreter.TaskCall) -> interpreter.Outcome:
+        task = by_sequence[call.seq]
+        if task["state"] == "CANCELLED":  # the engine's cancel won before the script played
+            return interpreter.Failed(error=errors_by_step.get(task["id"].hex()))
         spec = script[call.handler]
         if spec[0] == "ok":
             return interpreter.Succeeded(result=spec[1])

@@ -24,6 +24,7 @@ from tests.conftest import make_tenant, unique
 from tests.integration.test_interventions import review
 from tests.integration.test_leases import claim, finish, report, start
 from tests.integration.weave.engine_support import (
+    ACTIVE,
     ENDED,
     Flow,
     assert_matches,
@@ -33,9 +34,11 @@ from tests.integration.weave.engine_support import (
     drain,
     fire_due_timers,
     frozen_errors,
+    gate_of,
     play,
     publish,
     task,
+    workflow_events,
 )
 from tests.integration.weave.support import principal
 from tests.support import database, invariants
@@ -425,7 +428,7 @@ async def _random_run(url: DatabaseUrl, document: dict[str, Any], failing: set[s
         await drain(engine)
         await fire_due_timers(flow, engine)
         delivered: list[int] = []
-        while (await flow.instance())["state"] == "RUNNING":
+        while (await flow.instance())["state"] in ACTIVE:
             pending = [t for t in await flow.tasks() if t["sequence"] not in delivered]
             if not pending:
                 break
@@ -441,14 +444,21 @@ async def _random_run(url: DatabaseUrl, document: dict[str, Any], failing: set[s
             await fire_due_timers(flow, engine)  # the interpreter fires them before a result
         frozen = await frozen_errors(flow)
         fired = await flow.fired_order()
-        by_sequence = {t["sequence"]: t["id"].hex() for t in await flow.tasks()}
+        made = await flow.tasks()
+        by_sequence = {t["sequence"]: t["id"].hex() for t in made}
+        states = {t["sequence"]: t["state"] for t in made}
+        outcomes = {r["task_id"].hex(): r["outcome"] for r in await flow.inbox()}
+        # Tasks the engine cancelled whose result it consumed before the instance ended (a
+        # failure settlement may settle on them before this loop picked them): delivered too.
+        delivered += [t["sequence"] for t in made if t["sequence"] not in delivered
+                      and outcomes.get(t["id"].hex()) not in (None, "instance_ended")]
         order = iter(delivered)
 
         def choose(calls: Sequence[interpreter.TaskCall]) -> int:
             return [c.seq for c in calls].index(next(order))
 
         def outcome(call: interpreter.TaskCall) -> interpreter.Outcome:
-            if call.step in failing:
+            if call.step in failing or states[call.seq] == "CANCELLED":
                 return interpreter.Failed(error=frozen[by_sequence[call.seq]])
             return interpreter.Succeeded(result={"v": call.input["v"] + 1})
 
@@ -457,7 +467,10 @@ async def _random_run(url: DatabaseUrl, document: dict[str, Any], failing: set[s
 
         run = interpreter.run(language.validate_document(document), {"n": n}, outcome,
                               choose=choose, fire=fire)
-        assert next(order, None) is None  # the interpreter consumed every delivered result
+        # The interpreter consumed every delivered result (what is left changed nothing in
+        # the engine either: results of closed blocks or of a stop, kept, never advanced).
+        assert {outcomes[by_sequence[seq]] for seq in order} <= {"closed_block", "stopping",
+                                                                 "instance_ended"}
         assert fired == []  # ... and fired every timer the engine fired
         await assert_same(flow, run)
         assert await invariants.check_db(db, [tenant.namespace_id]) == []
@@ -694,8 +707,14 @@ async def test_a_closed_block_asks_a_running_branch_task_to_stop(
 
 
 @pytest.mark.parametrize("b_held", ["waiting", "running"])
-async def test_an_ended_instance_cancels_its_live_tasks(
+async def test_a_failure_settlement_waits_for_the_in_flight_branch_task(
         db: Database, engine: Engine, b_held: str) -> None:
+    """A FAIL_FAST block fails the instance while the other branch's task is in flight: the
+    stop intent FAILURE is recorded, the gate closes for good and the task is asked to stop;
+    the instance is STOPPING until that task's result is consumed (``stopping``: a success is
+    recorded on its step, nothing advances), then FAILED with the first failure. A task still
+    waiting for a worker is cancelled at once; its result settles the instance in the next
+    round (docs/weave/stop.md)."""
     tenant = await make_tenant(db)
     side = await make_queue(db, tenant, name="side", max_attempts=1)
     flow = await begin(db, tenant, fail_fast("Q" if b_held == "running" else side.name,
@@ -703,24 +722,62 @@ async def test_an_ended_instance_cancels_its_live_tasks(
     await drain(engine)
     t_a, t_b = await flow.tasks()
     await flow.end(t_a["id"], "fail", "no")
-    await drain(engine)
-    ended = await flow.instance()
-    assert ended["state"] == "FAILED"
     b = await task_state(flow, t_b["id"])
-    asked = {"reason": "workflow instance ended", "by": "workflow"}
+    assert b["state"] == ("RUNNING" if b_held == "running" else "WAITING")
+    await engine.run_once()  # the failure: the stop intent, and no more
+    stopping = await flow.instance()
+    assert (stopping["state"], stopping["stop_kind"]) == ("STOPPING", "FAILURE")
+    assert stopping["stop_requested_at"] is not None
+    assert stopping["cancel_requested_at"] is None
+    assert stopping["completed_at"] is None
+    assert json.loads(stopping["error"])["step"] == "t_a"
+    assert (await gate_of(flow))["state"] == "STOPPED"
+    steps = await flow.steps()
+    assert (steps["fan"]["state"], steps["t_b"]["state"]) == ("FAILED", "RUNNING")
+    b = await task_state(flow, t_b["id"])
+    asked = {"reason": "workflow instance failed", "by": "workflow"}
     if b_held == "waiting":
         assert b["state"] == "CANCELLED"
         assert (await task_events(db, t_b["id"]))[-1] == ("task.cancelled", asked)
     else:
-        assert (b["state"], b["cancel_reason"]) == ("RUNNING", "workflow instance ended")
+        assert (b["state"], b["cancel_reason"]) == ("RUNNING", "workflow instance failed")
         assert (await task_events(db, t_b["id"]))[-1] == ("task.cancel_requested", asked)
-        await flow.end(t_b["id"], "ok", 5)
         await drain(engine)
-    assert await outcome_of(flow, t_b["id"]) == "instance_ended"
-    after = await flow.instance()
-    assert (after["state"], after["error"], after["revision"], after["completed_at"]) == (
-        ended["state"], ended["error"], ended["revision"], ended["completed_at"])
+        assert (await flow.instance())["state"] == "STOPPING"  # waits for the worker
+        await flow.end(t_b["id"], "ok", 5)
+    await drain(engine)
+    assert await outcome_of(flow, t_b["id"]) == "stopping"
+    ended = await flow.instance()
+    assert (ended["state"], ended["stop_kind"], ended["error"]) == (
+        "FAILED", "FAILURE", stopping["error"])
+    assert ended["stop_requested_at"] == stopping["stop_requested_at"]
+    assert ended["completed_at"] is not None
+    steps = await flow.steps()
+    assert steps["t_b"]["state"] == ("SUCCEEDED" if b_held == "running" else "CANCELLED")
+    assert "ok_b" not in steps  # recorded, never advanced
+    assert await workflow_events(db, flow) == [
+        "workflow.started", "workflow.advanced", "workflow.stopping", "workflow.failed"]
     await assert_matches(flow, {"w.a": ("fail", "no"), "w.b": ("ok", 5)})
+    assert await invariants.check_db(db, [tenant.namespace_id]) == []
+    await clean(db, tenant.namespace_id)
+
+
+async def test_a_failure_with_nothing_in_flight_fails_at_once_with_its_stop_intent(
+        db: Database, engine: Engine) -> None:
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, LINEAR)
+    await drain(engine)
+    (first,) = await flow.tasks()
+    await flow.end(first["id"], "fail", "no")
+    rounds = await drain(engine)
+    assert rounds[0].outcomes == {"advanced": 1}
+    ended = await flow.instance()
+    assert (ended["state"], ended["stop_kind"]) == ("FAILED", "FAILURE")
+    assert ended["stop_requested_at"] == ended["completed_at"]
+    assert ended["cancel_requested_at"] is None
+    assert (await gate_of(flow))["state"] == "STOPPED"
+    assert await workflow_events(db, flow) == [
+        "workflow.started", "workflow.advanced", "workflow.failed"]
     await clean(db, tenant.namespace_id)
 
 
@@ -766,10 +823,15 @@ async def test_a_rejected_advance_cancels_the_live_tasks_of_the_failed_instance(
     assert rounds[0].outcomes == {"rejected": 1}
     assert json.loads((await flow.instance())["error"])["error"] == "task_rejected"
     b0 = await task_state(flow, t_b0["id"])
-    assert (b0["state"], b0["cancel_reason"]) == ("RUNNING", "workflow instance ended")
+    assert (b0["state"], b0["cancel_reason"]) == ("RUNNING", "workflow instance failed")
+    assert (await flow.instance())["state"] == "STOPPING"  # t_b0 is in flight
     await flow.end(t_b0["id"], "ok", 0)
     await drain(engine)
-    assert await outcome_of(flow, t_b0["id"]) == "instance_ended"
+    assert await outcome_of(flow, t_b0["id"]) == "stopping"
+    ended = await flow.instance()
+    assert (ended["state"], ended["stop_kind"]) == ("FAILED", "FAILURE")
+    assert json.loads(ended["error"])["error"] == "task_rejected"
+    assert (await flow.steps())["t_b0"]["state"] == "SUCCEEDED"
     await clean(db, tenant.namespace_id)
 
 
@@ -822,7 +884,7 @@ async def test_cancel_intents_race_workers_api_cancels_and_two_engines(db: Datab
     await asyncio.gather(people(), *(advance(e) for e in engines))
     await drain(engines[0])
     assert "error" not in seen
-    assert set(seen) <= {"advanced", "closed_block", "instance_ended"}
+    assert set(seen) <= {"advanced", "closed_block", "instance_ended", "stopping"}
     for flow in flows:
         instance = await flow.instance()
         assert instance["state"] == "FAILED"

@@ -313,22 +313,32 @@ async def test_a_closed_block_cancels_the_query(db: Database, engine: Engine,
     await flow.end(t_b["id"], "fail", "no")
     await drain(engine)
     steps = await flow.steps()
-    assert (steps["check"]["state"], steps["fan"]["state"]) == ("CANCELLED", "FAILED")
-    assert (await state(flow))["state"] == "CANCELLED"
-    assert (await advance_row(flow))["state"] == "DONE"
-    expected = ["CANCELLED"] if when == "round" else ["NOT_MET"]
-    assert [r["state"] for r in await rounds(flow)] == expected
-    if when == "round":
+    if when == "waiting":
+        assert (steps["check"]["state"], steps["fan"]["state"]) == ("CANCELLED", "FAILED")
+        assert (await state(flow))["state"] == "CANCELLED"
+        assert [r["state"] for r in await rounds(flow)] == ["NOT_MET"]
+    else:
+        # The round's task is in flight: the failure settlement (docs/weave/stop.md) keeps
+        # the query's step RUNNING and the instance STOPPING until the round's result.
+        assert (steps["check"]["state"], steps["fan"]["state"]) == ("RUNNING", "FAILED")
+        assert (await flow.instance())["state"] == "STOPPING"
         (task_row,) = await rows(db, "SELECT state, cancel_requested_at, cancel_reason"
                                  " FROM pulse_tasks WHERE namespace_id = %s AND id = %s",
                                  tenant.namespace_id, first["id"])
         # Claimed and started with t_b: a running task gets the intent.
-        assert task_row["cancel_reason"] == "workflow instance ended"
+        assert task_row["cancel_reason"] == "workflow instance failed"
         assert task_row["cancel_requested_at"] is not None
         await flow.end(first["id"], "ok", {"done": True})
         await drain(engine)
         assert [r["outcome"] for r in await flow.inbox()
-                if r["task_id"] == first["id"]] == ["instance_ended"]
+                if r["task_id"] == first["id"]] == ["stopping"]
+        steps = await flow.steps()
+        assert steps["check"]["state"] == "SUCCEEDED"  # the met round is recorded ...
+        assert "ok_a" not in steps  # ... and nothing advances
+        assert (await state(flow))["state"] == "SATISFIED"
+        assert [r["state"] for r in await rounds(flow)] == ["MET"]
+    assert (await advance_row(flow))["state"] == "DONE"
+    assert (await flow.instance())["state"] == "FAILED"
     assert len([t for t in await flow.tasks() if t["step"] == "check"]) == 1
     await clean(db, tenant.namespace_id)
 
@@ -560,7 +570,7 @@ async def test_a_round_made_and_cancelled_in_one_advance_is_cancelled_at_once(
                              " WHERE namespace_id = %s AND id = %s",
                              tenant.namespace_id, made[2]["id"])
     assert (task_row["state"], task_row["cancel_reason"]) == ("CANCELLED",
-                                                              "workflow instance ended")
+                                                              "workflow instance failed")
     assert [r["state"] for r in await rounds(flow)] == ["NOT_MET", "CANCELLED"]
     assert (await state(flow))["state"] == "CANCELLED"
     await drain(engine)

@@ -102,7 +102,9 @@ def test_a_failed_branch_fails_the_block_by_its_policy(policy: str) -> None:
                          (2, [], False), (3, ["refund"], False), (4, [], False)]
 
 
-def test_an_instance_that_ends_consumes_no_more_results() -> None:
+def test_a_failure_settlement_records_the_in_flight_result_and_advances_no_more() -> None:
+    """label fails under FAIL_FAST while charge runs: the instance fails once charge's result
+    is in (docs/weave/stop.md); that result is recorded, nothing advances after the failure."""
     definition = order(**{"steps/fulfil/join/policy": "FAIL_FAST"})
 
     def outcome(call: wi.TaskCall) -> wi.Outcome:
@@ -110,8 +112,24 @@ def test_an_instance_that_ends_consumes_no_more_results() -> None:
 
     run = wi.run(definition, INPUT, outcome, choose=lambda pending: len(pending) - 1)
     assert run.state is wi.InstanceState.FAILED
-    assert [a.trigger for a in run.advances] == [0, 1, 3]
+    assert run.error["step"] == "failed"  # fulfil's on_failure: a FAIL step
+    assert [(a.trigger, a.created, a.ignored) for a in run.advances[2:]] == [
+        (3, (), False), (2, (), False)]
+    assert run.results["charge"] == happy(run.tasks[1]).result  # type: ignore[union-attr]
     assert "fulfil" not in run.results
+
+
+def test_a_failure_with_nothing_in_flight_fails_at_once() -> None:
+    """The same failure after charge's result: nothing is in flight, the instance fails in
+    the advance of the failure."""
+    definition = order(**{"steps/fulfil/join/policy": "FAIL_FAST"})
+
+    def outcome(call: wi.TaskCall) -> wi.Outcome:
+        return wi.Failed(error="no label") if call.step == "label" else happy(call)
+
+    run = wi.run(definition, INPUT, outcome)
+    assert run.state is wi.InstanceState.FAILED
+    assert [a.trigger for a in run.advances] == [0, 1, 2, 3]
 
 
 def test_a_branch_that_fails_at_once_under_fail_fast_starts_no_later_branch() -> None:

@@ -483,3 +483,25 @@ async def test_a_stopped_gate_grants_and_starts_nothing(db: Database, engine: En
     assert await claim(db, flow.session, flow.queue) == []
     outcomes = await start(db, tenant, offered)
     assert [(o.approved, o.reason) for o in outcomes] == [(False, "workflow_paused")]
+
+
+async def test_a_cancel_ends_a_step_held_by_hold_and_clears_its_hold(
+        db: Database, engine: Engine) -> None:
+    """a's task failed and ``$hold`` holds the step (docs/weave/recovery.md): nothing is in
+    flight, so a cancel settles the instance; the held step ends CANCELLED without its hold
+    marks (the step_hold and stop_intent invariants both hold)."""
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, doc({"a": task("w.a", "done", on_failure="$hold"),
+                                        "done": {"kind": "SUCCEED"}}, "a"))
+    await drain(engine)
+    (a,) = await flow.tasks()
+    await flow.end(a["id"], "fail")
+    await drain(engine)
+    step = (await flow.steps())["a"]
+    assert (step["state"], step["held_at"] is not None) == ("WAITING", True)
+    await cancel(flow)
+    await drain(engine)
+    assert (await flow.instance())["state"] == "CANCELLED"
+    step = (await flow.steps())["a"]
+    assert (step["state"], step["held_at"], step["held_error"]) == ("CANCELLED", None, None)
+    await clean(flow)

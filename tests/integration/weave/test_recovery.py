@@ -358,6 +358,72 @@ async def test_resolve_a_task_in_review_keeps_the_two_conclusions_apart(
     await clean(flow)
 
 
+async def test_a_reviewed_result_reaching_the_engine_before_the_resolution_is_stale(
+        api: TestClient[Any, Any], db: Database, engine: Engine) -> None:
+    """The task's review result is consumed in an advance of its own, before the RESOLVE
+    advance (another engine leased only it): the step's recorded conclusion wins -- the
+    result is stale, the step waits for its RESOLVE advance, which then advances it once."""
+    from orbit_common.weave import leasing
+
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, doc({
+        "a": task("w.a", "b", result_schema=SHAPE),
+        "b": task("w.b", "done", input="{'x2': steps.a.result.x * 2}"),
+        "done": {"kind": "SUCCEED"}}, "a"))
+    await drain(engine)
+    (old,) = await flow.tasks()
+    await flow.end(old["id"], "review")
+    await drain(engine)
+    step = await step_row(flow, "a")
+    status, _ = await post(api, flow, "a", "resolve", {
+        "reason": "checked", "evidence_ref": "ops-5", "step_revision": step["revision"],
+        "conclusion": "succeeded", "output": {"x": 4}, "task_decision": "succeeded",
+        "execution_ended": True})
+    assert status == 202
+    other = Engine(db, owner="engine-inbox-only", lease_ms=30_000)
+    leased = await db.transaction("test.lease_inbox", lambda cur: leasing.lease_inbox(
+        cur, owner=other.owner, lease_ms=30_000, limit=10))
+    assert [r["task_id"] for r in leased] == [old["id"]]  # the review's result, alone
+    done = await other.advance(tenant.namespace_id, flow.instance_id, leased, [])
+    assert done.outcomes == {"stale": 1}, done
+    assert (await step_row(flow, "a"))["state"] == "WAITING"
+    assert len(await flow.tasks()) == 1  # no task of b yet
+    await drain(engine)  # the RESOLVE advance
+    (b_task,) = [t for t in await flow.tasks() if t["step"] == "b"]
+    assert json.loads(b_task["input"]) == {"x2": 8}  # the recorded output, not the review's
+    assert [r["outcome"] for r in await flow.inbox()] == ["held", "stale"]
+    await clean(flow)
+
+
+async def test_a_retry_of_a_paused_instance_waits_behind_its_gate(
+        api: TestClient[Any, Any], db: Database, engine: Engine) -> None:
+    """The new task is behind the instance's gate: not claimable while the instance is
+    paused, claimed and advanced after the resume."""
+    from orbit_common.weave import controls
+    from tests.integration.weave.support import principal
+
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, held_doc(retry={"max_attempts": 2}))
+    await drain(engine)
+    await fail_current(flow, engine, "a")
+    who = await principal(db, tenant.api_key)
+    await controls.set_paused(db, who, namespace=tenant.namespace,
+                              instance_id=flow.instance_id.hex(), paused=True, reason="look")
+    step = await step_row(flow, "a")
+    status, view = await post(api, flow, "a", "retry", {"reason": "again",
+                                                        "step_revision": step["revision"]})
+    assert status == 201, view
+    new_task = bytes.fromhex(view["activations"][-1]["task_id"])
+    with pytest.raises(AssertionError, match="cannot be claimed"):
+        await flow.end(new_task, "ok", {"x": 1})
+    await controls.set_paused(db, who, namespace=tenant.namespace,
+                              instance_id=flow.instance_id.hex(), paused=False, reason="ok")
+    await flow.end(new_task, "ok", {"x": 1})
+    await drain(engine)
+    assert (await step_row(flow, "a"))["state"] == "SUCCEEDED"
+    await clean(flow)
+
+
 async def test_resolve_a_held_signal_and_a_paused_instance_parks_the_advance(
         api: TestClient[Any, Any], db: Database, engine: Engine) -> None:
     """A SIGNAL step held after its timeout, resolved while the instance is paused: the

@@ -27,6 +27,7 @@ from tests.integration.test_admin_cli import ACTOR, ok, orbit_admin
 from tests.integration.weave.engine_support import Flow, begin, doc, drain, task
 from tests.integration.weave.test_signals import rows
 from tests.support import database, invariants
+from tests.support.contract import assert_documented
 from tests.support.lease_fixtures import wait_db_time_past
 from tests.support.servers import ServiceTestServer
 
@@ -35,6 +36,8 @@ own_url, db = database.own_database("orbit_weave_recovery", pool_max=10)
 TABLES = ("weave_steps", "weave_activations", "weave_pending_advances", "pulse_tasks",
           "orbit_events", "orbit_audit_events", "orbit_idempotency_keys", "weave_inbox")
 SHAPE = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+STEP_PATH = "/v1/namespaces/{namespace}/workflows/{workflow_id}/steps/{step}"
+RETRY_PATH, RESOLVE_PATH = STEP_PATH + "/retry", STEP_PATH + "/resolve"
 
 
 @pytest.fixture
@@ -229,6 +232,7 @@ async def test_needs_review_then_retry_then_success_advances_once(
             "additional_attempts": 1}
     status, view = await post(api, flow, "a", "retry", full, key="r-1")
     assert status == 201, view
+    assert_documented(RETRY_PATH, "POST", 201, view)
     assert recoveries("retry") == before + 1
     # The replay: the original receipt, nothing new, not counted again.
     assert await post(api, flow, "a", "retry", full, key="r-1") == (201, view)
@@ -272,6 +276,14 @@ async def test_resolve_succeeded_advances_with_the_output(
     flow = await begin(db, tenant, held_doc())
     await drain(engine)
     await fail_current(flow, engine, "a")
+    response = await api.get(
+        f"/v1/namespaces/{tenant.namespace}/workflows/{flow.instance_id.hex()}",
+        headers={"Authorization": f"Bearer {tenant.api_key}"})
+    detail = await response.json()
+    assert_documented("/v1/namespaces/{namespace}/workflows/{workflow_id}", "GET", 200, detail)
+    (shown,) = [s for s in detail["steps"] if s["name"] == "a"]
+    assert (shown["state"], shown["held_error"]["error"], shown["resolution"]) == (
+        "WAITING", "task_failed", None)
     step = await step_row(flow, "a")
     body = {"reason": "done by hand", "evidence_ref": "ops-42", "step_revision":
             step["revision"], "conclusion": "succeeded", "output": {"x": 5}}
@@ -280,6 +292,7 @@ async def test_resolve_succeeded_advances_with_the_output(
     before = recoveries("resolve")
     status, view = await post(api, flow, "a", "resolve", body, key="s-1")
     assert status == 202, view
+    assert_documented(RESOLVE_PATH, "POST", 202, view)
     assert recoveries("resolve") == before + 1
     assert view["state"] == "WAITING"
     resolution = view["resolution"]

@@ -55,8 +55,8 @@ class Action(enum.StrEnum):
     WORKFLOWS_START = "workflows.start"  # start instances
     WORKFLOWS_SIGNAL = "workflows.signal"  # send signals to instances (namespace-wide: a
     # signal steers an instance whose steps span queues)
-    WORKFLOWS_CONTROL = "workflows.control"  # pause and resume instances (namespace-wide: an
-    # instance's gate holds back its tasks on every queue)
+    WORKFLOWS_CONTROL = "workflows.control"  # pause and resume instances, recover their steps
+    # (namespace-wide: an instance's gate holds back its tasks on every queue)
 
 
 ACTIONS = frozenset(a.value for a in Action)

@@ -35,7 +35,10 @@ closed its branch), ``instance_ended``, ``rejected`` (see below), ``paused`` (pa
 Only ``advanced``, ``held``, ``rejected`` and ``stopping`` change the instance. A pending
 advance is dispatched by its ``kind`` (``due``): a TIMER row fires its wait (``timers.py``);
 one leased before its due time (database time) goes back to PENDING unchanged
-(``timers.EARLY``, counted, not an outcome).
+(``timers.EARLY``, counted, not an outcome); a RESOLVE row advances a step with the conclusion
+an operator recorded (``recovery.py``). A failure or timeout whose transition is ``$hold``
+holds its step instead (WAITING, activation LIVE, ``held_at`` and ``held_error``;
+docs/weave/recovery.md).
 
 Deterministic refusals inside an advance -- the pinned version no longer verifies, a queue a
 step names is gone, a task the step creates is refused (its options, a queue or application

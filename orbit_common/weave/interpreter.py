@@ -463,8 +463,14 @@ def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall
     instance.run_path(definition.start, _Frame(None))
     advances = [Advance(trigger=0, created=tuple(instance.created))]
     held: list[TaskCall] = []
-    while instance.state is InstanceState.RUNNING and (instance.pending or instance.timers
-                                                       or instance.timeouts):
+
+    def waiting() -> bool:
+        # A timer whose block closed was cancelled with it (the engine cancels its wait in the
+        # advance that closes the block): it never fires, and ``fire`` never chooses it.
+        instance.timers = [t for t in instance.timers if t[2].alive()]
+        return bool(instance.pending or instance.timers or instance.timeouts)
+
+    while instance.state is InstanceState.RUNNING and waiting():
         instance.begin_advance()
         if instance.stopping:
             index = 0 if choose is None else choose([call for call, _, _ in instance.pending])
@@ -478,10 +484,9 @@ def run(definition: Definition, workflow_input: Any, outcome: Callable[[TaskCall
         if instance.timers:
             timer, timer_step, timer_frame = instance.timers.pop(
                 0 if fire is None else fire([t for t, _, _ in instance.timers]))
-            if timer_frame.alive():  # else its block closed: the timer was cancelled
-                instance.timer_fired(timer, timer_step, timer_frame)
-                advances.append(Advance(trigger=0, created=tuple(instance.created),
-                                        timer=timer.step))
+            instance.timer_fired(timer, timer_step, timer_frame)
+            advances.append(Advance(trigger=0, created=tuple(instance.created),
+                                    timer=timer.step))
             continue
         if not instance.pending:
             advances.append(_time_out(instance))

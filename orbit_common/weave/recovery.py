@@ -9,10 +9,11 @@ Each is one transaction, in the one lock order (docs/architecture.md):
    instance must be ``RUNNING`` (paused or not), else ``workflow_instance_not_running``;
 3. the step row (by name, ``FOR UPDATE``; ``workflow_step_not_found``) with the compare-and-set
    on its revision (``stale_revision``), then its activations;
-4. the tasks of its activations (id order): a task in ``NEEDS_REVIEW`` is reviewed through the
-   kernel's one ending writer (its execution conclusion, with the evidence; its result reaches
-   the engine's inbox and is kept, never advanced: ``stale``), then the queue and application
-   counters of a new task.
+4. the tasks of its activations (id order, locked with the step); the step's writes (new
+   activation, resolution, RESOLVE advance); a retry's new task with its queue and application
+   counters; last, a task in ``NEEDS_REVIEW`` is reviewed through the kernel's one ending writer
+   (its execution conclusion, with the evidence; its result reaches the engine's inbox and is
+   kept, never advanced: ``stale``) -- the result stream it appends to ends the lock order.
 
 **Retry** (TASK steps; :func:`retry_step`): allowed when the step is WAITING and its LIVE
 activation's task is ``NEEDS_REVIEW`` (reviewed ``failed`` here) or the step is held
@@ -399,10 +400,6 @@ async def _retry(cur: Any, namespace_id: bytes, instance_id: bytes, name: str,
     task, review = _retryable(found, request)
     now = await db_now(cur)
     when = to_db(now)
-    if review:
-        await _review(cur, namespace_id, task, "failed", reason=request.reason,
-                      evidence_ref=request.evidence_ref or "", by="workflow.step.retry",
-                      now=now)
     step_tasks = [found.tasks[a["task_id"]] for a in found.activations
                   if a["task_id"] is not None and a["task_id"] in found.tasks]
     first = step_tasks[0]
@@ -453,6 +450,10 @@ async def _retry(cur: Any, namespace_id: bytes, instance_id: bytes, name: str,
     await resources.apply(cur, namespace_id,
                           resources.Usage(unfinished=Counter({task["queue_id"]: 1})),
                           admit=True)
+    if review:  # last: the ending writer's result stream is the end of the one lock order
+        await _review(cur, namespace_id, task, "failed", reason=request.reason,
+                      evidence_ref=request.evidence_ref or "", by="workflow.step.retry",
+                      now=now)
     workflow = {"instance_id": instance_id.hex(), "step": name,
                 "activation_id": new_activation.hex(), "sequence": sequence}
     await append_events(cur, [common.task_event(
@@ -464,9 +465,8 @@ async def _retry(cur: Any, namespace_id: bytes, instance_id: bytes, name: str,
              "task_id": new_task.hex(), "budget": budget_view,
              "deadline_at": None if deadline is None else deadline.isoformat()}
     await _step_event(cur, namespace_id, found, "workflow.step.retried", to_state="RUNNING",
-                      payload={
-        "reason": request.reason, "evidence_ref": request.evidence_ref,
-        "old_task_id": task["id"].hex(), "reviewed": review, **after})
+                      payload={"reason": request.reason, "evidence_ref": request.evidence_ref,
+                               "old_task_id": task["id"].hex(), "reviewed": review, **after})
     await append_audit(cur, AuditRecord(
         actor=actor, action="workflow.step.retry", resource_type="workflow_step",
         resource_id=step["id"], resource_revision=step["revision"] + 1,
@@ -577,9 +577,6 @@ async def _resolve(cur: Any, namespace_id: bytes, instance_id: bytes, name: str,
         await _check_output(cur, namespace_id, found, request.output)
     now = await db_now(cur)
     when = to_db(now)
-    if task is not None and request.task_decision is not None:
-        await _review(cur, namespace_id, task, request.task_decision, reason=request.reason,
-                      evidence_ref=request.evidence_ref, by="workflow.step.resolve", now=now)
     step = found.step
     resolution: dict[str, Any] = {"conclusion": request.conclusion}
     if request.conclusion == "succeeded":
@@ -594,12 +591,15 @@ async def _resolve(cur: Any, namespace_id: bytes, instance_id: bytes, name: str,
         raise errors.DatabaseError(f"step {name!r} changed under its lock")
     await cur.execute(ARM_RESOLVE, (namespace_id, ids.new_id(), instance_id, step["id"], when,
                                     when))
+    if task is not None and request.task_decision is not None:  # the task, after the steps
+        await _review(cur, namespace_id, task, request.task_decision, reason=request.reason,
+                      evidence_ref=request.evidence_ref, by="workflow.step.resolve", now=now)
     task_view = None if task is None else {"task_id": task["id"].hex(),
                                            "task_decision": request.task_decision}
     await _step_event(cur, namespace_id, found, "workflow.step.resolved",
-                      to_state=step["state"], payload={
-        "conclusion": request.conclusion, "reason": request.reason,
-        "evidence_ref": request.evidence_ref, "review": task_view})
+                      to_state=step["state"],
+                      payload={"conclusion": request.conclusion, "reason": request.reason,
+                               "evidence_ref": request.evidence_ref, "review": task_view})
     await append_audit(cur, AuditRecord(
         actor=actor, action="workflow.step.resolve", resource_type="workflow_step",
         resource_id=step["id"], resource_revision=step["revision"] + 1,

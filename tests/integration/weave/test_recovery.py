@@ -27,6 +27,7 @@ from tests.integration.test_admin_cli import ACTOR, ok, orbit_admin
 from tests.integration.weave.engine_support import Flow, begin, doc, drain, task
 from tests.integration.weave.test_signals import rows
 from tests.support import database, invariants
+from tests.support.contract import assert_documented
 from tests.support.lease_fixtures import wait_db_time_past
 from tests.support.servers import ServiceTestServer
 
@@ -35,6 +36,8 @@ own_url, db = database.own_database("orbit_weave_recovery", pool_max=10)
 TABLES = ("weave_steps", "weave_activations", "weave_pending_advances", "pulse_tasks",
           "orbit_events", "orbit_audit_events", "orbit_idempotency_keys", "weave_inbox")
 SHAPE = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+STEP_PATH = "/v1/namespaces/{namespace}/workflows/{workflow_id}/steps/{step}"
+RETRY_PATH, RESOLVE_PATH = STEP_PATH + "/retry", STEP_PATH + "/resolve"
 
 
 @pytest.fixture
@@ -229,6 +232,7 @@ async def test_needs_review_then_retry_then_success_advances_once(
             "additional_attempts": 1}
     status, view = await post(api, flow, "a", "retry", full, key="r-1")
     assert status == 201, view
+    assert_documented(RETRY_PATH, "POST", 201, view)
     assert recoveries("retry") == before + 1
     # The replay: the original receipt, nothing new, not counted again.
     assert await post(api, flow, "a", "retry", full, key="r-1") == (201, view)
@@ -272,6 +276,14 @@ async def test_resolve_succeeded_advances_with_the_output(
     flow = await begin(db, tenant, held_doc())
     await drain(engine)
     await fail_current(flow, engine, "a")
+    response = await api.get(
+        f"/v1/namespaces/{tenant.namespace}/workflows/{flow.instance_id.hex()}",
+        headers={"Authorization": f"Bearer {tenant.api_key}"})
+    detail = await response.json()
+    assert_documented("/v1/namespaces/{namespace}/workflows/{workflow_id}", "GET", 200, detail)
+    (shown,) = [s for s in detail["steps"] if s["name"] == "a"]
+    assert (shown["state"], shown["held_error"]["error"], shown["resolution"]) == (
+        "WAITING", "task_failed", None)
     step = await step_row(flow, "a")
     body = {"reason": "done by hand", "evidence_ref": "ops-42", "step_revision":
             step["revision"], "conclusion": "succeeded", "output": {"x": 5}}
@@ -280,6 +292,7 @@ async def test_resolve_succeeded_advances_with_the_output(
     before = recoveries("resolve")
     status, view = await post(api, flow, "a", "resolve", body, key="s-1")
     assert status == 202, view
+    assert_documented(RESOLVE_PATH, "POST", 202, view)
     assert recoveries("resolve") == before + 1
     assert view["state"] == "WAITING"
     resolution = view["resolution"]
@@ -355,6 +368,72 @@ async def test_resolve_a_task_in_review_keeps_the_two_conclusions_apart(
     assert json.loads(steps["a"]["error"])["error"] == "double_charge"
     assert [t["step"] for t in await flow.tasks()] == ["a", "mend"]
     assert [r["outcome"] for r in await flow.inbox()] == ["held", "stale"]
+    await clean(flow)
+
+
+async def test_a_reviewed_result_reaching_the_engine_before_the_resolution_is_stale(
+        api: TestClient[Any, Any], db: Database, engine: Engine) -> None:
+    """The task's review result is consumed in an advance of its own, before the RESOLVE
+    advance (another engine leased only it): the step's recorded conclusion wins -- the
+    result is stale, the step waits for its RESOLVE advance, which then advances it once."""
+    from orbit_common.weave import leasing
+
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, doc({
+        "a": task("w.a", "b", result_schema=SHAPE),
+        "b": task("w.b", "done", input="{'x2': steps.a.result.x * 2}"),
+        "done": {"kind": "SUCCEED"}}, "a"))
+    await drain(engine)
+    (old,) = await flow.tasks()
+    await flow.end(old["id"], "review")
+    await drain(engine)
+    step = await step_row(flow, "a")
+    status, _ = await post(api, flow, "a", "resolve", {
+        "reason": "checked", "evidence_ref": "ops-5", "step_revision": step["revision"],
+        "conclusion": "succeeded", "output": {"x": 4}, "task_decision": "succeeded",
+        "execution_ended": True})
+    assert status == 202
+    other = Engine(db, owner="engine-inbox-only", lease_ms=30_000)
+    leased = await db.transaction("test.lease_inbox", lambda cur: leasing.lease_inbox(
+        cur, owner=other.owner, lease_ms=30_000, limit=10))
+    assert [r["task_id"] for r in leased] == [old["id"]]  # the review's result, alone
+    done = await other.advance(tenant.namespace_id, flow.instance_id, leased, [])
+    assert done.outcomes == {"stale": 1}, done
+    assert (await step_row(flow, "a"))["state"] == "WAITING"
+    assert len(await flow.tasks()) == 1  # no task of b yet
+    await drain(engine)  # the RESOLVE advance
+    (b_task,) = [t for t in await flow.tasks() if t["step"] == "b"]
+    assert json.loads(b_task["input"]) == {"x2": 8}  # the recorded output, not the review's
+    assert [r["outcome"] for r in await flow.inbox()] == ["held", "stale"]
+    await clean(flow)
+
+
+async def test_a_retry_of_a_paused_instance_waits_behind_its_gate(
+        api: TestClient[Any, Any], db: Database, engine: Engine) -> None:
+    """The new task is behind the instance's gate: not claimable while the instance is
+    paused, claimed and advanced after the resume."""
+    from orbit_common.weave import controls
+    from tests.integration.weave.support import principal
+
+    tenant = await make_tenant(db)
+    flow = await begin(db, tenant, held_doc(retry={"max_attempts": 2}))
+    await drain(engine)
+    await fail_current(flow, engine, "a")
+    who = await principal(db, tenant.api_key)
+    await controls.set_paused(db, who, namespace=tenant.namespace,
+                              instance_id=flow.instance_id.hex(), paused=True, reason="look")
+    step = await step_row(flow, "a")
+    status, view = await post(api, flow, "a", "retry", {"reason": "again",
+                                                        "step_revision": step["revision"]})
+    assert status == 201, view
+    new_task = bytes.fromhex(view["activations"][-1]["task_id"])
+    with pytest.raises(AssertionError, match="cannot be claimed"):
+        await flow.end(new_task, "ok", {"x": 1})
+    await controls.set_paused(db, who, namespace=tenant.namespace,
+                              instance_id=flow.instance_id.hex(), paused=False, reason="ok")
+    await flow.end(new_task, "ok", {"x": 1})
+    await drain(engine)
+    assert (await step_row(flow, "a"))["state"] == "SUCCEEDED"
     await clean(flow)
 
 

@@ -144,6 +144,33 @@ def test_a_branch_that_fails_at_once_under_fail_fast_starts_no_later_branch() ->
     assert run.error == {"error": "declined", "cause": None, "step": "nope"}
 
 
+def test_a_timer_cancelled_with_its_block_is_never_offered_to_fire() -> None:
+    """A branch sets a timer, a later branch of the FAIL_FAST block fails in the same advance:
+    the timer is cancelled with the block (the engine never fires it), so ``fire`` -- which
+    answers from the timers the engine fired -- is never asked about it."""
+    definition = order(**{
+        "steps/fulfil/join/policy": "FAIL_FAST",
+        "steps/fulfil/branches/0/start": "pause",
+        "steps/fulfil/branches/0/steps": {
+            "pause": {"kind": "TIMER", "duration_ms": 1, "next": "paid"},
+            "paid": {"kind": "SUCCEED"}},
+        "steps/fulfil/branches/1/start": "nope",
+        "steps/fulfil/branches/1/steps": {"nope": {"kind": "FAIL", "error": "declined"}},
+        "steps/fulfil/on_failure": "mend",
+        "steps/mend": {"kind": "TASK", "queue": "payments", "handler": "pay.refund",
+                       "next": "done"},
+        "steps/done/output": "{'order_id': input.order_id}",
+    })
+
+    def fire(timers: Any) -> int:
+        raise AssertionError(f"asked to fire {timers}")
+
+    run = wi.run(definition, INPUT, happy, fire=fire)
+    assert run.state is wi.InstanceState.SUCCEEDED
+    assert [c.step for c in run.tasks] == ["reserve", "mend"]
+    assert all(a.timer is None for a in run.advances)
+
+
 def test_a_task_in_needs_review_holds_its_step() -> None:
     def outcome(call: wi.TaskCall) -> wi.Outcome:
         return wi.NeedsReview() if call.step == "label" else happy(call)

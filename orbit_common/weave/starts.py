@@ -158,6 +158,7 @@ def _receipt(item: StartItem, pinned: _Pinned, namespace_id: bytes, now: Any) ->
         "namespace_id": namespace_id, "id": item.instance_id, "definition_id": row["id"],
         "version": version.version, "version_digest": version.digest, "state": "RUNNING",
         "revision": 1, "paused": 0, "control_revision": 1, "checkpoints": 0,
+        "stop_kind": None, "stop_requested_at": None, "cancel_requested_at": None,
         "business_key": None if item.business_key is None else item.business_key.encode(),
         "input": item.input_text, "output": None, "error": None, "gate_id": item.gate_id,
         "created_at": now, "updated_at": now, "completed_at": None,

@@ -342,7 +342,9 @@ async def test_a_step_with_a_recorded_conclusion_is_neither_rearmed_nor_continue
 async def test_rearm_of_an_instance_that_is_not_running(db: Database, engine: Engine) -> None:
     flow = await held_signal(db, engine)
     async def body(cur: Any) -> None:
-        await cur.execute("UPDATE weave_instances SET state = 'STOPPING' WHERE namespace_id = %s"
+        # A stopping instance carries its stop intent (ck_weave_instances_stop).
+        await cur.execute("UPDATE weave_instances SET state = 'STOPPING', stop_kind = 'CANCEL',"
+                          " stop_requested_at = UTC_TIMESTAMP(6) WHERE namespace_id = %s"
                           " AND id = %s", (flow.tenant.namespace_id, flow.instance_id))
     await db.transaction("test.stopping", body)
     with pytest.raises(wait_recovery.InstanceNotRunning):

@@ -7,6 +7,7 @@ import logging
 from aiohttp import web
 
 from orbit_api import openapi
+from orbit_api.console.app import add_console
 from orbit_api.routes import (
     applications,
     interventions,
@@ -44,6 +45,7 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     workflows.add_routes(app)
     workflow_signals.add_routes(app)
     workflow_controls.add_routes(app)
+    add_console(app)
     return app
 
 

@@ -204,6 +204,16 @@ def delivery_env(root: Path, environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _console_note(root: Path) -> str:
+    """How to get into the console: the set-password command for the bootstrap credential."""
+    try:
+        prefix = json.loads((root / "bootstrap.json").read_text()).get("credential_prefix", "")
+    except (OSError, ValueError):
+        prefix = ""
+    return ("first time: orbit admin console set-password --credential "
+            f"{prefix or '<credential prefix>'}; docs/runbooks/console-admin.md")
+
+
 def _supervise(root: Path, url: str, ports: Ports) -> None:
     api_url = ports.api_url
     env = {**os.environ, "ORBIT_DATABASE_URL": url, "ORBIT_API_PORT": str(ports.api),
@@ -221,7 +231,9 @@ def _supervise(root: Path, url: str, ports: Ports) -> None:
     try:
         if _wait_http(f"{api_url}/readyz", 30):
             click.echo(f"\nOrbit is up.\n  API:    {api_url}  (try: curl -H 'Authorization: "
-                       f"Bearer <api_key>' {api_url}/v1/whoami)\n  health: {api_url}/readyz\n"
+                       f"Bearer <api_key>' {api_url}/v1/whoami)\n"
+                       f"  console: {api_url}/console/  ({_console_note(root)})\n"
+                       f"  health: {api_url}/readyz\n"
                        f"  workers: {ports.dispatcher_url}  (docs/api/worker.md)\n"
                        f"  metrics: {_operator_note(ports)}\n"
                        f"  webhooks: loopback http endpoints allowed; key in"

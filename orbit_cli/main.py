@@ -421,15 +421,15 @@ def admin_console() -> None:
 
 
 @admin_console.command("set-password")
-@click.option("--name", default="admin", show_default=True,
-              help="The administrator's login name (renames the account when it differs).")
+@click.option("--name", help="The administrator's login name: 'admin' when creating it; "
+              "given on a reset, it renames the account (default: keep the name).")
 @click.option("--credential", "credential_prefix",
               help="Prefix of the API credential the console acts as (required the first "
                    "time; given later, it rebinds the account).")
 @click.option("--password-stdin", is_flag=True,
               help="Read the password from the first line of standard input (no prompt).")
 @click.pass_context
-def console_set_password(ctx: click.Context, name: str, credential_prefix: str | None,
+def console_set_password(ctx: click.Context, name: str | None, credential_prefix: str | None,
                          password_stdin: bool) -> None:
     """Create the console's one administrator, or reset its password.
 

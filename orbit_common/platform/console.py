@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import secrets
@@ -50,11 +51,15 @@ BCRYPT_COST = 12
 PASSWORD_MAX_BYTES = 72  # bcrypt's limit; longer passwords are refused, not truncated
 PASSWORD_MIN_CHARS = 12
 NAME_MAX = 64
+DEFAULT_NAME = "admin"
 TOUCH_EVERY = 0.1  # refresh last use when this fraction of the idle limit has passed
 USER_AGENT_MAX = 255
-# Compared against when there is no account or the name is wrong, so the answer takes as long
-# as a real check. A hash of a random password: nothing verifies against it.
-_DUMMY_HASH = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(4))
+
+@functools.cache
+def _dummy_hash() -> bytes:
+    """Checked against when there is no account, so that the answer takes as long as a real
+    check (same cost). A hash of a random password: nothing verifies against it."""
+    return bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(BCRYPT_COST))
 
 
 @attrs.frozen(kw_only=True)
@@ -254,12 +259,14 @@ async def _bindable_credential(cur: Any, prefix: str) -> tuple[bytes, str]:
     return row["id"], row["prefix"]
 
 
-async def set_password(db: Database, *, name: str, password: str, credential_prefix: str | None,
-                       actor: Actor) -> dict[str, Any]:
-    """Create the administrator (``credential_prefix`` required) or reset its password (and,
-    with ``credential_prefix``, rebind it; ``name`` renames it). Revokes every session, clears
-    the login throttle and writes one audit event, in one transaction. Returns the summary."""
-    check_name(name)
+async def set_password(db: Database, *, name: str | None, password: str,
+                       credential_prefix: str | None, actor: Actor) -> dict[str, Any]:
+    """Create the administrator (``credential_prefix`` required; ``name`` default
+    :data:`DEFAULT_NAME`) or reset its password (with ``credential_prefix``, rebind it; with a
+    ``name``, rename it). Revokes every session, clears the login throttle and writes one audit
+    event, in one transaction. Returns the summary (never the hash)."""
+    if name is not None:
+        check_name(name)
     if credential_prefix is not None and not well_formed_prefix(credential_prefix):
         raise errors.CredentialNotFound(f"no credential with prefix {credential_prefix!r}")
     hashed = await hash_password(password)  # outside the transaction: CPU, not locks
@@ -282,11 +289,11 @@ async def set_password(db: Database, *, name: str, password: str, credential_pre
             prefix = "" if found is None else found["prefix"]
         revoked = 0
         if before is None:
-            await cur.execute(INSERT_USER, (new_id, name, hashed, credential_id))
+            await cur.execute(INSERT_USER, (new_id, name or DEFAULT_NAME, hashed, credential_id))
             user_id, action = new_id, "console.user_create"
         else:
-            await cur.execute(RESET_USER_IF_REVISION, (name, hashed, credential_id, before.id,
-                                                       before.revision))
+            await cur.execute(RESET_USER_IF_REVISION, (name or before.name, hashed, credential_id,
+                                                       before.id, before.revision))
             if cur.rowcount != 1:
                 raise errors.DatabaseError("the locked console account changed in its own "
                                            "transaction")
@@ -330,7 +337,8 @@ async def login(db: Database, *, name: str, password: str, policy: SessionPolicy
     row = await db.read("console.login_read", _login_read)
     if row is not None and row["throttled"]:
         raise _throttled(row)
-    hashed = _DUMMY_HASH if row is None else row["password_hash"].encode("ascii")
+    hashed = (await asyncio.to_thread(_dummy_hash) if row is None
+              else row["password_hash"].encode("ascii"))
     name_ok = row is not None and hmac.compare_digest(row["name"].encode(), name.encode())
     password_ok = await _verify(password, hashed)  # outside any transaction
     if row is None:

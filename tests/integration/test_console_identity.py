@@ -42,7 +42,8 @@ async def prefix_of(db: Database, tenant: Tenant) -> str:
     return principal.prefix
 
 
-async def make_admin(db: Database, tenant: Tenant, *, name: str = "admin") -> dict[str, Any]:
+async def make_admin(db: Database, tenant: Tenant, *, name: str | None = "admin"
+                     ) -> dict[str, Any]:
     return await console.set_password(db, name=name, password=PASSWORD,
                                       credential_prefix=await prefix_of(db, tenant),
                                       actor=Actor.operator("pytest"))
@@ -86,6 +87,11 @@ async def test_only_one_administrator_exists(
     await make_admin(db, tenant, name="second")  # renames the one account
     users = rows(sync_conn, "SELECT name FROM orbit_console_users")
     assert [u["name"] for u in users] == ["second"]
+    await console.set_password(db, name=None, password=PASSWORD, credential_prefix=None,
+                               actor=Actor.operator("pytest"))  # a reset keeps name and binding
+    users = rows(sync_conn, "SELECT name, credential_id FROM orbit_console_users")
+    assert [u["name"] for u in users] == ["second"]
+    assert users[0]["credential_id"].hex() == (await make_admin(db, tenant))["credential_id"]
 
 
 async def test_login_stores_only_the_token_digest(
@@ -98,7 +104,8 @@ async def test_login_stores_only_the_token_digest(
     assert session["token_digest"] == console.token_digest(issued.token)
     assert issued.token.encode() not in repr(session).encode()
     principal = await console.authenticate(db, issued.token, POLICY)
-    assert principal.console is not None and principal.prefix == await prefix_of(db, tenant)
+    assert principal.console is not None
+    assert principal.prefix == await prefix_of(db, tenant)
     assert principal.actor.kind.value == "console"
     assert principal.actor.id == f"admin/{principal.credential_id.hex()}"
 
@@ -243,7 +250,9 @@ async def test_cli_set_password_reads_stdin_and_refuses_long_passwords(
         return proc.returncode, out.decode(), err.decode()
 
     code, out, err = await run("y" * 73)
-    assert code != 0 and "at most 72 bytes" in err and out == ""
+    assert code != 0
+    assert "at most 72 bytes" in err
+    assert out == ""
     code, out, err = await run(PASSWORD)
     assert code == 0, err
     assert json.loads(out)["credential_prefix"] == prefix

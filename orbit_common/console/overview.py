@@ -26,8 +26,10 @@ from typing import Any
 
 import attrs
 
+from orbit_common import errors
 from orbit_common.db.clock import as_utc, db_now, to_db
 from orbit_common.db.pool import Database
+from orbit_common.model import names
 from orbit_common.platform import authz
 from orbit_common.platform import credentials as creds
 from orbit_common.pulse import queues, usage
@@ -139,6 +141,8 @@ async def _count(cur: Any, sql: str, params: tuple[Any, ...]) -> int:
 async def namespace_overview(db: Database, principal: creds.Principal, *,
                              namespace: str) -> Overview:
     """The overview of ``namespace`` as ``principal`` may see it (module docstring)."""
+    if not names.is_valid_name(namespace):  # only valid names reach SQL
+        raise errors.NamespaceNotFound(f"no namespace {namespace!r} for this credential")
 
     async def body(cur: Any) -> Overview:
         ns = await creds.authorize(cur, principal, authz.Action.QUEUES_READ, namespace)

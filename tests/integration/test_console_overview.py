@@ -67,8 +67,11 @@ async def test_a_narrow_credential_sees_only_its_queues_and_sections(
     assert found.inbox_backlog is None
 
 
-async def test_another_applications_namespace_is_not_found(db: Database, tenant: Tenant) -> None:
-    other = await make_tenant(db)
+@pytest.mark.parametrize("forged", ["other", "bad\udcffname", "UPPER", "x" * 300])
+async def test_another_applications_or_a_malformed_namespace_is_not_found(
+    db: Database, tenant: Tenant, forged: str
+) -> None:
+    namespace = (await make_tenant(db)).namespace if forged == "other" else forged
     with pytest.raises(errors.NamespaceNotFound):
         await overview.namespace_overview(db, await principal(db, tenant.api_key),
-                                          namespace=other.namespace)
+                                          namespace=namespace)

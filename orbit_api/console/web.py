@@ -18,6 +18,7 @@ a year (the digest changes with the content).
 from __future__ import annotations
 
 import hashlib
+import logging
 import mimetypes
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -31,7 +32,9 @@ from orbit_common import errors
 from orbit_common.platform import commands
 from orbit_common.platform import console as identity
 from orbit_common.platform.credentials import Principal
-from orbit_common.service.http.context import CONFIG, DB
+from orbit_common.service.http.context import CONFIG, DB, request_id_of
+
+log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
@@ -41,7 +44,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PRINCIPAL = web.RequestKey("console_principal", Principal)
 
 # The namespace pages, in navigation order: (route name suffix, label). Later slices add theirs.
-NAV: list[tuple[str, str]] = [("overview", "概览"), ("queues", "队列")]
+NAV: list[tuple[str, str]] = [("overview", "概览"), ("queues", "队列"), ("tasks", "任务")]
 
 
 def _static_files() -> dict[str, tuple[str, bytes, str]]:
@@ -155,6 +158,11 @@ async def console_middleware(request: web.Request, handler: Handler) -> web.Stre
             errors.MethodNotAllowed("this console page does not accept that method")
             if exc.status == 405 else errors.BadRequest(exc.reason))
         response = await error_page(request, problem)
+    except Exception:
+        log.exception("console page failed", extra={"path": request.path,
+                                                    "request_id": request_id_of(request)})
+        response = await error_page(request, errors.OrbitError(
+            "an unexpected error occurred; the request id identifies it in the logs"))
     security.security_headers(response, cacheable=cacheable)
     return response
 

@@ -240,3 +240,49 @@ async def test_no_secret_in_the_api_log(console_api: ApiDaemon, admin: Admin, pa
     assert "api listening" in log
     for secret in (token, user["password_hash"], admin.password):
         assert secret not in log
+
+
+async def test_task_pages_cancel_filter_and_retry(
+    console_api: ApiDaemon, admin: Admin, page: Page,
+    sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    tenant = admin.tenant
+    make_queue(console_api, tenant, "exports", tasks=3)
+    await log_in(page, console_api, admin)
+    await page.wait_for_url(re.compile(r".*/console/ns/.*"))
+    await page.click("nav.pages a:has-text('任务')")
+    assert (await page.locator("#task-list tbody tr").count()) == 3
+    await shot(page, "tasks")
+    await page.locator("#task-list a").first.click()
+    await page.wait_for_url(re.compile(r".*/tasks/[0-9a-f]{32}$"))
+    task_id = page.url.rsplit("/", 1)[1]
+    await shot(page, "task-detail")
+
+    async def accept(dialog: Dialog) -> None:
+        await dialog.accept()
+
+    page.on("dialog", accept)
+    await page.fill("#cancel input[name=reason]", "duplicate export")
+    await submit(page, "#cancel button")
+    assert (await page.locator(".notice").inner_text()) == "已提交取消。"
+    [audit] = rows(sync_conn, "SELECT actor_kind, actor_id, reason FROM orbit_audit_events"
+                   " WHERE action = 'task.cancel' AND resource_id = %s", bytes.fromhex(task_id))
+    assert audit == {"actor_kind": "console", "actor_id": admin.actor_id,
+                     "reason": "duplicate export"}
+
+    # The list filtered by state shows it, and only it.
+    await page.goto(f"{console_api.url}/console/ns/{tenant.namespace}/tasks")
+    await page.select_option("#task-filters select[name=state]", "CANCELLED")
+    await submit(page, "#task-filters button")
+    assert (await page.locator("#task-list tbody tr").count()) == 1
+    assert task_id in (await page.locator("#task-list").inner_text())
+
+    await page.goto(f"{console_api.url}/console/ns/{tenant.namespace}/tasks/{task_id}")
+    await page.fill("#retry input[name=reason]", "export wanted after all")
+    await page.check("#retry input[name=rerun_confirmed]")
+    await submit(page, "#retry button")
+    assert (await page.locator(".notice").inner_text()) == "已创建重试任务。"
+    assert task_id in (await page.locator("#task-facts").inner_text())  # "重试自" the original
+    [retry] = rows(sync_conn, "SELECT actor_kind, reason FROM orbit_audit_events"
+                   " WHERE action = 'task.retry' AND resource_id = %s", bytes.fromhex(task_id))
+    assert retry == {"actor_kind": "console", "reason": "export wanted after all"}

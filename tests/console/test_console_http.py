@@ -16,6 +16,9 @@ from orbit_common.platform import credentials
 from orbit_common.pulse import queues
 from tests.conftest import Tenant, make_tenant, unique
 from tests.console.conftest import Admin
+from tests.integration.test_leases import claim, expire_now, recover, start
+from tests.support.lease_fixtures import add_tasks, open_session
+from tests.support.lease_fixtures import make_queue as make_lease_queue
 
 Client = TestClient[Any, Any]
 CSRF = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
@@ -279,3 +282,74 @@ async def test_a_blank_required_limit_is_a_field_problem(
     body = await response.text()
     assert "validation_failed" in body
     assert field in body
+
+
+# --- tasks ---------------------------------------------------------------------------------------
+
+
+async def test_task_list_filters_and_bad_filters(
+    api: Client, admin: Admin, db: Database
+) -> None:
+    tenant = admin.tenant
+    queue = await make_lease_queue(db, tenant, name="alpha")
+    waiting = await add_tasks(db, tenant, queue, 2)
+    await log_in(api, admin)
+    base = f"/console/ns/{tenant.namespace}/tasks"
+    answer = await api.get(base, params={"state": "WAITING", "queue": "alpha"})
+    listed = await answer.text()
+    assert answer.status == 200, listed
+    assert all(t.hex() in listed for t in waiting)
+    empty = await (await api.get(base, params={"state": "FAILED"})).text()
+    assert not any(t.hex() in empty for t in waiting)
+    for params, code in (({"state": "BOGUS"}, "validation_failed"),
+                         ({"created_after": "yesterday"}, "validation_failed"),
+                         ({"cursor": "not-a-cursor"}, "invalid_cursor"),
+                         ({"queue": "no-such-queue"}, "queue_not_found"),
+                         ({"colour": "red"}, "validation_failed")):
+        response = await api.get(base, params=params)
+        assert response.status in (400, 404), params
+        assert code in await response.text(), params
+    forged = await api.get(f"{base}/{'ab' * 16}")
+    assert forged.status == 404
+    assert "task_not_found" in await forged.text()
+    malformed = await api.get(f"{base}/not-an-id")
+    assert malformed.status in (400, 404)
+
+
+async def test_review_needs_the_declaration_and_is_audited_as_the_console(
+    api: Client, admin: Admin, db: Database, sync_conn: pymysql.connections.Connection[Any]
+) -> None:
+    tenant = admin.tenant
+    queue = await make_lease_queue(db, tenant)
+    (task_id,) = await add_tasks(db, tenant, queue)
+    session = await open_session(db, tenant, [queue])
+    (grant,) = await claim(db, session, queue)
+    await start(db, tenant, [grant])
+    await expire_now(db, tenant, task_id)  # not rerun-safe: NEEDS_REVIEW
+    await recover(db)
+    await log_in(api, admin)
+    base = f"/console/ns/{tenant.namespace}/tasks/{task_id.hex()}"
+    page = await (await api.get(base)).text()
+    assert 'id="review"' in page
+    csrf = CSRF.search(page).group(1)  # type: ignore[union-attr]
+    [task] = rows(sync_conn, "SELECT revision FROM pulse_tasks WHERE id = %s", task_id)
+    form = {"csrf": csrf, "revision": str(task["revision"]), "decision": "failed",
+            "reason": "checked the ledger", "evidence_ref": "TICKET-9"}
+    undeclared = await api.post(base + "/review", data=form)
+    assert undeclared.status == 400
+    assert rows(sync_conn, "SELECT id FROM orbit_audit_events WHERE resource_id = %s"
+                " AND action = 'task.review'", task_id) == []
+    stale = await api.post(base + "/review", data={**form, "execution_ended": "yes",
+                                                   "revision": str(task["revision"] - 1)})
+    assert stale.status == 409
+    assert "stale_revision" in await stale.text()
+    done = await api.post(base + "/review", data={**form, "execution_ended": "yes"},
+                          allow_redirects=False)
+    assert done.status == 303, await done.text()
+    [audit] = rows(sync_conn, "SELECT actor_kind, actor_id, reason, evidence_ref"
+                   " FROM orbit_audit_events WHERE resource_id = %s AND action = 'task.review'",
+                   task_id)
+    assert audit == {"actor_kind": "console", "actor_id": admin.actor_id,
+                     "reason": "checked the ledger", "evidence_ref": "TICKET-9"}
+    assert rows(sync_conn, "SELECT state FROM pulse_tasks WHERE id = %s",
+                task_id) == [{"state": "FAILED"}]

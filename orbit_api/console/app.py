@@ -6,7 +6,7 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from orbit_api.console import auth, pages, tasks
+from orbit_api.console import auth, pages, schedules, tasks
 from orbit_api.console.web import HERE, PREFIX, console_middleware, duration, static, static_url
 
 
@@ -22,6 +22,7 @@ def console_app() -> web.Application:
     app.router.add_get("/static/{digest}/{name}", static, name="console.static")
     pages.add_routes(app)
     tasks.add_routes(app)
+    schedules.add_routes(app)
     return app
 
 

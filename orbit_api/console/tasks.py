@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from orbit_api.console.web import form_of, principal_of, redirect, render
+from orbit_api.console.web import form_of, principal_of, redirect, render, utc_text
 from orbit_common import errors
 from orbit_common.model import jsondoc
 from orbit_common.pulse import interventions, queries
@@ -26,15 +26,6 @@ def _namespace(request: web.Request) -> str:
     return request.match_info["namespace"]
 
 
-def _utc(text: str) -> str:
-    """A ``datetime-local`` value (no zone) read as UTC; an RFC 3339 time as it is."""
-    if len(text) == 16 and text[10] == "T":  # 2026-12-02T09:30
-        return text + ":00Z"
-    if len(text) == 19 and text[10] == "T":  # 2026-12-02T09:30:15
-        return text + "Z"
-    return text
-
-
 def _filter_params(request: web.Request) -> dict[str, str]:
     unknown = set(request.query) - {*FILTERS, "cursor"}
     if unknown:
@@ -47,7 +38,7 @@ def _filter_params(request: web.Request) -> dict[str, str]:
             raise errors.ValidationFailed([{"path": f"?{name}", "message": "given twice"}])
         if values and values[0].strip():
             value = values[0].strip()
-            params[name] = _utc(value) if name.startswith("created_") else value
+            params[name] = utc_text(value) if name.startswith("created_") else value
     return params
 
 

@@ -44,7 +44,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PRINCIPAL = web.RequestKey("console_principal", Principal)
 
 # The namespace pages, in navigation order: (route name suffix, label). Later slices add theirs.
-NAV: list[tuple[str, str]] = [("overview", "概览"), ("queues", "队列"), ("tasks", "任务")]
+NAV: list[tuple[str, str]] = [("overview", "概览"), ("queues", "队列"), ("tasks", "任务"),
+                              ("schedules", "计划")]
 
 
 def _static_files() -> dict[str, tuple[str, bytes, str]]:
@@ -175,6 +176,15 @@ async def static(request: web.Request) -> web.StreamResponse:
     digest, content, kind = found
     return web.Response(body=content, content_type=kind, headers={
         "Cache-Control": "public, max-age=31536000, immutable", "ETag": f'"{digest}"'})
+
+
+def utc_text(text: str) -> str:
+    """A ``datetime-local`` value (no zone) read as UTC; an RFC 3339 time as it is."""
+    if len(text) == 16 and text[10] == "T":  # 2026-12-02T09:30
+        return text + ":00Z"
+    if len(text) == 19 and text[10] == "T":  # 2026-12-02T09:30:15
+        return text + "Z"
+    return text
 
 
 def duration(seconds: float | None) -> str:

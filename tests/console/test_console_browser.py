@@ -286,3 +286,49 @@ async def test_task_pages_cancel_filter_and_retry(
     [retry] = rows(sync_conn, "SELECT actor_kind, reason FROM orbit_audit_events"
                    " WHERE action = 'task.retry' AND resource_id = %s", bytes.fromhex(task_id))
     assert retry == {"actor_kind": "console", "reason": "export wanted after all"}
+
+
+async def test_schedule_pages_pause_trigger_and_a_bad_backfill(
+    console_api: ApiDaemon, admin: Admin, page: Page,
+    sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    tenant = admin.tenant
+    make_queue(console_api, tenant, "nightly")
+    status, body = http("POST", f"{console_api.url}/v1/namespaces/{tenant.namespace}/schedules",
+                        headers=tenant.auth, body={
+                            "name": "nightly-report", "queue": "nightly",
+                            "rule": {"cron": "0 2 * * *", "timezone": "Asia/Shanghai"},
+                            "template": {"handler": "reports.build"}})
+    assert status == 201, body
+    await log_in(page, console_api, admin)
+    await page.wait_for_url(re.compile(r".*/console/ns/.*"))
+    await page.click("nav.pages a:has-text('计划')")
+    await shot(page, "schedules")
+    await page.click("#schedule-list a:has-text('nightly-report')")
+    assert "Asia/Shanghai" in (await page.locator("#versions").inner_text())
+
+    async def accept(dialog: Dialog) -> None:
+        await dialog.accept()
+
+    page.on("dialog", accept)
+    await submit(page, "#trigger button")
+    assert (await page.locator(".notice").inner_text()) == "已立即运行一次。"
+    assert "TRIGGER" in (await page.locator("#ledger").inner_text())
+    await page.fill("#pause input[name=reason]", "holiday freeze")
+    await submit(page, "#pause button")
+    assert (await page.locator(".notice").inner_text()) == "计划已暂停。"
+    await shot(page, "schedule-detail")
+    audit = rows(sync_conn, "SELECT action, actor_kind, actor_id FROM orbit_audit_events"
+                 " WHERE namespace_id = %s AND resource_type = 'schedule'"
+                 " AND actor_kind = 'console' ORDER BY occurred_at", tenant.namespace_id)
+    assert [a["action"] for a in audit] == ["schedule.triggered", "schedule.paused"]
+    assert {a["actor_id"] for a in audit} == {admin.actor_id}
+    # A backfill whose end is not after its start: the problem is shown, nothing is written.
+    await page.fill("#backfill input[name=start]", "2026-12-02T00:00:00Z")
+    await page.fill("#backfill input[name=end]", "2026-12-01T00:00:00Z")
+    await page.fill("#backfill input[name=reason]", "missed runs")
+    await submit(page, "#backfill button")
+    assert "validation_failed" in (await page.locator(".problem").inner_text())
+    assert len(rows(sync_conn, "SELECT id FROM orbit_audit_events WHERE namespace_id = %s"
+                    " AND resource_type = 'schedule' AND actor_kind = 'console'",
+                    tenant.namespace_id)) == 2

@@ -353,3 +353,24 @@ async def test_review_needs_the_declaration_and_is_audited_as_the_console(
                      "reason": "checked the ledger", "evidence_ref": "TICKET-9"}
     assert rows(sync_conn, "SELECT state FROM pulse_tasks WHERE id = %s",
                 task_id) == [{"state": "FAILED"}]
+
+
+async def test_a_forged_schedule_name_writes_nothing(
+    api: Client, admin: Admin, db: Database, sync_conn: pymysql.connections.Connection[Any]
+) -> None:
+    await log_in(api, admin)
+    base = f"/console/ns/{admin.tenant.namespace}/schedules"
+    listed = await api.get(base)
+    assert listed.status == 200
+    missing = await api.get(f"{base}/no-such-schedule")
+    assert missing.status == 404
+    assert "schedule_not_found" in await missing.text()
+    csrf = await page_csrf(api, base)
+    before = audit_count(sync_conn)
+    for action, data in (("pause", {"reason": "x"}), ("trigger", {}),
+                         ("backfill", {"start": "2026-01-01T00:00:00Z",
+                                       "end": "2026-01-02T00:00:00Z", "reason": "x"})):
+        response = await api.post(f"{base}/no-such-schedule/{action}", data={"csrf": csrf, **data})
+        assert response.status == 404, action
+        assert "schedule_not_found" in await response.text()
+    assert audit_count(sync_conn) == before

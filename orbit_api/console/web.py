@@ -45,7 +45,7 @@ PRINCIPAL = web.RequestKey("console_principal", Principal)
 
 # The namespace pages, in navigation order: (route name suffix, label). Later slices add theirs.
 NAV: list[tuple[str, str]] = [("overview", "概览"), ("queues", "队列"), ("tasks", "任务"),
-                              ("schedules", "计划")]
+                              ("schedules", "计划"), ("subscriptions", "订阅")]
 
 
 def _static_files() -> dict[str, tuple[str, bytes, str]]:

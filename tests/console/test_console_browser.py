@@ -18,9 +18,13 @@ import pymysql
 import pytest
 from playwright.async_api import Dialog, Page, Route, async_playwright
 
-from orbit_common.db.pool import DatabaseUrl
+from orbit_common.db.pool import Database, DatabaseUrl
+from orbit_common.relay import deliveries
+from orbit_common.relay.deliveries import AttemptError
 from tests.conftest import Tenant
 from tests.console.conftest import Admin
+from tests.support import relay
+from tests.support.lease_fixtures import make_queue as make_lease_queue
 from tests.support.processes import ApiDaemon, http
 
 pytestmark = pytest.mark.slow
@@ -332,3 +336,52 @@ async def test_schedule_pages_pause_trigger_and_a_bad_backfill(
     assert len(rows(sync_conn, "SELECT id FROM orbit_audit_events WHERE namespace_id = %s"
                     " AND resource_type = 'schedule' AND actor_kind = 'console'",
                     tenant.namespace_id)) == 2
+
+
+async def test_subscription_pages_add_budget_and_pause(
+    console_api: ApiDaemon, admin: Admin, page: Page, db: Database,
+    sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    tenant = admin.tenant
+    queue = await make_lease_queue(db, tenant, name="results")
+    await relay.subscribe(db, tenant, "ledger-sync", max_attempts=1)
+    await relay.cancelled_results(db, tenant, queue, 1)
+    await relay.fan_out_all(db, tenant)
+    (leased,) = await relay.lease(db, tenant, "ledger-sync")
+    await deliveries.fail_delivery(
+        db, await relay.principal_of(db, tenant.api_key), namespace=tenant.namespace,
+        name="ledger-sync", delivery_id=leased.delivery_id, token=leased.token,
+        error=AttemptError(status_code=503, body="ledger down"))
+    await log_in(page, console_api, admin)
+    await page.wait_for_url(re.compile(r".*/console/ns/.*"))
+    assert (await page.locator("#exhausted").inner_text()) == "1"  # the overview counts it
+    await page.click("nav.pages a:has-text('订阅')")
+    await shot(page, "subscriptions")
+    await page.click("#subscription-list a:has-text('ledger-sync')")
+    assert "EXHAUSTED" in (await page.locator("#deliveries").inner_text())
+    await page.locator("#deliveries a").first.click()
+    await page.fill("#budget input[name=attempts]", "2")
+    await page.fill("#budget input[name=reason]", "ledger is back")
+    await submit(page, "#budget button")
+    assert (await page.locator(".notice").inner_text()) == "已追加投递预算。"
+    await shot(page, "delivery")
+    [audit] = rows(sync_conn, "SELECT actor_kind, actor_id, reason FROM orbit_audit_events"
+                   " WHERE action = 'delivery.budget_added' AND resource_id = %s",
+                   leased.delivery_id)
+    assert audit == {"actor_kind": "console", "actor_id": admin.actor_id,
+                     "reason": "ledger is back"}
+    [delivery] = rows(sync_conn, "SELECT state FROM orbit_deliveries WHERE id = %s",
+                      leased.delivery_id)
+    assert delivery["state"] == "PENDING"
+
+    async def accept(dialog: Dialog) -> None:
+        await dialog.accept()
+
+    page.on("dialog", accept)
+    await page.click("a:has-text('← 订阅')")
+    await page.fill("#pause input[name=reason]", "ledger migration")
+    await submit(page, "#pause button")
+    assert (await page.locator(".notice").inner_text()) == "订阅已暂停。"
+    [sub] = rows(sync_conn, "SELECT state FROM orbit_subscriptions WHERE namespace_id = %s"
+                 " AND name = 'ledger-sync'", tenant.namespace_id)
+    assert sub["state"] == "PAUSED"

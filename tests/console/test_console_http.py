@@ -374,3 +374,34 @@ async def test_a_forged_schedule_name_writes_nothing(
         assert response.status == 404, action
         assert "schedule_not_found" in await response.text()
     assert audit_count(sync_conn) == before
+
+
+async def test_forged_subscription_and_delivery_ids_write_nothing(
+    api: Client, admin: Admin, db: Database, sync_conn: pymysql.connections.Connection[Any]
+) -> None:
+    from tests.support import relay
+
+    tenant = admin.tenant
+    await relay.subscribe(db, tenant, "mine")
+    other = await make_tenant(db)
+    await relay.subscribe(db, other, "theirs")
+    await log_in(api, admin)
+    base = f"/console/ns/{tenant.namespace}/subscriptions"
+    assert (await api.get(f"{base}/mine")).status == 200
+    assert (await api.get(f"{base}/mine", params={"state": "BOGUS"})).status == 400
+    missing = await api.get(f"{base}/theirs")
+    assert missing.status == 404
+    assert "subscription_not_found" in await missing.text()
+    csrf = await page_csrf(api, base)
+    before = audit_count(sync_conn)
+    budget = await api.post(f"{base}/mine/deliveries/{'cd' * 16}/budget",
+                            data={"csrf": csrf, "attempts": "1", "reason": "forged"})
+    assert budget.status == 404
+    assert "delivery_not_found" in await budget.text()
+    bad = await api.post(f"{base}/mine/deliveries/{'cd' * 16}/budget",
+                         data={"csrf": csrf, "attempts": "100000", "reason": "too many"})
+    assert bad.status == 400
+    other_ns = await api.post(f"/console/ns/{other.namespace}/subscriptions/theirs/pause",
+                              data={"csrf": csrf, "reason": "not mine"})
+    assert other_ns.status == 404
+    assert audit_count(sync_conn) == before

@@ -9,9 +9,9 @@ Nothing here touches SQL.
 
 Routing: ``/console/login`` and ``/console/logout``; ``/console/`` sends the administrator to
 the first namespace it may see; every page of a namespace lives under
-``/console/ns/{namespace}/`` (``queues``, and later ``tasks``, ``schedules``,
-``subscriptions``, ``workflows``, ``audit``: add a module with an ``add_routes`` and a
-:data:`NAV` entry). Static files are served at ``/console/static/{digest}/{name}``, cached for
+``/console/ns/{namespace}/`` (the overview and ``queues`` in pages.py, ``tasks``,
+``schedules``, ``subscriptions`` in their modules; later ``workflows`` and ``audit``: add a
+module with an ``add_routes``, register it in app.py and add a :data:`NAV` entry). Static files are served at ``/console/static/{digest}/{name}``, cached for
 a year (the digest changes with the content).
 """
 

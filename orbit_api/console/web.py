@@ -11,8 +11,10 @@ Routing: ``/console/login`` and ``/console/logout``; ``/console/`` sends the adm
 the first namespace it may see; every page of a namespace lives under
 ``/console/ns/{namespace}/`` (the overview and ``queues`` in pages.py, ``tasks``,
 ``schedules``, ``subscriptions`` in their modules; later ``workflows`` and ``audit``: add a
-module with an ``add_routes``, register it in app.py and add a :data:`NAV` entry). Static files are served at ``/console/static/{digest}/{name}``, cached for
-a year (the digest changes with the content).
+module with an ``add_routes``, register it in app.py and add a :data:`NAV` entry).
+
+Static files are served at ``/console/static/{digest}/{name}``, cached for a year (the digest
+changes with the content).
 """
 
 from __future__ import annotations

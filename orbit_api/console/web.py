@@ -93,9 +93,10 @@ async def principal_of(request: web.Request) -> Principal:
     return principal
 
 
-async def form_of(request: web.Request) -> dict[str, str]:
-    """The POSTed form, after its CSRF token was checked against the session (403 otherwise).
-    Call it before anything else in a state-changing handler."""
+async def form_of(request: web.Request, *, principal: bool = True) -> dict[str, str]:
+    """The POSTed form, after its CSRF token was checked against the session cookie (403
+    otherwise) and, with ``principal``, the session resolved (ConsoleSessionInvalid). Call it
+    before anything else in a state-changing handler."""
     form = await security.read_form(request)
     token = security.session_token(request)
     if token is None:
@@ -103,7 +104,8 @@ async def form_of(request: web.Request) -> dict[str, str]:
     if not identity.csrf_matches(token, form.get("csrf", "")):
         raise errors.CsrfTokenInvalid(
             "the form's CSRF token is missing or belongs to another session; reload the page")
-    await principal_of(request)
+    if principal:
+        await principal_of(request)
     return form
 
 

@@ -405,3 +405,22 @@ async def test_forged_subscription_and_delivery_ids_write_nothing(
                               data={"csrf": csrf, "reason": "not mine"})
     assert other_ns.status == 404
     assert audit_count(sync_conn) == before
+
+
+async def test_logout_works_after_the_bound_credential_was_revoked(
+    api: Client, admin: Admin, db: Database, sync_conn: pymysql.connections.Connection[Any]
+) -> None:
+    from orbit_common.platform.audit import Actor
+
+    await log_in(api, admin)
+    csrf = await page_csrf(api, f"/console/ns/{admin.tenant.namespace}/queues")
+    principal = await db.read("t", lambda cur: credentials.authenticate(
+        cur, admin.tenant.api_key))
+    await db.transaction("t", lambda cur: credentials.revoke_credential(
+        cur, prefix=principal.prefix, actor=Actor.operator("pytest"), reason="rotated"))
+    page = await api.get(f"/console/ns/{admin.tenant.namespace}/queues")
+    assert page.status == 401
+    assert "invalid_credential" in await page.text()
+    response = await api.post("/console/logout", data={"csrf": csrf}, allow_redirects=False)
+    assert response.status == 303
+    assert rows(sync_conn, "SELECT id FROM orbit_console_sessions WHERE revoked_at IS NULL") == []

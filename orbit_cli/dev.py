@@ -185,6 +185,16 @@ def _operator_note(ports: Ports) -> str:
                      for name in DAEMONS)
 
 
+def _console_note(root: Path) -> str:
+    """How to get into the console: the set-password command for the bootstrap credential."""
+    try:
+        prefix = json.loads((root / "bootstrap.json").read_text()).get("credential_prefix", "")
+    except (OSError, ValueError):
+        prefix = ""
+    return ("first time: orbit admin console set-password --credential "
+            f"{prefix or '<credential prefix>'}; docs/runbooks/console-admin.md")
+
+
 def delivery_env(root: Path, environ: dict[str, str]) -> dict[str, str]:
     """The [delivery] settings of the local stack: the sealing key (made once, kept in
     ``root/delivery.key``) and loopback http endpoints, each unless the environment sets it."""
@@ -202,16 +212,6 @@ def delivery_env(root: Path, environ: dict[str, str]) -> dict[str, str]:
         if not environ.get(name):
             env[name] = "true"
     return env
-
-
-def _console_note(root: Path) -> str:
-    """How to get into the console: the set-password command for the bootstrap credential."""
-    try:
-        prefix = json.loads((root / "bootstrap.json").read_text()).get("credential_prefix", "")
-    except (OSError, ValueError):
-        prefix = ""
-    return ("first time: orbit admin console set-password --credential "
-            f"{prefix or '<credential prefix>'}; docs/runbooks/console-admin.md")
 
 
 def _supervise(root: Path, url: str, ports: Ports) -> None:

@@ -34,6 +34,7 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     """Build the aiohttp application (used by the daemon and by tests)."""
     app = service_app(config, db, gate, authenticate=principals.authenticate)
     app.router.add_get("/v1/openapi.json", openapi.openapi)
+    add_console(app)  # the operator console's HTML pages under /console/ (docs/console.md)
     platform.add_routes(app)
     queues.add_routes(app)
     tasks.add_routes(app)
@@ -45,7 +46,6 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     workflows.add_routes(app)
     workflow_signals.add_routes(app)
     workflow_controls.add_routes(app)
-    add_console(app)
     return app
 
 

@@ -10,7 +10,7 @@ Nothing here touches SQL.
 Routing: ``/console/login`` and ``/console/logout``; ``/console/`` sends the administrator to
 the first namespace it may see; every page of a namespace lives under
 ``/console/ns/{namespace}/`` (the overview and ``queues`` in pages.py, ``tasks``,
-``schedules``, ``subscriptions`` in their modules; later ``workflows`` and ``audit``: add a
+``schedules``, ``subscriptions``, ``workflows`` in their modules; later ``audit``: add a
 module with an ``add_routes``, register it in app.py and add a :data:`NAV` entry).
 
 Static files are served at ``/console/static/{digest}/{name}``, cached for a year (the digest
@@ -47,7 +47,8 @@ PRINCIPAL = web.RequestKey("console_principal", Principal)
 
 # The namespace pages, in navigation order: (route name suffix, label). Later slices add theirs.
 NAV: list[tuple[str, str]] = [("overview", "概览"), ("queues", "队列"), ("tasks", "任务"),
-                              ("schedules", "计划"), ("subscriptions", "订阅")]
+                              ("schedules", "计划"), ("subscriptions", "订阅"),
+                              ("workflows", "流程")]
 
 
 def _static_files() -> dict[str, tuple[str, bytes, str]]:

@@ -23,6 +23,8 @@ from orbit_common.relay import deliveries
 from orbit_common.relay.deliveries import AttemptError
 from tests.conftest import Tenant
 from tests.console.conftest import Admin
+from tests.integration.api.test_workflows_api import QUEUE
+from tests.integration.api.test_workflows_api import doc as workflow_doc
 from tests.support import relay
 from tests.support.lease_fixtures import make_queue as make_lease_queue
 from tests.support.processes import ApiDaemon, http
@@ -385,3 +387,53 @@ async def test_subscription_pages_add_budget_and_pause(
     [sub] = rows(sync_conn, "SELECT state FROM orbit_subscriptions WHERE namespace_id = %s"
                  " AND name = 'ledger-sync'", tenant.namespace_id)
     assert sub["state"] == "PAUSED"
+
+
+async def test_workflow_pages_pause_resume_and_a_stale_pause(
+    console_api: ApiDaemon, admin: Admin, page: Page,
+    sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    tenant = admin.tenant
+    make_queue(console_api, tenant, QUEUE)
+    base = f"{console_api.url}/v1/namespaces/{tenant.namespace}"
+    for path, body in (("/workflow-definitions", {"name": "orders"}),
+                       ("/workflow-definitions/orders/versions",
+                        {"revision": 1, "document": workflow_doc()}),
+                       ("/workflows", {"definition": "orders", "input": {"n": 1}})):
+        status, answer = http("POST", base + path, headers=tenant.auth, body=body)
+        assert status in (200, 201), answer
+    workflow_id = answer["id"]
+    await log_in(page, console_api, admin)
+    await page.wait_for_url(re.compile(r".*/console/ns/.*"))
+    await page.click("nav.pages a:has-text('流程')")
+    assert workflow_id in (await page.locator("#workflow-list").inner_text())
+    assert "orders" in (await page.locator("#definitions").inner_text())
+    await shot(page, "workflows")
+    await page.click(f"#workflow-list a:has-text('{workflow_id}')")
+    assert "$root" in (await page.locator("#steps").inner_text())
+    other = await page.context.new_page()
+    await other.goto(page.url)  # a second tab, still at control revision 1
+
+    async def accept(dialog: Dialog) -> None:
+        await dialog.accept()
+
+    page.on("dialog", accept)
+    other.on("dialog", accept)
+    await page.fill("#pause input[name=reason]", "provider outage")
+    await submit(page, "#pause button")
+    assert (await page.locator(".notice").inner_text()) == "实例已暂停。"
+    await shot(page, "workflow-detail")
+    [audit] = rows(sync_conn, "SELECT actor_kind, actor_id, reason FROM orbit_audit_events"
+                   " WHERE action = 'workflow.paused' AND resource_id = %s",
+                   bytes.fromhex(workflow_id))
+    assert audit == {"actor_kind": "console", "actor_id": admin.actor_id,
+                     "reason": "provider outage"}
+    await other.fill("#pause input[name=reason]", "me too")
+    await submit(other, "#pause button")
+    assert "stale_revision" in (await other.locator(".problem").inner_text())
+    await page.fill("#resume input[name=reason]", "provider back")
+    await submit(page, "#resume button")
+    assert (await page.locator(".notice").inner_text()) == "实例已继续。"
+    [instance] = rows(sync_conn, "SELECT paused, control_revision FROM weave_instances"
+                      " WHERE id = %s", bytes.fromhex(workflow_id))
+    assert (instance["paused"], instance["control_revision"]) == (0, 3)

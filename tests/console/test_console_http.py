@@ -424,3 +424,24 @@ async def test_logout_works_after_the_bound_credential_was_revoked(
     response = await api.post("/console/logout", data={"csrf": csrf}, allow_redirects=False)
     assert response.status == 303
     assert rows(sync_conn, "SELECT id FROM orbit_console_sessions WHERE revoked_at IS NULL") == []
+
+
+async def test_forged_workflow_ids_and_bad_filters_write_nothing(
+    api: Client, admin: Admin, sync_conn: pymysql.connections.Connection[Any]
+) -> None:
+    await log_in(api, admin)
+    base = f"/console/ns/{admin.tenant.namespace}/workflows"
+    assert (await api.get(base)).status == 200
+    for params in ({"state": "BOGUS"}, {"colour": "red"}, {"cursor": "nonsense"}):
+        response = await api.get(base, params=params)
+        assert response.status == 400, params
+    for forged in ("ab" * 16, "not-an-id"):
+        response = await api.get(f"{base}/{forged}")
+        assert response.status == 404
+        assert "workflow_instance_not_found" in await response.text()
+    csrf = await page_csrf(api, base)
+    before = audit_count(sync_conn)
+    response = await api.post(f"{base}/{'ab' * 16}/pause",
+                              data={"csrf": csrf, "reason": "forged", "control_revision": "1"})
+    assert response.status == 404
+    assert audit_count(sync_conn) == before

@@ -6,7 +6,15 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from orbit_api.console import auth, pages, schedules, subscriptions, tasks, workflows
+from orbit_api.console import (
+    audit,
+    auth,
+    pages,
+    schedules,
+    subscriptions,
+    tasks,
+    workflows,
+)
 from orbit_api.console.web import HERE, PREFIX, console_middleware, duration, static, static_url
 
 
@@ -25,6 +33,7 @@ def console_app() -> web.Application:
     schedules.add_routes(app)
     subscriptions.add_routes(app)
     workflows.add_routes(app)
+    audit.add_routes(app)
     return app
 
 

@@ -10,8 +10,8 @@ Nothing here touches SQL.
 Routing: ``/console/login`` and ``/console/logout``; ``/console/`` sends the administrator to
 the first namespace it may see; every page of a namespace lives under
 ``/console/ns/{namespace}/`` (the overview and ``queues`` in pages.py, ``tasks``,
-``schedules``, ``subscriptions``, ``workflows`` in their modules; later ``audit``: add a
-module with an ``add_routes``, register it in app.py and add a :data:`NAV` entry).
+``schedules``, ``subscriptions``, ``workflows``, ``audit`` in their modules; a new page is a
+module with an ``add_routes``, registered in app.py, and a :data:`NAV` entry).
 
 Static files are served at ``/console/static/{digest}/{name}``, cached for a year (the digest
 changes with the content).
@@ -48,7 +48,7 @@ PRINCIPAL = web.RequestKey("console_principal", Principal)
 # The namespace pages, in navigation order: (route name suffix, label). Later slices add theirs.
 NAV: list[tuple[str, str]] = [("overview", "概览"), ("queues", "队列"), ("tasks", "任务"),
                               ("schedules", "计划"), ("subscriptions", "订阅"),
-                              ("workflows", "流程")]
+                              ("workflows", "流程"), ("audit", "审计")]
 
 
 def _static_files() -> dict[str, tuple[str, bytes, str]]:

@@ -234,6 +234,17 @@ async def test_queue_pages_pause_resume_and_limits(
                    " WHERE namespace_id = %s AND name = 'billing'", tenant.namespace_id)
     assert queue["max_unfinished_tasks"] is None
 
+    # The audit page shows the console's own actions, filtered by actor kind.
+    await page.click("nav.pages a:has-text('审计')")
+    await page.select_option("#audit-filters select[name=actor_kind]", "console")
+    await submit(page, "#audit-filters button")
+    listed = await page.locator("#audit-list").inner_text()
+    for action in ("queue.pause", "queue.resume", "queue.update"):
+        assert action in listed
+    assert "upstream outage INC-42" in listed
+    assert "queue.create" not in listed  # created with the API key: actor_kind credential
+    await shot(page, "audit")
+
 
 async def test_no_secret_in_the_api_log(console_api: ApiDaemon, admin: Admin, page: Page,
                                   sync_conn: pymysql.connections.Connection[Any]) -> None:

@@ -7,6 +7,7 @@ import logging
 from aiohttp import web
 
 from orbit_api import openapi
+from orbit_api.console.app import add_console
 from orbit_api.routes import (
     applications,
     interventions,
@@ -35,6 +36,7 @@ def create_app(config: OrbitConfig, db: Database, gate: ReadinessGate) -> web.Ap
     """Build the aiohttp application (used by the daemon and by tests)."""
     app = service_app(config, db, gate, authenticate=principals.authenticate)
     app.router.add_get("/v1/openapi.json", openapi.openapi)
+    add_console(app)  # the operator console's HTML pages under /console/ (docs/console.md)
     platform.add_routes(app)
     queues.add_routes(app)
     tasks.add_routes(app)

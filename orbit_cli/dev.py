@@ -203,6 +203,16 @@ def _operator_note(ports: Ports) -> str:
                      for name in DAEMONS)
 
 
+def _console_note(root: Path) -> str:
+    """How to get into the console: the set-password command for the bootstrap credential."""
+    try:
+        prefix = json.loads((root / "bootstrap.json").read_text()).get("credential_prefix", "")
+    except (OSError, ValueError):
+        prefix = ""
+    return ("first time: orbit admin console set-password --credential "
+            f"{prefix or '<credential prefix>'}; docs/runbooks/console-admin.md")
+
+
 def delivery_env(root: Path, environ: dict[str, str]) -> dict[str, str]:
     """The [delivery] settings of the local stack: the sealing key (made once, kept in
     ``root/delivery.key``) and loopback http endpoints, each unless the environment sets it."""
@@ -308,7 +318,9 @@ def _supervise(root: Path, url: str, ports: Ports, examples: Path | None = None)
     try:
         if _wait_http(f"{api_url}/readyz", 30):
             click.echo(f"\nOrbit is up.\n  API:    {api_url}  (try: curl -H 'Authorization: "
-                       f"Bearer <api_key>' {api_url}/v1/whoami)\n  health: {api_url}/readyz\n"
+                       f"Bearer <api_key>' {api_url}/v1/whoami)\n"
+                       f"  console: {api_url}/console/  ({_console_note(root)})\n"
+                       f"  health: {api_url}/readyz\n"
                        f"  workers: {ports.dispatcher_url}  (docs/api/worker.md)\n"
                        f"  metrics: {_operator_note(ports)}\n"
                        f"  webhooks: loopback http endpoints allowed; key in"

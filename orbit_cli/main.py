@@ -21,6 +21,7 @@ from orbit_common.db.pool import Database, DatabaseUrl, open_database
 from orbit_common.model import ids, jsondoc
 from orbit_common.platform import admin as admin_tx
 from orbit_common.platform import authz, commands
+from orbit_common.platform import console as console_tx
 from orbit_common.platform.audit import Actor
 from orbit_common.platform.namespaces import NamespaceState
 from orbit_common.pulse import control, queries, quotas
@@ -417,6 +418,42 @@ def credential_revoke(ctx: click.Context, prefix: str, reason: str) -> None:
     c = _with_db(ctx, lambda db: admin_tx.revoke_credential(
         db, prefix=prefix, actor=_actor(ctx), reason=reason))
     _echo_json(c.summary())
+
+
+@admin.group("console")
+def admin_console() -> None:
+    """The operator console's administrator account (docs/runbooks/console-admin.md)."""
+
+
+@admin_console.command("set-password")
+@click.option("--name", help="The administrator's login name: 'admin' when creating it; "
+              "given on a reset, it renames the account (default: keep the name).")
+@click.option("--credential", "credential_prefix",
+              help="Prefix of the API credential the console acts as (required the first "
+                   "time; given later, it rebinds the account).")
+@click.option("--password-stdin", is_flag=True,
+              help="Read the password from the first line of standard input (no prompt).")
+@click.pass_context
+def console_set_password(ctx: click.Context, name: str | None, credential_prefix: str | None,
+                         password_stdin: bool) -> None:
+    """Create the console's one administrator, or reset its password.
+
+    bcrypt, cost 12; 12 characters to 72 UTF-8 bytes. Every console session is revoked and the
+    login throttle cleared, in the same audited transaction.
+    """
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = click.prompt("New console password", hide_input=True,
+                                confirmation_prompt=True)
+    try:
+        console_tx.check_password(password)
+    except errors.ValidationFailed as exc:
+        raise click.BadParameter(exc.errors[0]["message"], param_hint="password") from exc
+    summary = _with_db(ctx, lambda db: console_tx.set_password(
+        db, name=name, password=password, credential_prefix=credential_prefix,
+        actor=_actor(ctx)))
+    _echo_json(summary)
 
 
 @admin.group("dispatch")

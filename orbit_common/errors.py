@@ -95,6 +95,25 @@ class InvalidCredential(Unauthenticated):
     title = "The credential is unknown, revoked or belongs to a disabled application"
 
 
+class ConsoleLoginFailed(Unauthenticated):
+    code = "console_login_failed"
+    title = "The console name or password is wrong"
+
+
+class ConsoleSessionInvalid(Unauthenticated):
+    """No console session, or one that expired (idle or absolute), was revoked (logout, a
+    password change) or whose bound credential no longer works."""
+
+    code = "console_session_invalid"
+    title = "The console session is missing, expired or revoked"
+
+
+class CsrfTokenInvalid(OrbitError):
+    status = 403
+    code = "csrf_token_invalid"
+    title = "The form's CSRF token is missing or does not match the session"
+
+
 class Forbidden(OrbitError):
     status = 403
     code = "forbidden"
@@ -160,6 +179,11 @@ class TooManyRequests(OrbitError):
     def __init__(self, detail: str | None = None, *, retry_after_s: int = 1,
                  **extra: Any) -> None:
         super().__init__(detail, retry_after_s=retry_after_s, **extra)
+
+
+class ConsoleLoginThrottled(TooManyRequests):
+    code = "console_login_throttled"
+    title = "Too many failed console logins; wait before trying again"
 
 
 class QueueFull(TooManyRequests):

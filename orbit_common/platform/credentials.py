@@ -29,6 +29,7 @@ from orbit_common.model import digests, ids
 from orbit_common.platform import PLATFORM_NAMESPACE_ID, authz
 from orbit_common.platform.applications import ApplicationState, check_name
 from orbit_common.platform.audit import Actor, ActorKind, AuditRecord, append_audit
+from orbit_common.platform.console_seat import ConsoleSeat, check_seat
 from orbit_common.platform.events import append_event
 from orbit_common.platform.namespaces import Namespace, NamespaceState, find_namespace
 
@@ -78,7 +79,11 @@ class Credential:
 
 @attrs.frozen(kw_only=True)
 class Principal:
-    """An authenticated caller. A snapshot: every transaction re-checks it (:func:`authorize`)."""
+    """An authenticated caller. A snapshot: every transaction re-checks it (:func:`authorize`).
+
+    A console request's principal is the administrator's bound credential with ``console`` set:
+    its actor is the console, and every re-check also re-checks the console session.
+    """
 
     credential_id: bytes
     credential_name: str
@@ -86,9 +91,12 @@ class Principal:
     application_id: bytes
     application_name: str
     grants: tuple[authz.Grant, ...]
+    console: ConsoleSeat | None = None
 
     @property
     def actor(self) -> Actor:
+        if self.console is not None:
+            return self.console.actor(self.credential_id)
         return Actor(kind=ActorKind.CREDENTIAL, id=self.credential_id.hex())
 
 
@@ -269,7 +277,8 @@ WHERE c.id = %s AND c.application_id = %s
 
 
 async def recheck_principal(cur: Any, principal: Principal) -> tuple[authz.Grant, ...]:
-    """Re-read the credential and application in the caller's transaction; current grants."""
+    """Re-read the credential and application in the caller's transaction; current grants. A
+    console principal's session is re-checked too (:func:`console_seat.check_seat`)."""
     await cur.execute(RECHECK, (principal.credential_id, principal.application_id))
     row = await cur.fetchone()
     if (
@@ -278,6 +287,8 @@ async def recheck_principal(cur: Any, principal: Principal) -> tuple[authz.Grant
         or row["application_state"] != ApplicationState.ACTIVE
     ):
         raise errors.InvalidCredential()
+    if principal.console is not None:
+        await check_seat(cur, principal.console, principal.credential_id)
     return authz.grants_from_db(row["grants"])
 
 

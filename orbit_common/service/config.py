@@ -245,6 +245,26 @@ class WeaveConfig:
 
 
 @attrs.frozen(kw_only=True)
+class ConsoleConfig:
+    """The operator console served by ``orbit api`` under ``/console/`` (docs/console.md)."""
+
+    # A session ends after this long without a request (idle) and this long after its login
+    # (absolute), whichever comes first; both judged by database time.
+    idle_timeout_s: int = attrs.field(default=1800, validator=[attrs.validators.ge(10),
+                                                              attrs.validators.le(86_400)])
+    absolute_timeout_s: int = attrs.field(default=43_200, validator=[
+        attrs.validators.ge(10), attrs.validators.le(30 * 86_400)])
+    # After this many consecutive failed logins, every login is refused for login_lockout_s.
+    login_max_failures: int = attrs.field(default=5, validator=[attrs.validators.ge(1),
+                                                                attrs.validators.le(100)])
+    login_lockout_s: int = attrs.field(default=300, validator=[attrs.validators.ge(1),
+                                                              attrs.validators.le(86_400)])
+    # The cookie is marked Secure when the request came over HTTPS; set this when a proxy
+    # terminates TLS in front of the API (the API then sees plain HTTP).
+    cookie_secure: bool = False
+
+
+@attrs.frozen(kw_only=True)
 class OrbitConfig:
     database: DatabaseConfig = attrs.field(factory=DatabaseConfig)
     api: ApiConfig = attrs.field(factory=ApiConfig)
@@ -253,6 +273,7 @@ class OrbitConfig:
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     delivery: DeliveryConfig = attrs.field(factory=DeliveryConfig)
     weave: WeaveConfig = attrs.field(factory=WeaveConfig)
+    console: ConsoleConfig = attrs.field(factory=ConsoleConfig)
     service: ServiceConfig = attrs.field(factory=ServiceConfig)
 
 
@@ -316,6 +337,7 @@ SECTIONS: dict[str, type[Any]] = {
     "scheduler": SchedulerConfig,
     "delivery": DeliveryConfig,
     "weave": WeaveConfig,
+    "console": ConsoleConfig,
     "service": ServiceConfig,
 }
 def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:

@@ -147,6 +147,15 @@ def test_dev_up_bootstraps_once_serves_and_survives_restart(
         assert status == 200, whoami
         assert whoami["application"]["name"] == doc["application"]
         assert doc["namespace"] in whoami["namespaces"]
+        # The console's URL and how to get in are printed at start-up.
+        console_line = (f"console: {first.api_url}/console/  (first time: orbit admin console"
+                        f" set-password --credential {doc['credential_prefix']}")
+        wait_until(lambda: console_line in first.output(), timeout=30,
+                   message="the console URL in the start-up output")
+        with urllib.request.urlopen(f"{first.api_url}/console/login",  # noqa: S310 - loopback
+                                    timeout=5) as page:
+            assert page.status == 200
+            assert "orbit_console_login=" in page.headers["Set-Cookie"]
 
         migrate = subprocess.run(
             [str(BIN / "orbit"), "migrate", "status", "--json"],

@@ -1,0 +1,1 @@
+"""The operator console (docs/console.md): server-rendered pages under ``/console/``."""

@@ -1,0 +1,96 @@
+"""The console's workflow pages (a first slice): the instances with filters next to the
+definitions, an instance's detail with its steps coloured by state and its timeline, and pause
+and resume (with a reason, compare-and-set on the control revision), audited. The reads and
+writes are the HTTP API's domain functions (orbit_common/weave) called as the console's
+principal; the definition graph and the step recovery actions come in a later slice."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from orbit_api.console.web import form_of, principal_of, redirect, render
+from orbit_common import errors
+from orbit_common.model import jsondoc
+from orbit_common.service.http.context import DB, request_id_of
+from orbit_common.weave import controls, definitions, instances, timeline
+
+PAGE = 50
+FILTERS = ("definition", "state", "business_key")
+NOTICES = {"paused": "实例已暂停。", "resumed": "实例已继续。"}
+
+
+def _namespace(request: web.Request) -> str:
+    return request.match_info["namespace"]
+
+
+def _filters(request: web.Request) -> dict[str, str]:
+    unknown = set(request.query) - {*FILTERS, "cursor"}
+    if unknown:
+        raise errors.ValidationFailed([{"path": f"?{sorted(unknown)[0]}",
+                                        "message": "not a filter of this page"}])
+    return {name: request.query[name].strip() for name in FILTERS
+            if request.query.get(name, "").strip()}
+
+
+async def workflow_list(request: web.Request) -> web.StreamResponse:
+    principal = await principal_of(request)
+    namespace = _namespace(request)
+    db = request.config_dict[DB]
+    filters = _filters(request)
+    page = await instances.list_instances(
+        db, principal, namespace=namespace, definition=filters.get("definition"),
+        state=filters.get("state"), business_key=filters.get("business_key"), limit=PAGE,
+        cursor=request.query.get("cursor") or None)
+    defined = await definitions.list_definitions(db, principal, namespace=namespace,
+                                                 limit=PAGE)
+    return await render(request, "workflows.html", {
+        "namespace": namespace, "page": "workflows", "items": page.items,
+        "next_cursor": page.next_cursor, "filters": filters, "definitions": defined})
+
+
+async def workflow_detail(request: web.Request) -> web.StreamResponse:
+    principal = await principal_of(request)
+    namespace = _namespace(request)
+    db = request.config_dict[DB]
+    workflow_id = request.match_info["workflow_id"]
+    view = await instances.get_instance(db, principal, namespace=namespace,
+                                        instance_id=workflow_id)
+    events = await timeline.get_timeline(db, principal, namespace=namespace,
+                                         instance_id=workflow_id, limit=PAGE)
+    return await render(request, "workflow.html", {
+        "namespace": namespace, "page": "workflows", "w": view, "events": events.items,
+        "more_events": events.next_cursor is not None, "json": jsondoc.dumps,
+        "notice": NOTICES.get(request.query.get("done", ""))})
+
+
+async def _set_paused(request: web.Request, *, paused: bool) -> web.StreamResponse:
+    form = await form_of(request)
+    principal = await principal_of(request)
+    text = form.get("control_revision", "")
+    if not text.isascii() or not text.isdigit() or len(text) > 18:
+        raise errors.ValidationFailed([{"path": "control_revision",
+                                        "message": "a whole number"}])
+    workflow_id = request.match_info["workflow_id"]
+    await controls.set_paused(
+        request.config_dict[DB], principal, namespace=_namespace(request),
+        instance_id=workflow_id, paused=paused, reason=form.get("reason", "").strip(),
+        control_revision=int(text), request_id=request_id_of(request))
+    url = request.app.router["workflow"].url_for(namespace=_namespace(request),
+                                                 workflow_id=workflow_id)
+    return redirect(str(url.with_query(done="paused" if paused else "resumed")))
+
+
+async def workflow_pause(request: web.Request) -> web.StreamResponse:
+    return await _set_paused(request, paused=True)
+
+
+async def workflow_resume(request: web.Request) -> web.StreamResponse:
+    return await _set_paused(request, paused=False)
+
+
+def add_routes(app: web.Application) -> None:
+    base = "/ns/{namespace}/workflows"
+    app.router.add_get(base, workflow_list, name="workflows")
+    app.router.add_get(base + "/{workflow_id}", workflow_detail, name="workflow")
+    app.router.add_post(base + "/{workflow_id}/pause", workflow_pause, name="workflow.pause")
+    app.router.add_post(base + "/{workflow_id}/resume", workflow_resume, name="workflow.resume")

@@ -30,4 +30,7 @@ ALTER TABLE pulse_execution_gates
   MODIFY COLUMN state VARCHAR(16) NOT NULL COMMENT '门控状态：OPEN 允许新的授权与开始；PAUSED 暂停新的授权与开始，在途结果照常记录；STOPPED 流程实例已停止（取消或失败结清），永久关闭，继续操作不能重新打开';
 
 ALTER TABLE weave_inbox
-  MODIFY COLUMN outcome VARCHAR(32) NULL COMMENT '消费结局（CONSUMED 时写入）：advanced 已推进；held 步骤等待人工复核（不消费激活）；duplicate 同一事件已推进过；stale 激活已不是当前激活或任务不符（保留不推进）；closed_block 所在 PARALLEL 块已关闭（保留不推进）；instance_ended 实例已结束（保留不推进）；rejected 推进被确定性地拒绝，实例因此失败；paused 实例暂停时挂起（结果已记录、尚未推进，实例的 RESUME 检查点在继续后按顺序重放它并改写为最终结局）；stopping 实例停止中：结果记录到其步骤（已提交的成功保持成功），不推进，最后一个在途步骤的结果使实例结清';
+  MODIFY COLUMN outcome VARCHAR(32) NULL COMMENT '消费结局（CONSUMED 时写入）：advanced 已推进；held 步骤等待人工复核（不消费激活）；duplicate 同一事件已推进过；stale 激活已不是当前激活、任务不符或步骤已有人工记录的结论（保留不推进）；closed_block 所在 PARALLEL 块已关闭（保留不推进）；instance_ended 实例已结束（保留不推进）；rejected 推进被确定性地拒绝，实例因此失败；paused 实例暂停时挂起（结果已记录、尚未推进，实例的 RESUME 检查点在继续后按顺序重放它并改写为最终结局）；stopping 实例停止中：结果记录到其步骤（已提交的成功保持成功），不推进，最后一个在途步骤的结果使实例结清';
+
+ALTER TABLE pulse_execution_gates
+  MODIFY COLUMN owner_kind VARCHAR(16) NOT NULL COMMENT '门控所属对象类型：QUEUE 队列；WORKFLOW 流程实例（暂停、继续与停止作用于它）';

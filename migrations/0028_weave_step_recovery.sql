@@ -24,4 +24,7 @@ ALTER TABLE weave_pending_advances
   ADD CONSTRAINT ck_weave_advances_kind CHECK (kind IN ('ROOT', 'TIMER', 'SIGNAL', 'POLL', 'RESUME', 'RESOLVE'));
 
 ALTER TABLE weave_pending_advances
-  MODIFY COLUMN kind VARCHAR(16) NOT NULL COMMENT '类型：ROOT 根步骤续接（实例启动）；TIMER 计时等待到期；SIGNAL 信号等待超时检查；POLL 有界查询下一轮；RESUME 继续检查点（每个实例一行，挂在 $root 步骤上：暂停时写为 PENDING 且 due_at = 9999-12-31，继续时 due_at 改为当时，引擎租到后按顺序重放挂起的检查点）；RESOLVE 人工结论（挂在被处理的步骤上：引擎读取步骤的 resolution，按成功或失败推进该步骤）。同一步骤同一类型一行，下一轮时重新置为 PENDING';
+  MODIFY COLUMN kind VARCHAR(16) NOT NULL COMMENT '类型：ROOT 根步骤续接（实例启动；用户取消时重新到期，引擎借它结清正在停止的实例）；TIMER 计时等待到期；SIGNAL 信号等待超时检查；POLL 有界查询下一轮；RESUME 继续检查点（每个实例一行，挂在 $root 步骤上：暂停时写为 PENDING 且 due_at = 9999-12-31，继续时 due_at 改为当时，引擎租到后按顺序重放挂起的检查点）；RESOLVE 人工结论（挂在被处理的步骤上：引擎读取步骤的 resolution，按成功或失败推进该步骤）。同一步骤同一类型一行，下一轮时重新置为 PENDING';
+
+ALTER TABLE weave_steps
+  MODIFY COLUMN kind VARCHAR(16) NOT NULL COMMENT '步骤类型：ROOT 内部根步骤；TASK、CHOICE、PARALLEL、SUCCEED、FAIL、TIMER、SIGNAL、POLL';

@@ -500,7 +500,7 @@ async def retry_step(db: Database, principal: credentials.Principal, *, namespac
 
 async def operator_retry(db: Database, *, namespace: str, instance_id: str, step: str,
                          request: RetryRequest, actor: Actor) -> dict[str, Any]:
-    """``orbit admin workflows retry-step``: the same transaction with the operator's
+    """``orbit admin workflows steps retry``: the same transaction with the operator's
     identity (no credential, no idempotency key: the step revision guards a repeat)."""
     raw_id = _instance_id(instance_id)
     return await _as_operator(db, "weave.operator.retry", namespace, lambda cur, ns, app: _retry(
@@ -637,7 +637,7 @@ async def resolve_step(db: Database, principal: credentials.Principal, *, namesp
 
 async def operator_resolve(db: Database, *, namespace: str, instance_id: str, step: str,
                            request: ResolveRequest, actor: Actor) -> dict[str, Any]:
-    """``orbit admin workflows resolve-step``: the same transaction with the operator's
+    """``orbit admin workflows steps resolve``: the same transaction with the operator's
     identity."""
     raw_id = _instance_id(instance_id)
     return await _as_operator(

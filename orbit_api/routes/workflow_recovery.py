@@ -171,7 +171,7 @@ OPENAPI_PATHS: dict[str, Any] = {
 }
 
 _REASON = {"type": "string", "minLength": 1, "maxLength": recovery.REASON_MAX}
-_REVISION = {"type": "integer", "minimum": 1,
+_REVISION = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1,
              "description": "Compare-and-set: the step's revision as read (stale_revision if "
                             "it moved)"}
 

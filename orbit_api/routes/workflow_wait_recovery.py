@@ -133,7 +133,7 @@ OPENAPI_PATHS: dict[str, Any] = {
 
 _REASON = {"type": "string", "minLength": 1, "maxLength": wait_recovery.REASON_MAX,
            "description": "Why (kept in the audit record and the event)"}
-_STEP_REVISION = {"type": "integer", "minimum": 1,
+_STEP_REVISION = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1,
                   "description": "Compare-and-set: the step's revision as read "
                                  "(stale_revision if it moved)"}
 

@@ -20,6 +20,7 @@ from orbit_api.openapi import (
     BODY_ERRORS,
     CURSOR_PARAM,
     ID,
+    IDEMPOTENCY_KEY,
     IDEMPOTENCY_PARAM,
     NAME,
     TIME,
@@ -765,8 +766,7 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
                               "properties": {
                                   **_START_PROPERTIES,
                                   "idempotency_key": {
-                                      **nullable({"type": "string", "minLength": 1,
-                                                  "maxLength": 255}),
+                                      **nullable(IDEMPOTENCY_KEY),
                                       "description": "This item's Idempotency-Key"},
                               }}},
         },

@@ -68,7 +68,7 @@ schema = schemathesis.openapi.from_dict(
     }),
 )
 
-_ITEM = r"\$(\.tasks\[\d+\])?(\.template)?"  # a submission, a batch item or a schedule template
+_ITEM = r"\$(\.(tasks|instances)\[\d+\])?(\.template)?"  # a submission, a batch item or a schedule template
 # The only rejections of a schema-valid request the test accepts: rules JSON Schema cannot
 # state (the document says each in words, docs/api/README.md lists them).
 TOLERANCE = conformance.Tolerance(
@@ -90,7 +90,7 @@ TOLERANCE = conformance.Tolerance(
         ("*", r"(\?|" + _ITEM + r"\.)(business_key|concurrency_key)", r"bytes of UTF-8"),
         # str.isprintable: the pattern excludes the control characters; format, private-use,
         # unassigned and separator characters would need Unicode categories in a pattern.
-        ("*", r"Idempotency-Key|\$\.tasks\[\d+\]\.idempotency_key",
+        ("*", r"Idempotency-Key|\$\.(tasks|instances)\[\d+\]\.idempotency_key",
          r"bytes of printable characters"),
         # A subscription's rules between values and the stored state: the longest backoff is
         # at least the first one, the start is at most the stream's last sequence, an endpoint

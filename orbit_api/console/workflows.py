@@ -2,17 +2,21 @@
 definitions, an instance's detail with its steps coloured by state and its timeline, and pause
 and resume (with a reason, compare-and-set on the control revision), audited. The reads and
 writes are the HTTP API's domain functions (orbit_common/weave) called as the console's
-principal; the definition graph and the step recovery actions come in a later slice."""
+principal. A definition version's page draws its steps and transitions as a graph (charts.py);
+an instance's detail draws the same graph coloured by its steps' states."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
+from orbit_api.console.charts import StepGraph, step_graph
 from orbit_api.console.web import form_of, principal_of, redirect, render
 from orbit_common import errors
 from orbit_common.model import jsondoc
 from orbit_common.service.http.context import DB, request_id_of
-from orbit_common.weave import controls, definitions, instances, timeline
+from orbit_common.weave import controls, definitions, instances, language, timeline
 
 PAGE = 50
 FILTERS = ("definition", "state", "business_key")
@@ -48,6 +52,28 @@ async def workflow_list(request: web.Request) -> web.StreamResponse:
         "next_cursor": page.next_cursor, "filters": filters, "definitions": defined})
 
 
+async def _graph(request: web.Request, name: str, version: int, *, title: str,
+                 states: dict[str, str] | None = None) -> tuple[dict[str, Any], StepGraph]:
+    """The version ``version`` of the definition ``name`` (read as the console's principal)
+    and its steps drawn as a graph."""
+    found = await definitions.get_version(request.config_dict[DB], await principal_of(request),
+                                          namespace=_namespace(request), name=name,
+                                          version=version)
+    parsed = language.parse_definition(str(found["document"]))
+    return found, step_graph(parsed, title=title, states=states)
+
+
+async def version_detail(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    text = request.match_info["version"]
+    if not text.isascii() or not text.isdigit() or len(text) > 10:
+        raise errors.NotFound("no such console page")
+    found, graph = await _graph(request, name, int(text), title=f"{name} 版本 {text}")
+    return await render(request, "workflow_version.html", {
+        "namespace": _namespace(request), "page": "workflows", "v": found, "graph": graph,
+        "json": jsondoc.dumps})
+
+
 async def workflow_detail(request: web.Request) -> web.StreamResponse:
     principal = await principal_of(request)
     namespace = _namespace(request)
@@ -57,9 +83,14 @@ async def workflow_detail(request: web.Request) -> web.StreamResponse:
                                         instance_id=workflow_id)
     events = await timeline.get_timeline(db, principal, namespace=namespace,
                                          instance_id=workflow_id, limit=PAGE)
+    _version, graph = await _graph(
+        request, view["definition"], view["version"],
+        title=f"{view['definition']} 版本 {view['version']}",
+        states={step["name"]: step["state"] for step in view["steps"]})
     return await render(request, "workflow.html", {
-        "namespace": namespace, "page": "workflows", "w": view, "events": events.items,
-        "more_events": events.next_cursor is not None, "json": jsondoc.dumps,
+        "namespace": namespace, "page": "workflows", "w": view, "graph": graph,
+        "events": events.items, "more_events": events.next_cursor is not None,
+        "json": jsondoc.dumps,
         "notice": NOTICES.get(request.query.get("done", ""))})
 
 
@@ -91,6 +122,8 @@ async def workflow_resume(request: web.Request) -> web.StreamResponse:
 def add_routes(app: web.Application) -> None:
     base = "/ns/{namespace}/workflows"
     app.router.add_get(base, workflow_list, name="workflows")
+    app.router.add_get(base + "/definitions/{name}/{version}", version_detail,
+                       name="workflow.version")
     app.router.add_get(base + "/{workflow_id}", workflow_detail, name="workflow")
     app.router.add_post(base + "/{workflow_id}/pause", workflow_pause, name="workflow.pause")
     app.router.add_post(base + "/{workflow_id}/resume", workflow_resume, name="workflow.resume")

@@ -422,6 +422,17 @@ async def test_workflow_pages_pause_resume_and_a_stale_pause(
     await shot(page, "workflows")
     await page.click(f"#workflow-list a:has-text('{workflow_id}')")
     assert "$root" in (await page.locator("#steps").inner_text())
+    states = {name: await page.get_attribute(f"#instance-graph g[data-step='{name}']",
+                                             "data-state") for name in ("a", "done")}
+    steps = {s["name"]: s["state"] for s in rows(
+        sync_conn, "SELECT name, state FROM weave_steps WHERE instance_id = %s",
+        bytes.fromhex(workflow_id))}
+    assert states == {"a": steps.get("a", ""), "done": steps.get("done", "")}
+    await page.click("#workflow-facts a:has-text('orders 版本 1')")
+    assert await page.locator("#definition-graph line[data-from=a][data-to=done]").count() == 1
+    assert await page.locator("#definition-graph g.node").count() == 2
+    await shot(page, "workflow-version")
+    await page.go_back()
     other = await page.context.new_page()
     await other.goto(page.url)  # a second tab, still at control revision 1
 

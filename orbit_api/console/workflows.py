@@ -3,7 +3,8 @@ definitions, an instance's detail with its steps coloured by state and its timel
 and resume (with a reason, compare-and-set on the control revision), audited. The reads and
 writes are the HTTP API's domain functions (orbit_common/weave) called as the console's
 principal. A definition version's page draws its steps and transitions as a graph (charts.py);
-an instance's detail draws the same graph coloured by its steps' states."""
+an instance's detail draws the same graph coloured by its steps' states, and lists its signals
+(newest first, the first page)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from orbit_api.console.web import form_of, principal_of, redirect, render
 from orbit_common import errors
 from orbit_common.model import jsondoc
 from orbit_common.service.http.context import DB, request_id_of
-from orbit_common.weave import controls, definitions, instances, language, timeline
+from orbit_common.weave import controls, definitions, instances, language, signals, timeline
 
 PAGE = 50
 FILTERS = ("definition", "state", "business_key")
@@ -83,6 +84,8 @@ async def workflow_detail(request: web.Request) -> web.StreamResponse:
                                         instance_id=workflow_id)
     events = await timeline.get_timeline(db, principal, namespace=namespace,
                                          instance_id=workflow_id, limit=PAGE)
+    received = await signals.list_signals(db, principal, namespace=namespace,
+                                          instance_id=workflow_id, limit=PAGE)
     _version, graph = await _graph(
         request, view["definition"], view["version"],
         title=f"{view['definition']} 版本 {view['version']}",
@@ -90,6 +93,7 @@ async def workflow_detail(request: web.Request) -> web.StreamResponse:
     return await render(request, "workflow.html", {
         "namespace": namespace, "page": "workflows", "w": view, "graph": graph,
         "events": events.items, "more_events": events.next_cursor is not None,
+        "signals": received.items, "more_signals": received.next_cursor is not None,
         "json": jsondoc.dumps,
         "notice": NOTICES.get(request.query.get("done", ""))})
 

@@ -414,6 +414,11 @@ async def test_workflow_pages_pause_resume_and_a_stale_pause(
         status, answer = http("POST", base + path, headers=tenant.auth, body=body)
         assert status in (200, 201), answer
     workflow_id = answer["id"]
+    status, sent = http("POST", f"{base}/workflows/{workflow_id}/signals", headers=tenant.auth,
+                        body={"name": "approved", "correlation_key": "order-7",
+                              "payload": {"ok": 1}, "payload_version": 1,
+                              "evidence_ref": "ticket-42"})
+    assert status in (200, 201, 202), sent
     await log_in(page, console_api, admin)
     await page.wait_for_url(re.compile(r".*/console/ns/.*"))
     await page.click("nav.pages a:has-text('流程')")
@@ -428,6 +433,15 @@ async def test_workflow_pages_pause_resume_and_a_stale_pause(
         sync_conn, "SELECT name, state FROM weave_steps WHERE instance_id = %s",
         bytes.fromhex(workflow_id))}
     assert states == {"a": steps.get("a", ""), "done": steps.get("done", "")}
+    [signal] = rows(sync_conn, "SELECT id, state, disposition FROM weave_signals"
+                    " WHERE instance_id = %s",
+                    bytes.fromhex(workflow_id))
+    row = page.locator(f"#signals tr[data-signal='{signal['id'].hex()}']")
+    cells = await row.locator("td").all_inner_texts()
+    assert cells[1:6] == ["approved", "order-7", signal["state"],
+                          signal["disposition"] or "—", "1"]
+    assert cells[7] == "ticket-42"
+    assert '"ok":1' in cells[6]
     await page.click("#workflow-facts a:has-text('orders 版本 1')")
     assert await page.locator("#definition-graph line[data-from=a][data-to=done]").count() == 1
     assert await page.locator("#definition-graph g.node").count() == 2

@@ -1,6 +1,6 @@
 """The console's workflow pages (a first slice): the instances with filters next to the
-definitions, an instance's detail with its steps coloured by state and its timeline, and pause
-and resume (with a reason, compare-and-set on the control revision), audited. The reads and
+definitions, an instance's detail with its steps coloured by state and its timeline, and pause,
+resume and cancel (with a reason, compare-and-set on the control revision), audited. The reads and
 writes are the HTTP API's domain functions (orbit_common/weave) called as the console's
 principal. A definition version's page draws its steps and transitions as a graph (charts.py);
 an instance's detail draws the same graph coloured by its steps' states, and lists its signals
@@ -17,11 +17,20 @@ from orbit_api.console.web import form_of, principal_of, redirect, render
 from orbit_common import errors
 from orbit_common.model import jsondoc
 from orbit_common.service.http.context import DB, request_id_of
-from orbit_common.weave import controls, definitions, instances, language, signals, timeline
+from orbit_common.weave import (
+    controls,
+    definitions,
+    instances,
+    language,
+    signals,
+    stops,
+    timeline,
+)
 
 PAGE = 50
 FILTERS = ("definition", "state", "business_key")
-NOTICES = {"paused": "实例已暂停。", "resumed": "实例已继续。"}
+NOTICES = {"paused": "实例已暂停。", "resumed": "实例已继续。",
+           "cancelled": "已提交取消：实例正在停止（STOPPING），引擎结束在途步骤后记为 CANCELLED。"}
 
 
 def _namespace(request: web.Request) -> str:
@@ -98,21 +107,29 @@ async def workflow_detail(request: web.Request) -> web.StreamResponse:
         "notice": NOTICES.get(request.query.get("done", ""))})
 
 
+def _whole(form: dict[str, str], name: str) -> int:
+    text = form.get(name, "")
+    if not text.isascii() or not text.isdigit() or len(text) > 18:
+        raise errors.ValidationFailed([{"path": name, "message": "a whole number"}])
+    return int(text)
+
+
+def _done(request: web.Request, done: str) -> web.Response:
+    url = request.app.router["workflow"].url_for(namespace=_namespace(request),
+                                                 workflow_id=request.match_info["workflow_id"])
+    return redirect(str(url.with_query(done=done)))
+
+
 async def _set_paused(request: web.Request, *, paused: bool) -> web.StreamResponse:
     form = await form_of(request)
     principal = await principal_of(request)
-    text = form.get("control_revision", "")
-    if not text.isascii() or not text.isdigit() or len(text) > 18:
-        raise errors.ValidationFailed([{"path": "control_revision",
-                                        "message": "a whole number"}])
-    workflow_id = request.match_info["workflow_id"]
+    revision = _whole(form, "control_revision")
     await controls.set_paused(
         request.config_dict[DB], principal, namespace=_namespace(request),
-        instance_id=workflow_id, paused=paused, reason=form.get("reason", "").strip(),
-        control_revision=int(text), request_id=request_id_of(request))
-    url = request.app.router["workflow"].url_for(namespace=_namespace(request),
-                                                 workflow_id=workflow_id)
-    return redirect(str(url.with_query(done="paused" if paused else "resumed")))
+        instance_id=request.match_info["workflow_id"], paused=paused,
+        reason=form.get("reason", "").strip(), control_revision=revision,
+        request_id=request_id_of(request))
+    return _done(request, "paused" if paused else "resumed")
 
 
 async def workflow_pause(request: web.Request) -> web.StreamResponse:
@@ -123,6 +140,18 @@ async def workflow_resume(request: web.Request) -> web.StreamResponse:
     return await _set_paused(request, paused=False)
 
 
+async def workflow_cancel(request: web.Request) -> web.StreamResponse:
+    """Cancel (docs/weave/stop.md): the stop intent, compare-and-set on the control revision."""
+    form = await form_of(request)
+    principal = await principal_of(request)
+    revision = _whole(form, "control_revision")
+    await stops.cancel(
+        request.config_dict[DB], principal, namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"], reason=form.get("reason", "").strip(),
+        control_revision=revision, request_id=request_id_of(request))
+    return _done(request, "cancelled")
+
+
 def add_routes(app: web.Application) -> None:
     base = "/ns/{namespace}/workflows"
     app.router.add_get(base, workflow_list, name="workflows")
@@ -131,3 +160,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(base + "/{workflow_id}", workflow_detail, name="workflow")
     app.router.add_post(base + "/{workflow_id}/pause", workflow_pause, name="workflow.pause")
     app.router.add_post(base + "/{workflow_id}/resume", workflow_resume, name="workflow.resume")
+    app.router.add_post(base + "/{workflow_id}/cancel", workflow_cancel, name="workflow.cancel")

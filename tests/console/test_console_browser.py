@@ -473,3 +473,49 @@ async def test_workflow_pages_pause_resume_and_a_stale_pause(
     [instance] = rows(sync_conn, "SELECT paused, control_revision FROM weave_instances"
                       " WHERE id = %s", bytes.fromhex(workflow_id))
     assert (instance["paused"], instance["control_revision"]) == (0, 3)
+
+
+def start_workflow(api: ApiDaemon, tenant: Tenant, definition: str,
+                   document: dict[str, Any]) -> str:
+    """Publish ``document`` as version 1 of a new ``definition`` and start an instance of it."""
+    base = f"{api.url}/v1/namespaces/{tenant.namespace}"
+    for path, body in (("/workflow-definitions", {"name": definition}),
+                       (f"/workflow-definitions/{definition}/versions",
+                        {"revision": 1, "document": document}),
+                       ("/workflows", {"definition": definition, "input": {"n": 1}})):
+        status, answer = http("POST", base + path, headers=tenant.auth, body=body)
+        assert status in (200, 201), answer
+    return str(answer["id"])
+
+
+async def open_workflow(page: Page, api: ApiDaemon, admin: Admin, workflow_id: str) -> None:
+    await log_in(page, api, admin)
+    await page.wait_for_url(re.compile(r".*/console/ns/.*"))
+    await page.goto(f"{api.url}/console/ns/{admin.tenant.namespace}/workflows/{workflow_id}")
+
+    async def accept(dialog: Dialog) -> None:
+        await dialog.accept()
+
+    page.on("dialog", accept)
+
+
+async def test_workflow_cancel_is_audited_as_the_console(
+    console_api: ApiDaemon, admin: Admin, page: Page,
+    sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    make_queue(console_api, admin.tenant, QUEUE)
+    workflow_id = start_workflow(console_api, admin.tenant, "refunds", workflow_doc())
+    await open_workflow(page, console_api, admin, workflow_id)
+    await page.fill("#cancel input[name=reason]", "customer withdrew")
+    await submit(page, "#cancel button")
+    assert (await page.locator(".notice").inner_text()).startswith("已提交取消")
+    assert await page.locator("#cancel").count() == 0
+    [audit] = rows(sync_conn, "SELECT actor_kind, actor_id, reason FROM orbit_audit_events"
+                   " WHERE action = 'workflow.cancel' AND resource_id = %s",
+                   bytes.fromhex(workflow_id))
+    assert audit == {"actor_kind": "console", "actor_id": admin.actor_id,
+                     "reason": "customer withdrew"}
+    [instance] = rows(sync_conn, "SELECT state, stop_kind FROM weave_instances WHERE id = %s",
+                      bytes.fromhex(workflow_id))
+    assert instance == {"state": "STOPPING", "stop_kind": "CANCEL"}
+    await shot(page, "workflow-cancelled")

@@ -1,6 +1,8 @@
 """The console's workflow pages (a first slice): the instances with filters next to the
 definitions, an instance's detail with its steps coloured by state and its timeline, and pause,
-resume and cancel (with a reason, compare-and-set on the control revision), audited. The reads and
+resume and cancel (with a reason, compare-and-set on the control revision), and the step
+recovery actions retry, resolve, re-arm and continue (compare-and-set on the step's revision),
+each audited as the console. The reads and
 writes are the HTTP API's domain functions (orbit_common/weave) called as the console's
 principal. A definition version's page draws its steps and transitions as a graph (charts.py);
 an instance's detail draws the same graph coloured by its steps' states, and lists its signals
@@ -14,6 +16,7 @@ from aiohttp import web
 
 from orbit_api.console.charts import StepGraph, step_graph
 from orbit_api.console.web import form_of, principal_of, redirect, render
+from orbit_api.metrics import count_recovery
 from orbit_common import errors
 from orbit_common.model import jsondoc
 from orbit_common.service.http.context import DB, request_id_of
@@ -22,15 +25,21 @@ from orbit_common.weave import (
     definitions,
     instances,
     language,
+    recovery,
     signals,
     stops,
     timeline,
+    wait_recovery,
 )
 
 PAGE = 50
 FILTERS = ("definition", "state", "business_key")
 NOTICES = {"paused": "实例已暂停。", "resumed": "实例已继续。",
-           "cancelled": "已提交取消：实例正在停止（STOPPING），引擎结束在途步骤后记为 CANCELLED。"}
+           "cancelled": "已提交取消：实例正在停止（STOPPING），引擎结束在途步骤后记为 CANCELLED。",
+           "retried": "已重试步骤：新的激活与任务已创建。",
+           "resolved": "已记录步骤的结论：引擎会按它推进步骤。",
+           "rearmed": "已重新等待：步骤回到 WAITING，等待新的超时。",
+           "continued": "已继续轮询：步骤得到新的轮次。"}
 
 
 def _namespace(request: web.Request) -> str:
@@ -152,6 +161,82 @@ async def workflow_cancel(request: web.Request) -> web.StreamResponse:
     return _done(request, "cancelled")
 
 
+def _optional_whole(form: dict[str, str], name: str) -> int | None:
+    return _whole(form, name) if form.get(name, "").strip() else None
+
+
+def _step(request: web.Request) -> str:
+    return request.match_info["step"]
+
+
+async def _recovered(request: web.Request, kind: str, done: recovery.Done,
+                     notice: str) -> web.Response:
+    if done.fresh:  # as the API route: a committed recovery, not a replay, is counted
+        count_recovery(kind)
+    return _done(request, notice)
+
+
+async def step_retry(request: web.Request) -> web.StreamResponse:
+    """Retry a TASK step (docs/weave/recovery.md § 重试): recovery.retry_step as the API."""
+    form = await form_of(request)
+    principal = await principal_of(request)
+    checked = recovery.RetryRequest.check(
+        reason=form.get("reason", "").strip(), step_revision=_whole(form, "step_revision"),
+        evidence_ref=form.get("evidence_ref", "").strip() or None,
+        execution_ended=True if form.get("execution_ended") == "yes" else None,
+        additional_attempts=_optional_whole(form, "additional_attempts"))
+    done = await recovery.retry_step(
+        request.config_dict[DB], principal, namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"], step=_step(request), request=checked,
+        request_id=request_id_of(request))
+    return await _recovered(request, recovery.RETRY, done, "retried")
+
+
+async def step_resolve(request: web.Request) -> web.StreamResponse:
+    """Record a step's conclusion (docs/weave/recovery.md § 记录结论)."""
+    form = await form_of(request)
+    principal = await principal_of(request)
+    output_text = form.get("output", "").strip()
+    checked = recovery.ResolveRequest.check(
+        reason=form.get("reason", "").strip(),
+        evidence_ref=form.get("evidence_ref", "").strip(),
+        step_revision=_whole(form, "step_revision"), conclusion=form.get("conclusion", ""),
+        output=jsondoc.loads_strict(output_text) if output_text else None,
+        has_output=bool(output_text), error=form.get("error", "").strip() or None,
+        task_decision=form.get("task_decision") or None,
+        execution_ended=True if form.get("execution_ended") == "yes" else None)
+    done = await recovery.resolve_step(
+        request.config_dict[DB], principal, namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"], step=_step(request), request=checked,
+        request_id=request_id_of(request))
+    return await _recovered(request, recovery.RESOLVE, done, "resolved")
+
+
+async def step_rearm(request: web.Request) -> web.StreamResponse:
+    """Re-arm a held SIGNAL wait with a new timeout (docs/weave/recovery.md)."""
+    form = await form_of(request)
+    principal = await principal_of(request)
+    done = await wait_recovery.rearm_wait(
+        request.config_dict[DB], principal, namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"], step=_step(request),
+        reason=form.get("reason", "").strip(), step_revision=_whole(form, "step_revision"),
+        timeout_ms=_whole(form, "timeout_ms"), request_id=request_id_of(request))
+    return await _recovered(request, "rearm", done, "rearmed")
+
+
+async def step_continue(request: web.Request) -> web.StreamResponse:
+    """Grant a held (exhausted) POLL step more rounds (docs/weave/recovery.md)."""
+    form = await form_of(request)
+    principal = await principal_of(request)
+    done = await wait_recovery.continue_poll(
+        request.config_dict[DB], principal, namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"], step=_step(request),
+        reason=form.get("reason", "").strip(), step_revision=_whole(form, "step_revision"),
+        rounds=_whole(form, "rounds"), deadline_ms=_optional_whole(form, "deadline_ms"),
+        request_id=request_id_of(request))
+    return await _recovered(request, "continue", done, "continued")
+
+
 def add_routes(app: web.Application) -> None:
     base = "/ns/{namespace}/workflows"
     app.router.add_get(base, workflow_list, name="workflows")
@@ -161,3 +246,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(base + "/{workflow_id}/pause", workflow_pause, name="workflow.pause")
     app.router.add_post(base + "/{workflow_id}/resume", workflow_resume, name="workflow.resume")
     app.router.add_post(base + "/{workflow_id}/cancel", workflow_cancel, name="workflow.cancel")
+    step = base + "/{workflow_id}/steps/{step}"
+    app.router.add_post(step + "/retry", step_retry, name="workflow.step.retry")
+    app.router.add_post(step + "/resolve", step_resolve, name="workflow.step.resolve")
+    app.router.add_post(step + "/rearm", step_rearm, name="workflow.step.rearm")
+    app.router.add_post(step + "/continue", step_continue, name="workflow.step.continue_poll")

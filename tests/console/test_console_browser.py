@@ -414,6 +414,11 @@ async def test_workflow_pages_pause_resume_and_a_stale_pause(
         status, answer = http("POST", base + path, headers=tenant.auth, body=body)
         assert status in (200, 201), answer
     workflow_id = answer["id"]
+    status, sent = http("POST", f"{base}/workflows/{workflow_id}/signals", headers=tenant.auth,
+                        body={"name": "approved", "correlation_key": "order-7",
+                              "payload": {"ok": 1}, "payload_version": 1,
+                              "evidence_ref": "ticket-42"})
+    assert status in (200, 201, 202), sent
     await log_in(page, console_api, admin)
     await page.wait_for_url(re.compile(r".*/console/ns/.*"))
     await page.click("nav.pages a:has-text('流程')")
@@ -422,6 +427,26 @@ async def test_workflow_pages_pause_resume_and_a_stale_pause(
     await shot(page, "workflows")
     await page.click(f"#workflow-list a:has-text('{workflow_id}')")
     assert "$root" in (await page.locator("#steps").inner_text())
+    states = {name: await page.get_attribute(f"#instance-graph g[data-step='{name}']",
+                                             "data-state") for name in ("a", "done")}
+    steps = {s["name"]: s["state"] for s in rows(
+        sync_conn, "SELECT name, state FROM weave_steps WHERE instance_id = %s",
+        bytes.fromhex(workflow_id))}
+    assert states == {"a": steps.get("a", ""), "done": steps.get("done", "")}
+    [signal] = rows(sync_conn, "SELECT id, state, disposition FROM weave_signals"
+                    " WHERE instance_id = %s",
+                    bytes.fromhex(workflow_id))
+    row = page.locator(f"#signals tr[data-signal='{signal['id'].hex()}']")
+    cells = await row.locator("td").all_inner_texts()
+    assert cells[1:6] == ["approved", "order-7", signal["state"],
+                          signal["disposition"] or "—", "1"]
+    assert cells[7] == "ticket-42"
+    assert '"ok":1' in cells[6]
+    await page.click("#workflow-facts a:has-text('orders 版本 1')")
+    assert await page.locator("#definition-graph line[data-from=a][data-to=done]").count() == 1
+    assert await page.locator("#definition-graph g.node").count() == 2
+    await shot(page, "workflow-version")
+    await page.go_back()
     other = await page.context.new_page()
     await other.goto(page.url)  # a second tab, still at control revision 1
 
@@ -448,3 +473,49 @@ async def test_workflow_pages_pause_resume_and_a_stale_pause(
     [instance] = rows(sync_conn, "SELECT paused, control_revision FROM weave_instances"
                       " WHERE id = %s", bytes.fromhex(workflow_id))
     assert (instance["paused"], instance["control_revision"]) == (0, 3)
+
+
+def start_workflow(api: ApiDaemon, tenant: Tenant, definition: str,
+                   document: dict[str, Any]) -> str:
+    """Publish ``document`` as version 1 of a new ``definition`` and start an instance of it."""
+    base = f"{api.url}/v1/namespaces/{tenant.namespace}"
+    for path, body in (("/workflow-definitions", {"name": definition}),
+                       (f"/workflow-definitions/{definition}/versions",
+                        {"revision": 1, "document": document}),
+                       ("/workflows", {"definition": definition, "input": {"n": 1}})):
+        status, answer = http("POST", base + path, headers=tenant.auth, body=body)
+        assert status in (200, 201), answer
+    return str(answer["id"])
+
+
+async def open_workflow(page: Page, api: ApiDaemon, admin: Admin, workflow_id: str) -> None:
+    await log_in(page, api, admin)
+    await page.wait_for_url(re.compile(r".*/console/ns/.*"))
+    await page.goto(f"{api.url}/console/ns/{admin.tenant.namespace}/workflows/{workflow_id}")
+
+    async def accept(dialog: Dialog) -> None:
+        await dialog.accept()
+
+    page.on("dialog", accept)
+
+
+async def test_workflow_cancel_is_audited_as_the_console(
+    console_api: ApiDaemon, admin: Admin, page: Page,
+    sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    make_queue(console_api, admin.tenant, QUEUE)
+    workflow_id = start_workflow(console_api, admin.tenant, "refunds", workflow_doc())
+    await open_workflow(page, console_api, admin, workflow_id)
+    await page.fill("#cancel input[name=reason]", "customer withdrew")
+    await submit(page, "#cancel button")
+    assert (await page.locator(".notice").inner_text()).startswith("已提交取消")
+    assert await page.locator("#cancel").count() == 0
+    [audit] = rows(sync_conn, "SELECT actor_kind, actor_id, reason FROM orbit_audit_events"
+                   " WHERE action = 'workflow.cancel' AND resource_id = %s",
+                   bytes.fromhex(workflow_id))
+    assert audit == {"actor_kind": "console", "actor_id": admin.actor_id,
+                     "reason": "customer withdrew"}
+    [instance] = rows(sync_conn, "SELECT state, stop_kind FROM weave_instances WHERE id = %s",
+                      bytes.fromhex(workflow_id))
+    assert instance == {"state": "STOPPING", "stop_kind": "CANCEL"}
+    await shot(page, "workflow-cancelled")

@@ -223,8 +223,11 @@ def _instance_id(instance_id: str) -> bytes:
         return bytes(16)  # authorization first; then the 404 of an unknown instance
 
 
-async def _locate(cur: Any, namespace_id: bytes, instance_id: bytes, name: str,
-                  revision: int) -> _Located:
+async def lock_step(cur: Any, namespace_id: bytes, instance_id: bytes, name: str,
+                    revision: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The instance and the step, locked in that order, with the refusals every recovery
+    shares, in this order: an unknown instance or step (``$root`` is none: 404), an instance
+    that is not RUNNING, a stale step revision. Used by the wait recoveries too."""
     await cur.execute(LOCK_INSTANCE, (namespace_id, instance_id))
     instance = await cur.fetchone()
     if instance is None:
@@ -241,6 +244,12 @@ async def _locate(cur: Any, namespace_id: bytes, instance_id: bytes, name: str,
         raise errors.StaleRevision(
             f"the step is at revision {step['revision']}, not {revision}; read it again",
             current_revision=step["revision"])
+    return dict(instance), dict(step)
+
+
+async def _locate(cur: Any, namespace_id: bytes, instance_id: bytes, name: str,
+                  revision: int) -> _Located:
+    instance, step = await lock_step(cur, namespace_id, instance_id, name, revision)
     await cur.execute(LOCK_ACTIVATIONS, (namespace_id, instance_id, step["id"]))
     activations = [dict(r) for r in await cur.fetchall()]
     live = next((a for a in activations if a["state"] == "LIVE"), None)

@@ -55,7 +55,7 @@ from orbit_common.pulse import leases, resources
 from orbit_common.pulse.model import TaskState
 from orbit_common.weave import definitions, instances, polls, signals, waits
 from orbit_common.weave.language import MAX_WAIT_MS, PollStep
-from orbit_common.weave.recovery import Done, InstanceNotRunning
+from orbit_common.weave.recovery import Done, lock_step
 
 REASON_MAX = 1024
 TIMEOUT_MIN_MS = 1
@@ -150,10 +150,6 @@ def check_continue(reason: Any, step_revision: Any, rounds: Any, deadline_ms: An
 
 # --- reads and locks ----------------------------------------------------------------------------
 
-LOCK_INSTANCE = ("SELECT id, state, paused, gate_id, definition_id, version, version_digest"
-                 " FROM weave_instances WHERE namespace_id = %s AND id = %s FOR UPDATE")
-LOCK_STEP = ("SELECT * FROM weave_steps WHERE namespace_id = %s AND instance_id = %s"
-             " AND name = %s FOR UPDATE")
 LIVE_ACTIVATION = ("SELECT * FROM weave_activations WHERE namespace_id = %s AND id = %s"
                    " FOR UPDATE")
 ACTIVATION_WAIT = "SELECT * FROM weave_waits WHERE namespace_id = %s AND activation_id = %s"
@@ -251,26 +247,9 @@ def _raw_id(instance_id: str) -> bytes:
 
 async def _locked(cur: Any, namespace_id: bytes, instance_id: bytes, step: str,
                   step_revision: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The instance and the step, locked in that order; the refusals every recovery shares
-    (recovery.py's order): an unknown instance or step (``$root`` is none: 404), an instance
-    that is not RUNNING, a stale step revision."""
-    await cur.execute(LOCK_INSTANCE, (namespace_id, instance_id))
-    instance = await cur.fetchone()
-    if instance is None:
-        raise instances.InstanceNotFound("no such workflow instance in this namespace")
-    await cur.execute(LOCK_STEP, (namespace_id, instance_id, step))
-    row = await cur.fetchone()
-    if row is None or row["kind"] == "ROOT":
-        raise instances.StepNotFound("no step of this name has run in this instance")
-    if instance["state"] != "RUNNING":
-        raise InstanceNotRunning(
-            f"workflow instance {instance_id.hex()} is {instance['state']}: a step is"
-            " recovered only while its instance runs")
-    if row["revision"] != step_revision:
-        raise errors.StaleRevision(
-            f"the step is at revision {row['revision']}, not {step_revision}; read it again",
-            current_revision=row["revision"])
-    return dict(instance), dict(row)
+    """The instance and the step, locked, with the refusals every recovery shares
+    (:func:`recovery.lock_step`)."""
+    return await lock_step(cur, namespace_id, instance_id, step, step_revision)
 
 
 async def _live(cur: Any, namespace_id: bytes, step: dict[str, Any]) -> dict[str, Any] | None:

@@ -68,7 +68,8 @@ schema = schemathesis.openapi.from_dict(
     }),
 )
 
-_ITEM = r"\$(\.(tasks|instances)\[\d+\])?(\.template)?"  # a submission, a batch item or a schedule template
+# A submission, a batch item (of tasks or workflow starts) or a schedule template.
+_ITEM = r"\$(\.(tasks|instances)\[\d+\])?(\.template)?"
 # The only rejections of a schema-valid request the test accepts: rules JSON Schema cannot
 # state (the document says each in words, docs/api/README.md lists them).
 TOLERANCE = conformance.Tolerance(

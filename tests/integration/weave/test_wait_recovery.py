@@ -347,7 +347,7 @@ async def test_rearm_of_an_instance_that_is_not_running(db: Database, engine: En
                           " stop_requested_at = UTC_TIMESTAMP(6) WHERE namespace_id = %s"
                           " AND id = %s", (flow.tenant.namespace_id, flow.instance_id))
     await db.transaction("test.stopping", body)
-    with pytest.raises(wait_recovery.InstanceNotRunning):
+    with pytest.raises(recovery.InstanceNotRunning):
         await rearm(flow)
     assert len(await of_instance(flow, "weave_waits")) == 1
 

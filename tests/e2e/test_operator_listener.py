@@ -121,9 +121,11 @@ def test_the_scheduler_serves_metrics_on_its_operator_listener(
         def up() -> bool:
             if daemon.proc.poll() is not None:
                 raise AssertionError(f"scheduler exited:\n{daemon.output()}")
-            return http("GET", f"{daemon.ops_url}/healthz", timeout=2)[0] == 200
+            # Ready, not merely alive: /healthz answers before the first readiness check
+            # (database and migrations) has set orbit_ready.
+            return http("GET", f"{daemon.ops_url}/readyz", timeout=2)[0] == 200
 
-        wait_until(up, timeout=20, message="the scheduler's operator listener")
+        wait_until(up, timeout=20, message="the scheduler's operator listener (ready)")
         assert_operator_listener_serves(daemon, "orbit_schedules_due")
         status, content_type, _ = get(f"{daemon.ops_url}/v1/openapi.json")
         assert (status, content_type) == (404, "application/problem+json")

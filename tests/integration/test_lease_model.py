@@ -726,7 +726,7 @@ def test_the_lease_protocol_matches_its_model(db_url: DatabaseUrl) -> None:
         # No shrink phase: each step costs real transactions, and shrinking a failure could
         # outlast the test timeout; the failing run's steps are printed as they are (at most
         # stateful_step_count). Add Phase.shrink locally to minimise a failure.
-        settings=settings(max_examples=50, stateful_step_count=40, deadline=None,
+        settings=settings(max_examples=30, stateful_step_count=40, deadline=None,
                           derandomize=True, database=None, print_blob=False,
                           phases=(Phase.explicit, Phase.generate),
                           suppress_health_check=[HealthCheck.too_slow,

@@ -333,7 +333,7 @@ def test_keyed_permits_match_their_model(db_url: DatabaseUrl) -> None:
     run_state_machine_as_test(
         lambda: KeyedPermits(db_url),
         # No shrink phase, as in test_lease_model: each step is several real transactions.
-        settings=settings(max_examples=25, stateful_step_count=30, deadline=None,
+        settings=settings(max_examples=15, stateful_step_count=30, deadline=None,
                           derandomize=True, database=None, print_blob=False,
                           phases=(Phase.explicit, Phase.generate),
                           suppress_health_check=[HealthCheck.too_slow,

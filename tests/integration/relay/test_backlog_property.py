@@ -216,7 +216,7 @@ def test_delivery_accounting_matches_its_model(db_url: DatabaseUrl) -> None:
     SEEN.clear()
     run_state_machine_as_test(
         lambda: Accounting(db_url),
-        settings=settings(max_examples=20, stateful_step_count=30, deadline=None,
+        settings=settings(max_examples=12, stateful_step_count=30, deadline=None,
                           derandomize=True, database=None, print_blob=False,
                           phases=(Phase.explicit, Phase.generate),
                           suppress_health_check=[HealthCheck.too_slow,

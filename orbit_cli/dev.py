@@ -256,27 +256,22 @@ def example_env(source: Path, root: Path, ports: Ports, environ: dict[str, str]
             "PYTHONPATH": str(source) if not path else f"{source}{os.pathsep}{path}"}
 
 
-def setup_example(name: str, source: Path, env: dict[str, str],
-                  timeout_s: float = SETUP_TIMEOUT_S) -> str | None:
-    """Run ``python -m examples.<name> setup`` (each run at most ``SETUP_TIMEOUT_S``) until it
-    succeeds (the API may still be warming up) or ``timeout_s`` has passed: its output line, or
-    None (said on the console)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            done = subprocess.run([sys.executable, "-m", f"examples.{name}", "setup"],
-                                  cwd=source, env=env, capture_output=True, text=True,
-                                  timeout=SETUP_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            failure = f"setup did not finish within {SETUP_TIMEOUT_S:.0f} s"
-        else:
-            if done.returncode == 0:
-                return done.stdout.strip()
-            failure = done.stderr.strip()[-2000:]
-        if time.monotonic() >= deadline:
-            click.echo(f"example {name}: setup failed, its worker is not started:\n{failure}")
-            return None
-        time.sleep(1)
+def setup_example(name: str, source: Path, env: dict[str, str]) -> str | None:
+    """Run ``python -m examples.<name> setup`` once the API is ready (the caller waits on
+    ``/readyz``), at most ``SETUP_TIMEOUT_S``: its output line, or None (said on the console;
+    nothing is retried blindly -- a setup that fails against a ready API fails again)."""
+    try:
+        done = subprocess.run([sys.executable, "-m", f"examples.{name}", "setup"],
+                              cwd=source, env=env, capture_output=True, text=True,
+                              timeout=SETUP_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        failure = f"setup did not finish within {SETUP_TIMEOUT_S:.0f} s"
+    else:
+        if done.returncode == 0:
+            return done.stdout.strip()
+        failure = done.stderr.strip()[-2000:]
+    click.echo(f"example {name}: setup failed, its worker is not started:\n{failure}")
+    return None
 
 
 def _spawn_example(name: str, source: Path, env: dict[str, str]) -> subprocess.Popen[Any]:
@@ -294,6 +289,26 @@ def _stop(children: dict[str, subprocess.Popen[Any]]) -> None:
             child.wait(timeout=40)
         except subprocess.TimeoutExpired:
             child.kill()
+
+
+def _restart_exited(group: dict[str, subprocess.Popen[Any]],
+                    spawners: dict[str, Callable[[], subprocess.Popen[Any]]],
+                    restarts: dict[str, int], due: dict[str, float]) -> None:
+    """Restart the children of ``group`` that exited, each after a growing delay kept as a due
+    time (``due``), so the supervisor goes on watching the others and Ctrl-C meanwhile."""
+    now = time.monotonic()
+    for name, child in list(group.items()):
+        code = child.poll()
+        if code is None:
+            continue
+        if name not in due:
+            restarts[name] += 1
+            delay = min(30, 2 ** min(restarts[name], 5))
+            click.echo(f"{name} exited with {code}; restarting in {delay}s")
+            due[name] = now + delay
+        elif now >= due[name]:
+            del due[name]
+            group[name] = spawners[name]()
 
 
 def _supervise(root: Path, url: str, ports: Ports, examples: Path | None = None) -> None:
@@ -341,16 +356,10 @@ def _supervise(root: Path, url: str, ports: Ports, examples: Path | None = None)
                         restarts[key] = 0
         else:
             click.echo("warning: the API did not become ready within 30 s; see its logs above")
+        due: dict[str, float] = {}
         while not stopping:
             for group in (children, workers):
-                for name, child in list(group.items()):
-                    code = child.poll()
-                    if code is not None and not stopping:
-                        restarts[name] += 1
-                        delay = min(30, 2 ** min(restarts[name], 5))
-                        click.echo(f"{name} exited with {code}; restarting in {delay}s")
-                        time.sleep(delay)
-                        group[name] = spawners[name]()
+                _restart_exited(group, spawners, restarts, due)
             time.sleep(0.2)
     finally:
         _stop(workers)  # first, while the dispatcher still takes their last reports

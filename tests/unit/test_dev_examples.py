@@ -31,11 +31,52 @@ def test_the_environment_comes_from_the_bootstrap_file(tmp_path: Path) -> None:
                    "ORBIT_NAMESPACE": "default", "PYTHONPATH": f"/src{os.pathsep}/lib"}
 
 
-def test_a_setup_that_keeps_failing_gives_up(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_setup_that_fails_is_reported_and_starts_no_worker(
+        capsys: pytest.CaptureFixture[str]) -> None:
     # No ORBIT_API_URL: the example's setup exits at once with its usage message.
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
     env["PYTHONPATH"] = str(dev.examples_source())
-    assert dev.setup_example("order_workflow", dev.examples_source(), env, timeout_s=0) is None
+    assert dev.setup_example("order_workflow", dev.examples_source(), env) is None
     out = capsys.readouterr().out
     assert "example order_workflow: setup failed, its worker is not started" in out
     assert "set ORBIT_API_URL" in out
+
+
+def test_an_exited_child_is_restarted_when_its_delay_is_due(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The supervisor never sleeps through a restart delay: an exited child gets a due time,
+    the others are still watched, and it is spawned again once the time has come."""
+    import subprocess
+    import sys
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", "pass"])
+
+    spawned: list[subprocess.Popen[bytes]] = []
+
+    def respawn() -> subprocess.Popen[bytes]:
+        spawned.append(spawn())
+        return spawned[-1]
+
+    exited = spawn()
+    exited.wait()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        group = {"gone": exited, "alive": running}
+        restarts, due = {"gone": 0, "alive": 0}, {}
+        dev._restart_exited(group, {"gone": respawn, "alive": respawn}, restarts, due)
+        assert (restarts, spawned, group["gone"]) == ({"gone": 1, "alive": 0}, [], exited)
+        assert "gone exited with 0; restarting in 2s" in capsys.readouterr().out
+        dev._restart_exited(group, {"gone": respawn, "alive": respawn}, restarts, due)
+        assert spawned == []  # not yet due: nothing spawned, nothing counted twice
+        assert restarts["gone"] == 1
+        due["gone"] = 0.0  # the delay has passed
+        dev._restart_exited(group, {"gone": respawn, "alive": respawn}, restarts, due)
+        assert group["gone"] is spawned[0]
+        assert due == {}
+        assert group["alive"] is running
+    finally:
+        running.kill()
+        running.wait()
+        for proc in spawned:
+            proc.wait()

@@ -63,7 +63,8 @@ def test_an_exited_child_is_restarted_when_its_delay_is_due(
     running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         group = {"gone": exited, "alive": running}
-        restarts, due = {"gone": 0, "alive": 0}, {}
+        restarts = {"gone": 0, "alive": 0}
+        due: dict[str, float] = {}
         dev._restart_exited(group, {"gone": respawn, "alive": respawn}, restarts, due)
         assert (restarts, spawned, group["gone"]) == ({"gone": 1, "alive": 0}, [], exited)
         assert "gone exited with 0; restarting in 2s" in capsys.readouterr().out

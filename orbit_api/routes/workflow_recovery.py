@@ -8,7 +8,8 @@ refused request writes nothing. A committed recovery (not a replay) is counted i
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -41,70 +42,66 @@ RETRY_FIELDS = frozenset({"reason", "evidence_ref", "execution_ended", "step_rev
                           "additional_attempts"})
 RESOLVE_FIELDS = frozenset({"reason", "evidence_ref", "step_revision", "conclusion", "output",
                             "error", "task_decision", "execution_ended"})
+T = TypeVar("T")
 
 
-def _merge(problems: list[dict[str, str]], exc: errors.ValidationFailed | None,
-           body: dict[str, Any]) -> None:
-    """The body's problems: unknown fields, then the checks'; no field but ``output`` may be
-    null (absent is the way to leave an optional field out)."""
+async def checked_body(request: web.Request, fields: frozenset[str],
+                       check: Callable[[dict[str, Any]], T], *,
+                       nullable: frozenset[str] = frozenset()) -> T:
+    """A recovery request's body, checked: unknown fields, then no field but ``nullable`` may
+    be null (absent is the way to leave an optional field out), then the domain's ``check``
+    (its problems for a path already named are not repeated); all problems at once."""
+    query_params(request, ())
+    body, problems = await _object(request, fields)
     problems += [{"path": f"$.{key}", "message": "may not be null"}
-                 for key, value in sorted(body.items()) if value is None and key != "output"
-                 and key in RETRY_FIELDS | RESOLVE_FIELDS]
-    if exc is not None:
-        problems += [p for p in exc.errors
-                     if not any(p["path"] == n["path"] for n in problems)]
+                 for key, value in sorted(body.items())
+                 if value is None and key in fields - nullable]
+    try:
+        checked = check(body)
+    except errors.ValidationFailed as exc:
+        problems += [p for p in exc.errors if not any(p["path"] == n["path"] for n in problems)]
+        raise errors.ValidationFailed(problems) from exc
     if problems:
         raise errors.ValidationFailed(problems)
+    return checked
 
 
-async def retry_step(request: web.Request) -> web.Response:
-    query_params(request, ())
-    key = idempotency_key(request)
-    body, problems = await _object(request, RETRY_FIELDS)
-    checked: recovery.RetryRequest | None = None
-    failure = None
-    try:
-        checked = recovery.RetryRequest.check(
-            reason=body.get("reason"), step_revision=body.get("step_revision"),
-            evidence_ref=body.get("evidence_ref"), execution_ended=body.get("execution_ended"),
-            additional_attempts=body.get("additional_attempts"))
-    except errors.ValidationFailed as exc:
-        failure = exc
-    _merge(problems, failure, body)
-    assert checked is not None  # noqa: S101 - _merge raised otherwise
-    done = await recovery.retry_step(
-        request.app[DB], principal_of(request), namespace=_namespace(request),
-        instance_id=request.match_info["workflow_id"], step=request.match_info["step"],
-        request=checked, idempotency_key=key, request_id=request_id_of(request))
+def answer(done: recovery.Done, kind: str) -> web.Response:
+    """The receipt; a recovery committed now (not the replay of an earlier receipt) counts in
+    ``orbit_weave_recoveries_total{kind}``."""
     if done.fresh:
-        count_recovery(recovery.RETRY)
+        count_recovery(kind)
     return json_response(done.replay.body, status=done.replay.status)
 
 
-async def resolve_step(request: web.Request) -> web.Response:
-    query_params(request, ())
+async def retry_step(request: web.Request) -> web.Response:
     key = idempotency_key(request)
-    body, problems = await _object(request, RESOLVE_FIELDS)
-    checked: recovery.ResolveRequest | None = None
-    failure = None
-    try:
-        checked = recovery.ResolveRequest.check(
+    checked = await checked_body(request, RETRY_FIELDS, lambda body: recovery.RetryRequest.check(
+        reason=body.get("reason"), step_revision=body.get("step_revision"),
+        evidence_ref=body.get("evidence_ref"), execution_ended=body.get("execution_ended"),
+        additional_attempts=body.get("additional_attempts")))
+    return answer(await recovery.retry_step(
+        request.app[DB], principal_of(request), namespace=_namespace(request),
+        instance_id=request.match_info["workflow_id"], step=request.match_info["step"],
+        request=checked, idempotency_key=key, request_id=request_id_of(request)),
+        recovery.RETRY)
+
+
+async def resolve_step(request: web.Request) -> web.Response:
+    key = idempotency_key(request)
+    checked = await checked_body(
+        request, RESOLVE_FIELDS, lambda body: recovery.ResolveRequest.check(
             reason=body.get("reason"), evidence_ref=body.get("evidence_ref"),
             step_revision=body.get("step_revision"), conclusion=body.get("conclusion"),
             output=body.get("output"), has_output="output" in body, error=body.get("error"),
             task_decision=body.get("task_decision"),
-            execution_ended=body.get("execution_ended"))
-    except errors.ValidationFailed as exc:
-        failure = exc
-    _merge(problems, failure, body)
-    assert checked is not None  # noqa: S101 - _merge raised otherwise
-    done = await recovery.resolve_step(
+            execution_ended=body.get("execution_ended")),
+        nullable=frozenset({"output"}))
+    return answer(await recovery.resolve_step(
         request.app[DB], principal_of(request), namespace=_namespace(request),
         instance_id=request.match_info["workflow_id"], step=request.match_info["step"],
-        request=checked, idempotency_key=key, request_id=request_id_of(request))
-    if done.fresh:
-        count_recovery(recovery.RESOLVE)
-    return json_response(done.replay.body, status=done.replay.status)
+        request=checked, idempotency_key=key, request_id=request_id_of(request)),
+        recovery.RESOLVE)
 
 
 def add_routes(app: web.Application) -> None:

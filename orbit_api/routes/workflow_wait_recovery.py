@@ -12,7 +12,6 @@ from typing import Any
 
 from aiohttp import web
 
-from orbit_api.metrics import count_recovery
 from orbit_api.openapi import (
     BODY_ERRORS,
     ID,
@@ -25,11 +24,9 @@ from orbit_api.openapi import (
     resource_errors,
 )
 from orbit_api.routes.platform import idempotency_key
-from orbit_api.routes.tasks import json_response
-from orbit_api.routes.workflows import INSTANCE, _namespace, _object
-from orbit_common import errors
+from orbit_api.routes.workflow_recovery import answer, checked_body
+from orbit_api.routes.workflows import INSTANCE, _namespace
 from orbit_common.platform.principals import principal_of
-from orbit_common.service.http.body import query_params
 from orbit_common.service.http.context import DB, request_id_of
 from orbit_common.weave import wait_recovery
 from orbit_common.weave.language import MAX_WAIT_MS
@@ -40,49 +37,39 @@ REARM_FIELDS = frozenset({"reason", "step_revision", "timeout_ms"})
 CONTINUE_FIELDS = frozenset({"reason", "step_revision", "rounds", "deadline_ms"})
 
 
-async def _body(request: web.Request, fields: frozenset[str]) -> dict[str, Any]:
-    query_params(request, ())
-    body, problems = await _object(request, fields)
-    try:
-        if "timeout_ms" in fields:
-            wait_recovery.check_rearm(body.get("reason"), body.get("step_revision"),
-                                      body.get("timeout_ms"))
-        else:
-            wait_recovery.check_continue(body.get("reason"), body.get("step_revision"),
-                                         body.get("rounds"), body.get("deadline_ms"))
-    except errors.ValidationFailed as exc:
-        problems += exc.errors
-    if problems:
-        raise errors.ValidationFailed(problems)
+def _rearm_body(body: dict[str, Any]) -> dict[str, Any]:
+    wait_recovery.check_rearm(body.get("reason"), body.get("step_revision"),
+                              body.get("timeout_ms"))
+    return body
+
+
+def _continue_body(body: dict[str, Any]) -> dict[str, Any]:
+    wait_recovery.check_continue(body.get("reason"), body.get("step_revision"),
+                                 body.get("rounds"), body.get("deadline_ms"))
     return body
 
 
 async def rearm_wait(request: web.Request) -> web.Response:
     key = idempotency_key(request)
-    body = await _body(request, REARM_FIELDS)
-    done = await wait_recovery.rearm_wait(
+    body = await checked_body(request, REARM_FIELDS, _rearm_body)
+    return answer(await wait_recovery.rearm_wait(
         request.app[DB], principal_of(request), namespace=_namespace(request),
         instance_id=request.match_info["workflow_id"], step=request.match_info["step"],
         reason=body["reason"], step_revision=body["step_revision"],
         timeout_ms=body["timeout_ms"], idempotency_key=key,
-        request_id=request_id_of(request))
-    if done.fresh:  # committed now, not the replay of an earlier receipt
-        count_recovery("rearm")
-    return json_response(done.replay.body, status=done.replay.status)
+        request_id=request_id_of(request)), "rearm")
 
 
 async def continue_poll(request: web.Request) -> web.Response:
     key = idempotency_key(request)
-    body = await _body(request, CONTINUE_FIELDS)
-    done = await wait_recovery.continue_poll(
+    body = await checked_body(request, CONTINUE_FIELDS, _continue_body,
+                              nullable=frozenset({"deadline_ms"}))
+    return answer(await wait_recovery.continue_poll(
         request.app[DB], principal_of(request), namespace=_namespace(request),
         instance_id=request.match_info["workflow_id"], step=request.match_info["step"],
         reason=body["reason"], step_revision=body["step_revision"], rounds=body["rounds"],
         deadline_ms=body.get("deadline_ms"), idempotency_key=key,
-        request_id=request_id_of(request))
-    if done.fresh:
-        count_recovery("continue")
-    return json_response(done.replay.body, status=done.replay.status)
+        request_id=request_id_of(request)), "continue")
 
 
 def add_routes(app: web.Application) -> None:

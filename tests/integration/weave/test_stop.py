@@ -31,6 +31,7 @@ from tests.integration.weave.engine_support import (
     workflow_events,
 )
 from tests.integration.weave.support import principal
+from tests.integration.weave.test_pause import PAIR
 from tests.support import database, invariants
 
 own_url, db = database.own_database("orbit_weave_stop")
@@ -42,16 +43,6 @@ REASON = "customer withdrew the order"
 def engine(db: Database) -> Engine:
     return Engine(db, owner="engine-stop", lease_ms=30_000, batch=64)
 
-
-PAIR = doc({
-    "both": {"kind": "PARALLEL", "join": {"policy": "ALL_SUCCEED"}, "next": "after", "branches": [
-        {"name": "x", "start": "a", "steps": {"a": task("w.a", "x_done"),
-                                             "x_done": {"kind": "SUCCEED"}}},
-        {"name": "y", "start": "b", "steps": {"b": task("w.b", "y_done"),
-                                             "y_done": {"kind": "SUCCEED"}}}]},
-    "after": task("w.c", "done"),
-    "done": {"kind": "SUCCEED", "output": "steps.both.result"},
-}, "both")
 
 ONE = doc({"a": task("w.a", "done"), "done": {"kind": "SUCCEED"}}, "a")
 

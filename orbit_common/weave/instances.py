@@ -35,7 +35,9 @@ BUSINESS_KEY_MAX_BYTES = 512
 INPUT_MAX_BYTES = 1024 * 1024
 LIST_MAX = 100
 VERSION_MAX = 2**31 - 1  # weave_instances.version is an INT
-STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PAUSED", "STOPPING")
+# An instance's states. The column's CHECK also allows PAUSED, reserved and never written: a
+# paused instance is RUNNING with its ``paused`` flag set (docs/api/workflows.md).
+STATES = ("RUNNING", "STOPPING", "SUCCEEDED", "FAILED", "CANCELLED")
 
 
 class InstanceNotFound(errors.NotFound):

@@ -385,6 +385,7 @@ async def test_list_filters_pages_and_bound_cursors(api: TestClient[Any, Any], t
                          400, "invalid_cursor")
     for query, code in (("limit=0", "validation_failed"), ("limit=101", "validation_failed"),
                         ("cursor=x", "invalid_cursor"), ("state=DONE", "validation_failed"),
+                        ("state=PAUSED", "validation_failed"),  # a flag, never a state
                         ("created_from=yesterday", "validation_failed"),
                         ("business_key=" + "k" * 513, "validation_failed"),
                         ("definition=Bad%20Name", "validation_failed"),

@@ -1,6 +1,7 @@
 """Schedule commands and queries: create, publish a version, pause/resume, disable, trigger now,
-backfill, get, list, occurrences. Every command is one transaction, audited, and idempotent with
-an ``Idempotency-Key`` (the foundation's records); the firing itself is schedules.py.
+backfill (and its read-only preview), get, list, occurrences. Every command is one transaction,
+audited, and idempotent with an ``Idempotency-Key`` (the foundation's records); the firing itself
+is schedules.py.
 
 Validation happens before the transaction (rule, template, policies, windows), except what
 needs the database (the queue, the name's uniqueness, the revision), so bad input writes

@@ -1,11 +1,15 @@
 """The console's schedule pages: the list, the detail with its versions and occurrence ledger,
-and pause, resume, trigger now and backfill, each audited. The reads and writes are the HTTP
-API's domain functions (orbit_common/pulse/schedule_commands.py) called as the console's
-principal."""
+and pause, resume, trigger now and backfill (a preview first, then a confirm carrying an
+idempotency key), each audited. The reads and writes are the HTTP API's domain functions
+(orbit_common/pulse/schedule_commands.py) called as the console's principal; the backfill's
+preview (schedule_commands.preview_backfill) is the console's only, the API has none."""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
+import secrets
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -17,6 +21,8 @@ from orbit_common.service.http.context import DB, request_id_of
 
 PAGE = 50
 LEDGER_ROWS = 50
+PREVIEW_ROWS = 100  # instants listed on the backfill preview (the count is always whole)
+IDEMPOTENCY_KEY = re.compile(r"[0-9a-f]{32}")
 NOTICES = {"paused": "计划已暂停。", "resumed": "计划已恢复。", "triggered": "已立即运行一次。",
            "backfilled": "补跑已提交。"}
 
@@ -98,7 +104,8 @@ async def schedule_trigger(request: web.Request) -> web.StreamResponse:
     return redirect(_detail_url(request, "triggered"))
 
 
-def _time(form: dict[str, str], name: str, problems: list[dict[str, str]]) -> dt.datetime | None:
+def _time(form: Mapping[str, str], name: str, problems: list[dict[str, str]]
+          ) -> dt.datetime | None:
     text = utc_text(form.get(name, "").strip())
     try:
         return tasks.parse_rfc3339(text)
@@ -107,16 +114,48 @@ def _time(form: dict[str, str], name: str, problems: list[dict[str, str]]) -> dt
         return None
 
 
-async def schedule_backfill(request: web.Request) -> web.StreamResponse:
-    form = await form_of(request)
-    principal = await principal_of(request)
+def _backfill_input(given: Mapping[str, str]) -> tuple[dt.datetime, dt.datetime, str]:
+    """The range and reason of a backfill form, checked as the domain checks them."""
     problems: list[dict[str, str]] = []
-    start, end = _time(form, "start", problems), _time(form, "end", problems)
+    start, end = _time(given, "start", problems), _time(given, "end", problems)
     if problems or start is None or end is None:
         raise errors.ValidationFailed(problems)
+    reason = given.get("reason", "").strip()
+    schedule_commands.check_backfill(start, end, reason)
+    return start, end, reason
+
+
+async def schedule_backfill_preview(request: web.Request) -> web.StreamResponse:
+    """The backfill's preview (GET, writes nothing): the instants a backfill of the range
+    would create now, each with its version, and the confirm form. The confirm form carries a
+    fresh idempotency key, so sending it twice backfills once."""
+    principal = await principal_of(request)
+    unknown = set(request.query) - {"start", "end", "reason"}
+    if unknown:
+        raise errors.ValidationFailed([{"path": f"?{sorted(unknown)[0]}",
+                                        "message": "not a field of this page"}])
+    start, end, reason = _backfill_input(request.query)
+    preview = await schedule_commands.preview_backfill(
+        request.config_dict[DB], principal, namespace=_namespace(request), name=_name(request),
+        start=start, end=end)
+    return await render(request, "backfill.html", {
+        "namespace": _namespace(request), "page": "schedules", "name": _name(request),
+        "p": preview, "shown": preview["instants"][:PREVIEW_ROWS], "reason": reason,
+        "idempotency_key": secrets.token_hex(16)})
+
+
+async def schedule_backfill(request: web.Request) -> web.StreamResponse:
+    """The confirmed backfill: the domain's backfill with the preview's idempotency key."""
+    form = await form_of(request)
+    principal = await principal_of(request)
+    start, end, reason = _backfill_input(form)
+    key = form.get("idempotency_key", "")
+    if not IDEMPOTENCY_KEY.fullmatch(key):
+        raise errors.ValidationFailed([{"path": "idempotency_key",
+                                        "message": "the preview's key: 32 hex digits"}])
     await schedule_commands.backfill(
         request.config_dict[DB], principal, namespace=_namespace(request), name=_name(request),
-        start=start, end=end, reason=form.get("reason", "").strip(),
+        start=start, end=end, reason=reason, idempotency_key=key,
         request_id=request_id_of(request))
     return redirect(_detail_url(request, "backfilled"))
 
@@ -128,5 +167,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(base + "/{schedule}/pause", schedule_pause, name="schedule.pause")
     app.router.add_post(base + "/{schedule}/resume", schedule_resume, name="schedule.resume")
     app.router.add_post(base + "/{schedule}/trigger", schedule_trigger, name="schedule.trigger")
+    app.router.add_get(base + "/{schedule}/backfill", schedule_backfill_preview,
+                       name="schedule.backfill_preview")
     app.router.add_post(base + "/{schedule}/backfill", schedule_backfill,
                         name="schedule.backfill")

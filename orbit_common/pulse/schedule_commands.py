@@ -1,6 +1,7 @@
 """Schedule commands and queries: create, publish a version, pause/resume, disable, trigger now,
-backfill, get, list, occurrences. Every command is one transaction, audited, and idempotent with
-an ``Idempotency-Key`` (the foundation's records); the firing itself is schedules.py.
+backfill (and its read-only preview), get, list, occurrences. Every command is one transaction,
+audited, and idempotent with an ``Idempotency-Key`` (the foundation's records); the firing itself
+is schedules.py.
 
 Validation happens before the transaction (rule, template, policies, windows), except what
 needs the database (the queue, the name's uniqueness, the revision), so bad input writes
@@ -520,6 +521,70 @@ async def trigger_now(db: Database, principal: credentials.Principal, *, namespa
                        submits=True))
 
 
+def check_backfill(start: dt.datetime, end: dt.datetime, reason: str | None) -> None:
+    """The checks of a backfill's input that need no database (``reason`` None: a preview,
+    which has none)."""
+    problems: list[dict[str, str]] = []
+    if end <= start:
+        problems.append({"path": "$.end", "message": "after start"})
+    if reason is not None and not 1 <= len(reason) <= REASON_MAX:
+        problems.append({"path": "$.reason", "message": f"1-{REASON_MAX} characters"})
+    if problems:
+        raise errors.ValidationFailed(problems)
+
+
+@attrs.frozen(kw_only=True)
+class BackfillPlan:
+    """What a backfill of ``[start, end)`` finds: the planned instants it searched (each with
+    the version that governed it) and, of those, the ones that never ran."""
+
+    searched_until: dt.datetime
+    planned: list[tuple[dt.datetime, schedules.Version]]
+    todo: list[tuple[dt.datetime, schedules.Version]]
+
+    @property
+    def already_ran(self) -> int:
+        return len(self.planned) - len(self.todo)
+
+
+def _planned(versions: dict[int, schedules.Version], start: dt.datetime, upper: dt.datetime
+             ) -> list[tuple[dt.datetime, schedules.Version]]:
+    """The planned instants of ``[start, upper)``, each with the version in effect then (the
+    first version also before its ``effective_from``); more than :data:`MAX_BACKFILL` is
+    ``range_too_large``."""
+    instants: list[tuple[dt.datetime, schedules.Version]] = []
+    ordered = sorted(versions.values(), key=lambda v: v.version)
+    for index, version in enumerate(ordered):
+        low = start if index == 0 else max(start, version.effective_from)
+        high = upper if index + 1 == len(ordered) else min(
+            upper, ordered[index + 1].effective_from)
+        if high <= low:
+            continue
+        for at in schedule_rules.fires_after(version.rule, low - schedules.US,
+                                             high - schedules.US, limit=MAX_BACKFILL + 1):
+            instants.append((at, version))
+            if len(instants) > MAX_BACKFILL:
+                raise RangeTooLarge(f"the range holds more than {MAX_BACKFILL} planned"
+                                    " instants; backfill it in smaller ranges")
+    return instants
+
+
+async def _plan_backfill(cur: Any, namespace_id: bytes, row: dict[str, Any],
+                         start: dt.datetime, end: dt.datetime) -> BackfillPlan:
+    """The one selection of a backfill, shared by :func:`backfill` and
+    :func:`preview_backfill`: only instants the scheduler has already passed (before
+    ``covered_until``), bounded by :data:`MAX_BACKFILL`, minus those that ran (a FIRED row of
+    any source, a MERGED range, an earlier backfill). Reads only."""
+    if row["state"] == "DISABLED":
+        raise ScheduleDisabled(f"schedule {row['name']!r} is disabled")
+    versions = await _all_versions(cur, namespace_id, row)
+    upper = min(end, as_utc(row["covered_until"]))
+    planned = _planned(versions, start, upper)
+    ran = await _ran(cur, namespace_id, row["id"], start, upper)
+    return BackfillPlan(searched_until=upper, planned=planned,
+                        todo=[(at, v) for at, v in planned if not _covered(at, ran)])
+
+
 async def backfill(db: Database, principal: credentials.Principal, *, namespace: str,
                    name: str, start: dt.datetime, end: dt.datetime, reason: str,
                    idempotency_key: str | None = None,
@@ -527,11 +592,9 @@ async def backfill(db: Database, principal: credentials.Principal, *, namespace:
     """Run the planned instants of ``[start, end)`` that never ran (no FIRED row, not inside a
     MERGED range, not already backfilled), each with the version that governed it; only
     instants the scheduler has already passed (before ``covered_until``). At most
-    :data:`MAX_BACKFILL` instants: a larger range is ``range_too_large``. Audited."""
-    if end <= start:
-        raise errors.ValidationFailed([{"path": "$.end", "message": "after start"}])
-    if not reason or len(reason) > 1024:
-        raise errors.ValidationFailed([{"path": "$.reason", "message": "1-1024 characters"}])
+    :data:`MAX_BACKFILL` instants: a larger range is ``range_too_large``. Audited. The
+    selection is :func:`_plan_backfill`, the one :func:`preview_backfill` shows."""
+    check_backfill(start, end, reason)
     idem = namespaced.request("schedules.backfill", idempotency_key, name.encode(),
                               {"start": start.isoformat(), "end": end.isoformat(),
                                "reason": reason}, principal)
@@ -540,44 +603,26 @@ async def backfill(db: Database, principal: credentials.Principal, *, namespace:
         row = await _locked(cur, namespace_id, name)
         await _in_scope(cur, principal, authz.Action.SCHEDULES_MANAGE, namespace, row,
                         submits=True)
-        if row["state"] == "DISABLED":
-            raise ScheduleDisabled(f"schedule {name!r} is disabled")
-        versions = await _all_versions(cur, namespace_id, row)
         now = await db_now(cur)
-        upper = min(end, as_utc(row["covered_until"]))
-        instants: list[tuple[dt.datetime, schedules.Version]] = []
-        ordered = sorted(versions.values(), key=lambda v: v.version)
-        for index, version in enumerate(ordered):
-            low = start if index == 0 else max(start, version.effective_from)
-            high = upper if index + 1 == len(ordered) else min(
-                upper, ordered[index + 1].effective_from)
-            if high <= low:
-                continue
-            for at in schedule_rules.fires_after(version.rule, low - schedules.US,
-                                                 high - schedules.US, limit=MAX_BACKFILL + 1):
-                instants.append((at, version))
-                if len(instants) > MAX_BACKFILL:
-                    raise RangeTooLarge(f"the range holds more than {MAX_BACKFILL} planned"
-                                        " instants; backfill it in smaller ranges")
+        plan = await _plan_backfill(cur, namespace_id, row, start, end)
         # A run committed by another writer between the read of the ledger and the insert
         # (the insert waits on uq_occurrences_run, then fails) is read again and counted as
         # already ran, like every other run found in the ledger.
         await cur.execute("SAVEPOINT backfill_runs")
         try:
-            todo, runs = await _backfill_runs(cur, namespace_id, row, instants, start, upper,
-                                              now)
+            runs = await _create_runs(cur, namespace_id, row, plan.todo, "BACKFILL", now)
         except OccurrenceAlreadyRan:
             await cur.execute("ROLLBACK TO SAVEPOINT backfill_runs")
-            todo, runs = await _backfill_runs(cur, namespace_id, row, instants, start, upper,
-                                              now)
+            plan = await _plan_backfill(cur, namespace_id, row, start, end)
+            runs = await _create_runs(cur, namespace_id, row, plan.todo, "BACKFILL", now)
         await _record(cur, principal, namespace_id, row["id"], row["revision"],
                       "schedule.backfilled", row["state"], row["state"],
                       {"start": start.isoformat(), "end": end.isoformat(), "reason": reason,
-                       "created": len(runs), "already_ran": len(instants) - len(todo)},
+                       "created": len(runs), "already_ran": plan.already_ran},
                       request_id, transition=False)
         return 200, {"schedule": row["name"], "start": start.isoformat(),
-                     "end": end.isoformat(), "searched_until": upper.isoformat(),
-                     "created": runs, "already_ran": len(instants) - len(todo)}, row["id"]
+                     "end": end.isoformat(), "searched_until": plan.searched_until.isoformat(),
+                     "created": runs, "already_ran": plan.already_ran}, row["id"]
 
     return await namespaced.run(
         db, "schedules.backfill", principal=principal, action=authz.Action.SCHEDULES_MANAGE,
@@ -586,15 +631,35 @@ async def backfill(db: Database, principal: credentials.Principal, *, namespace:
                        submits=True))
 
 
-async def _backfill_runs(cur: Any, namespace_id: bytes, row: dict[str, Any],  # noqa: PLR0917
-                         instants: list[tuple[dt.datetime, schedules.Version]],
-                         start: dt.datetime, upper: dt.datetime, now: dt.datetime,
-                         ) -> tuple[list[tuple[dt.datetime, schedules.Version]],
-                                    list[dict[str, Any]]]:
-    """The instants of ``instants`` that never ran, and the runs created for them."""
-    ran = await _ran(cur, namespace_id, row["id"], start, upper)
-    todo = [(at, v) for at, v in instants if not _covered(at, ran)]
-    return todo, await _create_runs(cur, namespace_id, row, todo, "BACKFILL", now)
+async def preview_backfill(db: Database, principal: credentials.Principal, *, namespace: str,
+                           name: str, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """What :func:`backfill` of ``[start, end)`` would create if it ran now, writing nothing:
+    the same selection (:func:`_plan_backfill`), the same refusals (``range_too_large``,
+    ``schedule_disabled``, ``validation_failed``) and the same rights (``schedules.manage``
+    and ``tasks.submit`` on the schedule's queue), in one read-only transaction. ``instants``
+    are in fire-time order, at most :data:`MAX_BACKFILL`; ``versions`` are those they use."""
+    check_backfill(start, end, None)
+
+    async def body(cur: Any) -> dict[str, Any]:
+        ns = await credentials.authorize(cur, principal, authz.Action.SCHEDULES_MANAGE,
+                                         namespace)
+        await cur.execute(f"SELECT {COLUMNS}{FROM} WHERE s.namespace_id = %s AND s.name = %s",
+                          (ns.id, name))
+        found = await cur.fetchone()
+        if not names.found(found, "name", name):
+            raise ScheduleNotFound(f"no schedule named {name!r} in this namespace")
+        row = dict(found)
+        await _in_scope(cur, principal, authz.Action.SCHEDULES_MANAGE, namespace, row,
+                        submits=True)
+        plan = await _plan_backfill(cur, ns.id, row, start, end)
+        return {"schedule": row["name"], "start": start.isoformat(), "end": end.isoformat(),
+                "searched_until": plan.searched_until.isoformat(),
+                "instants": [{"fire_at": at.isoformat(timespec="microseconds"),
+                              "version": v.version} for at, v in plan.todo],
+                "versions": sorted({v.version for _, v in plan.todo}),
+                "already_ran": plan.already_ran}
+
+    return await db.read("schedules.backfill_preview", body)
 
 
 async def _ran(cur: Any, namespace_id: bytes, schedule_id: bytes, start: dt.datetime,

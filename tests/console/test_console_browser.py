@@ -8,6 +8,7 @@ page's own form, then checked in the database with its audit row.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +19,7 @@ import pymysql
 import pytest
 from playwright.async_api import Dialog, Page, Route, async_playwright
 
+from orbit_common.db.clock import as_utc
 from orbit_common.db.pool import Database, DatabaseUrl
 from orbit_common.relay import deliveries
 from orbit_common.relay.deliveries import AttemptError
@@ -349,6 +351,82 @@ async def test_schedule_pages_pause_trigger_and_a_bad_backfill(
     assert len(rows(sync_conn, "SELECT id FROM orbit_audit_events WHERE namespace_id = %s"
                     " AND resource_type = 'schedule' AND actor_kind = 'console'",
                     tenant.namespace_id)) == 2
+
+
+async def test_schedule_backfill_preview_confirm_and_a_double_confirm(
+    console_api: ApiDaemon, admin: Admin, page: Page,
+    sync_conn: pymysql.connections.Connection[Any],
+) -> None:
+    tenant = admin.tenant
+    make_queue(console_api, tenant, "hourly")
+    status, body = http("POST", f"{console_api.url}/v1/namespaces/{tenant.namespace}/schedules",
+                        headers=tenant.auth, body={
+                            "name": "hourly-sync", "queue": "hourly",
+                            "rule": {"cron": "0 * * * *", "timezone": "UTC"},
+                            "template": {"handler": "sync.run"}})
+    assert status == 201, body
+    # Three whole hours before the schedule existed: a backfill runs them (docs/schedules.md).
+    hour = dt.datetime.fromisoformat(body["created_at"]).replace(minute=0, second=0,
+                                                                 microsecond=0)
+    start, end = hour - dt.timedelta(hours=6), hour - dt.timedelta(hours=3)
+
+    def made() -> list[dict[str, Any]]:
+        return rows(sync_conn, "SELECT o.fire_at, o.version, t.id FROM pulse_schedule_occurrences o"
+                    " JOIN pulse_tasks t ON t.namespace_id = o.namespace_id AND t.id = o.task_id"
+                    " WHERE o.namespace_id = %s AND o.source = 'BACKFILL' ORDER BY o.fire_at",
+                    tenant.namespace_id)
+
+    def audited() -> list[dict[str, Any]]:
+        return rows(sync_conn, "SELECT actor_kind, actor_id, reason, after_doc"
+                    " FROM orbit_audit_events WHERE namespace_id = %s"
+                    " AND action = 'schedule.backfilled'", tenant.namespace_id)
+
+    await log_in(page, console_api, admin)
+    await page.wait_for_url(re.compile(r".*/console/ns/.*"))
+    await page.goto(f"{console_api.url}/console/ns/{tenant.namespace}/schedules/hourly-sync")
+    await page.fill("#backfill input[name=start]", start.strftime("%Y-%m-%dT%H:%M"))
+    await page.fill("#backfill input[name=end]", end.isoformat())
+    await page.fill("#backfill input[name=reason]", "sync was down INC-7")
+    await submit(page, "#backfill button")
+    assert (await page.locator("h1").inner_text()).startswith("补跑预览")
+    assert (await page.locator("#backfill-count").inner_text()) == "3"
+    assert (await page.locator("#backfill-versions").inner_text()) == "1"
+    listed = await page.locator("#backfill-instants tbody tr td:first-child").all_inner_texts()
+    assert listed == [(start + dt.timedelta(hours=n)).strftime("%Y-%m-%d %H:%M:%S.000000")
+                      for n in range(3)]
+    await shot(page, "schedule-backfill-preview")
+    assert made() == []  # the preview wrote nothing
+    assert audited() == []
+    confirm = page.locator("#backfill-confirm input[type=hidden]")
+    fields: dict[str, str | float | bool] = {
+        await field.get_attribute("name") or "": await field.get_attribute("value") or ""
+        for field in await confirm.all()}
+    assert set(fields) == {"csrf", "start", "end", "reason", "idempotency_key"}
+
+    async def accept(dialog: Dialog) -> None:
+        await dialog.accept()
+
+    page.on("dialog", accept)
+    await submit(page, "#backfill-confirm button")
+    assert (await page.locator(".notice").inner_text()) == "补跑已提交。"
+    assert (await page.locator("#ledger").inner_text()).count("BACKFILL") == 3
+    first = made()
+    assert [(as_utc(r["fire_at"]), r["version"]) for r in first] == [
+        (start + dt.timedelta(hours=n), 1) for n in range(3)]
+    [audit] = audited()
+    assert (audit["actor_kind"], audit["actor_id"], audit["reason"]) == (
+        "console", admin.actor_id, "sync was down INC-7")
+    assert '"created":3' in audit["after_doc"].replace(" ", "")
+    await shot(page, "schedule-backfilled")
+
+    # The same confirm sent again (a double click, a resent form): the recorded answer, no
+    # second set of tasks and no second audit row.
+    again = await page.context.request.post(
+        f"{console_api.url}/console/ns/{tenant.namespace}/schedules/hourly-sync/backfill",
+        form=fields, max_redirects=0)
+    assert again.status == 303, await again.text()
+    assert made() == first
+    assert len(audited()) == 1
 
 
 async def test_subscription_pages_add_budget_and_pause(

@@ -13,9 +13,10 @@ from aiohttp.test_utils import TestClient
 
 from orbit_common.db.pool import Database
 from orbit_common.platform import credentials
-from orbit_common.pulse import queues
+from orbit_common.pulse import queues, schedule_commands
 from tests.conftest import Tenant, make_tenant, unique
 from tests.console.conftest import Admin
+from tests.integration.api.conftest import row_counts
 from tests.integration.test_leases import claim, expire_now, recover, start
 from tests.support.lease_fixtures import add_tasks, open_session
 from tests.support.lease_fixtures import make_queue as make_lease_queue
@@ -369,7 +370,8 @@ async def test_a_forged_schedule_name_writes_nothing(
     before = audit_count(sync_conn)
     for action, data in (("pause", {"reason": "x"}), ("trigger", {}),
                          ("backfill", {"start": "2026-01-01T00:00:00Z",
-                                       "end": "2026-01-02T00:00:00Z", "reason": "x"})):
+                                       "end": "2026-01-02T00:00:00Z", "reason": "x",
+                                       "idempotency_key": "ab" * 16})):
         response = await api.post(f"{base}/no-such-schedule/{action}", data={"csrf": csrf, **data})
         assert response.status == 404, action
         assert "schedule_not_found" in await response.text()
@@ -445,3 +447,93 @@ async def test_forged_workflow_ids_and_bad_filters_write_nothing(
                               data={"csrf": csrf, "reason": "forged", "control_revision": "1"})
     assert response.status == 404
     assert audit_count(sync_conn) == before
+
+
+# --- schedule backfill: preview and confirm ------------------------------------------------
+
+BACKFILL_TABLES = ("pulse_tasks", "pulse_schedule_occurrences", "orbit_audit_events",
+                   "orbit_idempotency_keys", "orbit_events")
+HOUR = "2026-01-01T00:00:00Z"
+
+
+async def make_schedule(db: Database, tenant: Tenant, rule: dict[str, Any]) -> str:
+    principal = await db.read("t", lambda cur: credentials.authenticate(cur, tenant.api_key))
+    queue = await make_queue(db, tenant)
+    doc = {"rule": rule, "template": {"handler": "reports.build"}}
+    name = unique("s")
+    await schedule_commands.create_schedule(
+        db, principal, namespace=tenant.namespace, name=name, queue=queue,
+        spec=schedule_commands.parse_version(doc, doc))
+    return name
+
+
+@pytest.mark.parametrize(("fields", "status", "code", "message"), [
+    ({"start": "2026-01-02T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, 400,
+     "validation_failed", "after start"),
+    ({"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, 400,
+     "validation_failed", "after start"),
+    ({"start": "yesterday"}, 400, "validation_failed", "start"),
+    ({"end": "2026-13-01T00:00:00Z"}, 400, "validation_failed", "end"),
+    ({"reason": ""}, 400, "validation_failed", "1-1024 characters"),
+    ({"start": "2020-01-01T00:00:00Z", "end": "2020-02-01T00:00:00Z"}, 400, "range_too_large",
+     "more than 1000 planned instants"),
+    ({"other_namespace": True}, 404, "namespace_not_found", "namespace"),
+    ({"other_schedule": True}, 404, "schedule_not_found", "no schedule named"),
+], ids=["end-before-start", "empty-range", "start-unparseable", "end-unparseable",
+        "no-reason", "too-large", "another-namespace", "another-namespaces-schedule"])
+async def test_bad_backfill_input_is_an_error_page_in_the_preview_and_the_confirm(
+    api: Client, admin: Admin, db: Database, sync_conn: pymysql.connections.Connection[Any],
+    fields: dict[str, Any], status: int, code: str, message: str,
+) -> None:
+    tenant = admin.tenant
+    name = await make_schedule(db, tenant, {"cron": "* * * * *", "timezone": "UTC"})
+    other = await make_tenant(db)
+    theirs = await make_schedule(db, other, {"cron": "0 * * * *", "timezone": "UTC"})
+    await log_in(api, admin)
+    namespace = other.namespace if fields.get("other_namespace") else tenant.namespace
+    target = theirs if fields.get("other_namespace") or fields.get("other_schedule") else name
+    form = {"start": "2025-12-31T22:00:00Z", "end": HOUR, "reason": "missed runs",
+            **{k: v for k, v in fields.items() if k.startswith(("start", "end", "reason"))}}
+    path = f"/console/ns/{namespace}/schedules/{target}/backfill"
+    csrf = await page_csrf(api, f"/console/ns/{tenant.namespace}/schedules/{name}")
+    before = row_counts(sync_conn, BACKFILL_TABLES)
+    preview = await api.get(path, params=form)
+    confirm = await api.post(path, data={**form, "csrf": csrf, "idempotency_key": "cd" * 16})
+    for response in (preview, confirm):
+        body = await response.text()
+        assert response.status == status, body
+        assert response.headers["Content-Type"].startswith("text/html")
+        assert code in body
+        assert message in body
+        assert "没有写入任何内容" in body
+    assert row_counts(sync_conn, BACKFILL_TABLES) == before
+
+
+@pytest.mark.parametrize(("fields", "status", "code"), [
+    ({"idempotency_key": ""}, 400, "validation_failed"),
+    ({"idempotency_key": "not the preview's key"}, 400, "validation_failed"),
+    ({"csrf": ""}, 403, "csrf_token_invalid"),
+    ({"csrf": "0" * 64}, 403, "csrf_token_invalid"),
+    ({"reason": "x" * 20_000}, 413, "payload_too_large"),
+], ids=["no-key", "forged-key", "no-csrf", "wrong-csrf", "oversized"])
+async def test_a_forged_backfill_confirm_writes_nothing(
+    api: Client, admin: Admin, db: Database, sync_conn: pymysql.connections.Connection[Any],
+    fields: dict[str, str], status: int, code: str,
+) -> None:
+    tenant = admin.tenant
+    name = await make_schedule(db, tenant, {"cron": "0 * * * *", "timezone": "UTC"})
+    await log_in(api, admin)
+    base = f"/console/ns/{tenant.namespace}/schedules/{name}/backfill"
+    form = {"start": "2025-12-31T20:00:00Z", "end": HOUR, "reason": "missed runs"}
+    page = await (await api.get(base, params=form)).text()
+    assert 'id="backfill-count">4<' in page  # the preview would create four runs
+    confirm = dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)">', page))
+    assert set(confirm) == {"csrf", "start", "end", "reason", "idempotency_key"}
+    before = row_counts(sync_conn, BACKFILL_TABLES)
+    response = await api.post(base, data={**confirm, **fields})
+    assert response.status == status
+    assert code in await response.text()
+    assert row_counts(sync_conn, BACKFILL_TABLES) == before
+    done = await api.post(base, data=confirm, allow_redirects=False)  # the real one works
+    assert done.status == 303, await done.text()
+    assert row_counts(sync_conn, ("pulse_tasks",))["pulse_tasks"] == before["pulse_tasks"] + 4

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +33,8 @@ from tests.support.waiting import statements_waiting, until
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def url() -> Iterator[DatabaseUrl]:
-    server = database.server_url()
-    name = database.scratch_name("orbit_weave_faults")
-    yield database.create_database(server, name)
-    database.drop_database(server, name)
-
-
-@pytest.fixture
-async def db(url: DatabaseUrl) -> AsyncIterator[Database]:
-    db = await open_database(url, minsize=1, maxsize=4)
-    try:
-        yield db
-    finally:
-        await db.close()
+url, db = database.own_database("orbit_weave_faults", pool_max=4, scope="function",
+                                 names=("url", "db"))
 
 
 LINEAR = doc({

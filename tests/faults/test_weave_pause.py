@@ -14,13 +14,12 @@ invariant checker green.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
+from orbit_common.db.pool import Database, DatabaseUrl, connect_sync
 from orbit_common.weave import controls, instances
 from tests.conftest import make_tenant
 from tests.integration.test_leases import claim, finish, report, start
@@ -42,21 +41,8 @@ FLOW = doc({
 }, "a")
 
 
-@pytest.fixture
-def url() -> Iterator[DatabaseUrl]:
-    server = database.server_url()
-    name = database.scratch_name("orbit_weave_pause_faults")
-    yield database.create_database(server, name)
-    database.drop_database(server, name)
-
-
-@pytest.fixture
-async def db(url: DatabaseUrl) -> AsyncIterator[Database]:
-    db = await open_database(url, minsize=1, maxsize=8)
-    try:
-        yield db
-    finally:
-        await db.close()
+url, db = database.own_database("orbit_weave_pause_faults", pool_max=8, scope="function",
+                                 names=("url", "db"))
 
 
 def scalar(url: DatabaseUrl, sql: str, *params: Any) -> Any:

@@ -8,13 +8,12 @@ over them leaves exactly one winner."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
+from orbit_common.db.pool import Database, DatabaseUrl, connect_sync
 from orbit_common.weave import signals
 from tests.conftest import make_tenant
 from tests.faults.test_weave_engine import InstanceLock, blocked_in_advance
@@ -41,21 +40,8 @@ HOLDING = doc({
 }, "wait")
 
 
-@pytest.fixture
-def url() -> Iterator[DatabaseUrl]:
-    server = database.server_url()
-    name = database.scratch_name("orbit_weave_signal_faults")
-    yield database.create_database(server, name)
-    database.drop_database(server, name)
-
-
-@pytest.fixture
-async def db(url: DatabaseUrl) -> AsyncIterator[Database]:
-    db = await open_database(url, minsize=1, maxsize=4)
-    try:
-        yield db
-    finally:
-        await db.close()
+url, db = database.own_database("orbit_weave_signal_faults", pool_max=4, scope="function",
+                                 names=("url", "db"))
 
 
 async def send(flow: Flow, payload: Any) -> str:

@@ -18,13 +18,12 @@ import asyncio
 import datetime as dt
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orbit_common.db.pool import Database, DatabaseUrl, connect_sync, open_database
+from orbit_common.db.pool import Database, DatabaseUrl, connect_sync
 from orbit_common.weave import instances
 from orbit_common.weave.engine import Engine
 from tests.conftest import Tenant, make_tenant
@@ -48,21 +47,8 @@ DOWNTIME_S = float(os.environ.get("ORBIT_TEST_TIMER_DOWNTIME_S", "30"))
 SET_WITHIN_S = 20
 
 
-@pytest.fixture
-def url() -> Iterator[DatabaseUrl]:
-    server = database.server_url()
-    name = database.scratch_name("orbit_weave_timer_faults")
-    yield database.create_database(server, name)
-    database.drop_database(server, name)
-
-
-@pytest.fixture
-async def db(url: DatabaseUrl) -> AsyncIterator[Database]:
-    db = await open_database(url, minsize=1, maxsize=8)
-    try:
-        yield db
-    finally:
-        await db.close()
+url, db = database.own_database("orbit_weave_timer_faults", pool_max=8, scope="function",
+                                 names=("url", "db"))
 
 
 AT = doc({

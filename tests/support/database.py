@@ -69,21 +69,26 @@ def scratch_name(prefix: str = "orbit_scratch") -> str:
     return f"{prefix}_{secrets.token_hex(4)}"
 
 
-def own_database(prefix: str, *, pool_max: int = 6) -> tuple[Any, Any]:
-    """The fixtures ``own_url`` (a migrated database of the module's own, created once per
-    module and dropped after it) and ``db`` (a pool on it) for a test module whose daemons or
-    scans read every namespace, such as the workflow engine's lease scans. In the module:
-    ``own_url, db = own_database("orbit_weave_polls")``."""
+def own_database(prefix: str, *, pool_max: int = 6, scope: str = "module",
+                 names: tuple[str, str] = ("own_url", "db")) -> tuple[Any, Any]:
+    """Two fixtures: a migrated database of the test module's own (created once per ``scope``,
+    module or function, and dropped after it) and a pool on it, named by ``names`` (its URL,
+    its pool), for a test module whose daemons or scans read every namespace, such as the
+    workflow engine's lease scans, or whose fault tests kill daemons mid-transaction. In the
+    module: ``own_url, db = own_database("orbit_weave_polls")``."""
+    url_name, db_name = names
 
-    @pytest.fixture(scope="module")
-    def own_url(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
+    @pytest.fixture(scope=scope, name=url_name)  # type: ignore[call-overload]
+    def own_url() -> Iterator[DatabaseUrl]:
+        server = server_url()
         name = scratch_name(prefix)
-        yield create_database(server_url, name)
-        drop_database(server_url, name)
+        yield create_database(server, name)
+        drop_database(server, name)
 
-    @pytest.fixture
-    async def db(own_url: DatabaseUrl) -> AsyncIterator[Database]:
-        pool = await open_database(own_url, minsize=1, maxsize=pool_max)
+    @pytest.fixture(name=db_name)
+    async def db(request: pytest.FixtureRequest) -> AsyncIterator[Database]:
+        pool = await open_database(request.getfixturevalue(url_name), minsize=1,
+                                   maxsize=pool_max)
         try:
             yield pool
         finally:

@@ -5,12 +5,9 @@ QUARANTINED inbox rows never."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import pytest
-
-from orbit_common.db.pool import Database, DatabaseUrl, open_database
+from orbit_common.db.pool import Database
 from orbit_common.weave import instances, leasing
 from tests.conftest import make_tenant
 from tests.integration.test_interventions import cancel
@@ -19,21 +16,8 @@ from tests.integration.weave.test_inbox import workflow_task
 from tests.support import database
 from tests.support.lease_fixtures import make_queue
 
-
-@pytest.fixture(scope="module")
-def own_url(server_url: DatabaseUrl) -> Iterator[DatabaseUrl]:
-    name = database.scratch_name("orbit_weave_leasing")
-    yield database.create_database(server_url, name)
-    database.drop_database(server_url, name)
-
-
-@pytest.fixture
-async def own_db(own_url: DatabaseUrl) -> AsyncIterator[Database]:
-    db = await open_database(own_url, minsize=1, maxsize=4)
-    try:
-        yield db
-    finally:
-        await db.close()
+own_url, own_db = database.own_database("orbit_weave_leasing", pool_max=4,
+                                       names=("own_url", "own_db"))
 
 
 async def test_advances_are_leased_once_skipped_while_held_and_again_after_a_lapse(

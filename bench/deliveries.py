@@ -16,7 +16,9 @@ Three phases, each on a fresh database with its own API, dispatcher and SDK work
    webhook deliveries' p99 of ``acknowledged_at - committed_at`` of their result (database
    time). Then the receiver stops for ``down_s`` seconds (60) while N more tasks run; from its
    return to the last acknowledgement, ``catch_up_deliveries_per_s`` is the webhook backlog over
-   that time (it includes the wait for the endpoint circuit's probe, ``circuit_open_s`` = 2 s).
+   that time (it includes the wait for the endpoint circuit's probe, ``circuit_open_s`` = 2 s);
+   ``catch_up_first_ack_s`` is that wait (return to the first acknowledgement) and
+   ``catch_up_sending_per_s`` the backlog over the rest (first to last acknowledgement).
 
 CPU per task by process role, without (``cpu_us_per_task_plain``) and with the deliveries
 (``cpu_us_per_task_with_deliveries``, up to the last acknowledgement), the bench's own receiving
@@ -274,6 +276,10 @@ def _lag_and_catch_up(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks
             _wait_acknowledged(conn, 2 * tasks)
             catch_up_us = _one(conn, "SELECT TIMESTAMPDIFF(MICROSECOND, %s,"
                                      " MAX(acknowledged_at)) FROM orbit_deliveries", back_at)
+            # The circuit's probe: the first acknowledgement after the receiver came back.
+            probe_us = _one(conn, "SELECT TIMESTAMPDIFF(MICROSECOND, %s, MIN(acknowledged_at))"
+                                  " FROM orbit_deliveries WHERE acknowledged_at >= %s",
+                            back_at, back_at)
             phase.stop_receiver()
             duplicates, missing = _audit(conn, phase)
         finally:
@@ -284,6 +290,9 @@ def _lag_and_catch_up(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks
             "ack_lag_p99_ms": round(percentile(lags, 0.99), 1),
             "catch_up_backlog": backlog, "down_s": down_s,
             "catch_up_deliveries_per_s": round(backlog / (int(catch_up_us) / 1e6), 1),
+            "catch_up_first_ack_s": round(int(probe_us) / 1e6, 3),
+            "catch_up_sending_per_s": round(
+                backlog / max(1e-6, (int(catch_up_us) - int(probe_us)) / 1e6), 1),
             "duplicates": duplicates, "missing": missing}
 
 
@@ -312,6 +321,8 @@ def run(url_text: str | None, tasks: int, workers: int, concurrency: int,
         "ack_lag_p99_ms": half["ack_lag_p99_ms"],
         "down_s": down_s, "catch_up_backlog": half["catch_up_backlog"],
         "catch_up_deliveries_per_s": half["catch_up_deliveries_per_s"],
+        "catch_up_first_ack_s": half["catch_up_first_ack_s"],
+        "catch_up_sending_per_s": half["catch_up_sending_per_s"],
         "pump_cpu_us_per_delivery": full["pump_cpu_us_per_delivery"],
         **cpu_split(plain, full),
         "duplicates": full["duplicates"] + half["duplicates"],

@@ -106,6 +106,17 @@ def make_queue(api: ApiDaemon, tenant: Tenant, name: str, tasks: int = 0) -> Non
         assert status in (200, 201), body
 
 
+def make_schedule(api: ApiDaemon, tenant: Tenant, name: str, queue: str,
+                  rule: dict[str, str], handler: str) -> dict[str, Any]:
+    """A schedule on a new queue ``queue``, through the API; its document."""
+    make_queue(api, tenant, queue)
+    status, body = http("POST", f"{api.url}/v1/namespaces/{tenant.namespace}/schedules",
+                        headers=tenant.auth, body={"name": name, "queue": queue, "rule": rule,
+                                                   "template": {"handler": handler}})
+    assert status == 201, body
+    return body
+
+
 async def test_login_overview_and_logout(console_api: ApiDaemon, admin: Admin, page: Page) -> None:
     tenant = admin.tenant
     make_queue(console_api, tenant, "orders", tasks=3)
@@ -312,13 +323,8 @@ async def test_schedule_pages_pause_trigger_and_a_bad_backfill(
     sync_conn: pymysql.connections.Connection[Any],
 ) -> None:
     tenant = admin.tenant
-    make_queue(console_api, tenant, "nightly")
-    status, body = http("POST", f"{console_api.url}/v1/namespaces/{tenant.namespace}/schedules",
-                        headers=tenant.auth, body={
-                            "name": "nightly-report", "queue": "nightly",
-                            "rule": {"cron": "0 2 * * *", "timezone": "Asia/Shanghai"},
-                            "template": {"handler": "reports.build"}})
-    assert status == 201, body
+    make_schedule(console_api, tenant, "nightly-report", "nightly",
+                  {"cron": "0 2 * * *", "timezone": "Asia/Shanghai"}, "reports.build")
     await log_in(page, console_api, admin)
     await page.wait_for_url(re.compile(r".*/console/ns/.*"))
     await page.click("nav.pages a:has-text('计划')")
@@ -358,13 +364,8 @@ async def test_schedule_backfill_preview_confirm_and_a_double_confirm(
     sync_conn: pymysql.connections.Connection[Any],
 ) -> None:
     tenant = admin.tenant
-    make_queue(console_api, tenant, "hourly")
-    status, body = http("POST", f"{console_api.url}/v1/namespaces/{tenant.namespace}/schedules",
-                        headers=tenant.auth, body={
-                            "name": "hourly-sync", "queue": "hourly",
-                            "rule": {"cron": "0 * * * *", "timezone": "UTC"},
-                            "template": {"handler": "sync.run"}})
-    assert status == 201, body
+    body = make_schedule(console_api, tenant, "hourly-sync", "hourly",
+                         {"cron": "0 * * * *", "timezone": "UTC"}, "sync.run")
     # Three whole hours before the schedule existed: a backfill runs them (docs/schedules.md).
     hour = dt.datetime.fromisoformat(body["created_at"]).replace(minute=0, second=0,
                                                                  microsecond=0)

@@ -604,18 +604,19 @@ async def _claim_identities(cur: Any, rows: list[_Row],
 async def _insert_rows(cur: Any, namespace_id: bytes, rows: Sequence[_Row],
                        now: dt.datetime) -> None:
     await cur.executemany(INSERT_TASKS, [r.task for r in rows])
-    # Counters after the task rows (the one lock order: queues, the new keys' rows, the
-    # application);
-    # a limit refusal rolls everything back.
-    keys = [r.item.spec.concurrency_key for r in rows if r.item.spec.concurrency_key is not None]
-    await resources.apply(cur, namespace_id, resources.Usage(
-        unfinished=Counter(r.queue.id for r in rows)), admit=True,
-        between=lambda: resources.ensure_keys(cur, namespace_id, keys))
+    # The events before the counters: they are new rows no other transaction waits for, and
+    # the queue row, the hottest lock, is then held only from its update to the commit.
     await cur.executemany(INSERT_EVENTS, [
         (namespace_id, r.item.event_id, "task", r.item.task_id, 1, "task.accepted", None,
          TaskState.WAITING.value, jsondoc.dumps(r.receipt), to_db(now))
         for r in rows
     ])
+    # Counters last (the one lock order: queues, the new keys' rows, the application); a limit
+    # refusal rolls everything back.
+    keys = [r.item.spec.concurrency_key for r in rows if r.item.spec.concurrency_key is not None]
+    await resources.apply(cur, namespace_id, resources.Usage(
+        unfinished=Counter(r.queue.id for r in rows)), admit=True,
+        between=lambda: resources.ensure_keys(cur, namespace_id, keys))
 
 
 async def insert_generated(cur: Any, namespace_id: bytes,

@@ -60,7 +60,9 @@ def test_an_exited_child_is_restarted_when_its_delay_is_due(
 
     exited = spawn()
     exited.wait()
-    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # A child that runs until it is killed: it blocks reading its stdin, which stays open.
+    running = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                               stdin=subprocess.PIPE)
     try:
         group = {"gone": exited, "alive": running}
         restarts = {"gone": 0, "alive": 0}
@@ -79,5 +81,7 @@ def test_an_exited_child_is_restarted_when_its_delay_is_due(
     finally:
         running.kill()
         running.wait()
+        assert running.stdin is not None
+        running.stdin.close()
         for proc in spawned:
             proc.wait()

@@ -2,14 +2,21 @@
 
 Two loops share one database pool:
 
-* **advances** -- :meth:`orbit_common.weave.engine.Engine.run_once` rounds: lease up to
-  ``[weave] batch`` inbox rows and pending advances (``SKIP LOCKED``, lapsed leases included),
-  then the leased instances' advances, up to ``per_transaction`` instances per transaction. A
-  round whose lease came back full runs again at once; one that found work waits
-  ``poll_min_ms``; an idle one backs off, doubling up to ``poll_max_ms``.
+* **advances** -- rounds of :class:`orbit_common.weave.engine.Engine`: a lease transaction
+  (:meth:`~orbit_common.weave.engine.Engine.lease_round`: up to ``[weave] batch`` inbox rows,
+  pending advances and signals, ``SKIP LOCKED``; lapsed leases at most every
+  ``recover_interval_s``), then the leased instances' advances
+  (:meth:`~orbit_common.weave.engine.Engine.advance_round`), up to ``per_transaction``
+  instances per transaction and ``concurrency`` transactions at once. The next lease does not
+  wait for the advances: up to ``rounds_in_flight`` rounds advance at once, so a result that
+  ends while a round advances is leased after ``poll_min_ms``, not after that round. A lease
+  that came back full leases again at once; one that found work waits ``poll_min_ms``; an
+  idle one backs off, doubling up to ``poll_max_ms``. Two rounds in flight may hold rows of
+  one instance (a PARALLEL block's branches): their advances serialise on the instance row,
+  exactly as two replicas' do.
 * **gauges** -- every ``gauge_interval_s``, the backlog and instances by state.
 
-Drain (SIGTERM): stop starting rounds; the round in flight finishes (every row it leased is
+Drain (SIGTERM): stop starting rounds; the rounds in flight finish (every row it leased is
 advanced and committed, or its lease lapses). A kill -9 loses nothing: an uncommitted advance
 rolls back, its rows' leases lapse after ``lease_ms`` and any replica leases them again; a
 committed one consumed its rows in the same transaction, so they are never advanced twice.
@@ -49,7 +56,8 @@ class WeaveService:
         self.engine = engine.Engine(db, owner=owner_id(self.config.owner),
                                     lease_ms=self.config.lease_ms, batch=self.config.batch,
                                     concurrency=self.config.concurrency,
-                                    per_transaction=self.config.per_transaction)
+                                    per_transaction=self.config.per_transaction,
+                                    recover_interval_s=self.config.recover_interval_s)
         self.metrics = metrics or default()
         self.stopping = asyncio.Event()
         self.pacer = Pacer(self.stopping, gate, log, "weave")
@@ -83,26 +91,49 @@ class WeaveService:
     async def _advance_loop(self) -> None:
         poll_min, poll_max = self.config.poll_min_ms / 1000, self.config.poll_max_ms / 1000
         delay = poll_min
-        while not self.stopping.is_set():
+        rounds = asyncio.Semaphore(self.config.rounds_in_flight)
+        running: set[asyncio.Task[None]] = set()
+
+        async def advance(leased: engine.Leased) -> None:
             try:
-                await self.gate.wait()
-                done = await self.engine.run_once()
-            except asyncio.CancelledError:
-                raise
+                self.metrics.record(await self.engine.advance_round(leased))
             except Exception:
+                # Rows not advanced keep their leases until they lapse (docs/weave/engine.md).
                 log.exception("weave round failed")
-                await self.pacer.pause(poll_max)
-                continue
-            self.metrics.record(done)
-            if done.full:
+            finally:
+                rounds.release()
+
+        try:
+            while not self.stopping.is_set():
+                await rounds.acquire()
+                try:
+                    await self.gate.wait()
+                    leased = await self.engine.lease_round()
+                except BaseException as exc:
+                    rounds.release()
+                    if not isinstance(exc, Exception):
+                        raise
+                    log.exception("weave lease failed")
+                    await self.pacer.pause(poll_max)
+                    continue
+                if not leased:
+                    rounds.release()
+                    await self.pacer.pause(delay)
+                    delay = min(delay * 2, poll_max)
+                    continue
                 delay = poll_min
-                continue
-            if done.inbox or done.advances or done.signals:
-                delay = poll_min
-                await self.pacer.pause(delay)
-                continue
-            await self.pacer.pause(delay)
-            delay = min(delay * 2, poll_max)
+                task = asyncio.create_task(advance(leased), name="weave-round")
+                running.add(task)
+                task.add_done_callback(running.discard)
+                if not leased.full(self.engine.batch):
+                    await self.pacer.pause(delay)
+        except asyncio.CancelledError:
+            for task in running:
+                task.cancel()
+            raise
+        finally:
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
 
     async def refresh_gauges(self) -> None:
         self.metrics.set_gauges(await engine.gauges(self.db))

@@ -345,6 +345,16 @@ async def authorize(
     is disabled, or is not covered by any grant is reported as not found (no existence leak);
     one the credential can see but not act on is forbidden.
     """
+    namespace, _ = await authorize_with_grants(cur, principal, action, namespace_name, queue)
+    return namespace
+
+
+async def authorize_with_grants(
+    cur: Any, principal: Principal, action: authz.Action, namespace_name: str,
+    queue: str | None = None,
+) -> tuple[Namespace, tuple[authz.Grant, ...]]:
+    """:func:`authorize`, also returning the grants it re-read in the caller's transaction
+    (for a caller that checks more actions in it without reading the credential again)."""
     grants = await recheck_principal(cur, principal)
     namespace = await find_namespace(cur, namespace_name)
     if (
@@ -356,7 +366,7 @@ async def authorize(
         raise errors.NamespaceNotFound(f"no namespace {namespace_name!r} for this credential")
     if not authz.allowed(grants, action.value, namespace_name, queue):
         raise errors.Forbidden(f"the credential may not {action.value} in {namespace_name!r}")
-    return namespace
+    return namespace, grants
 
 
 async def authorize_platform(

@@ -238,9 +238,16 @@ class WeaveConfig:
     # Advance transactions at once within a round (each its own connection: keep it below
     # [database] pool_max).
     concurrency: int = attrs.field(default=4, validator=attrs.validators.ge(1))
+    # Rounds whose advances may run at once: the next lease starts while up to this many
+    # rounds are still advancing (1: each round's advances end before the next lease).
+    rounds_in_flight: int = attrs.field(default=2, validator=[attrs.validators.ge(1),
+                                                              attrs.validators.le(16)])
     # Idle polling backs off from poll_min_ms to poll_max_ms; a full round loops at once.
     poll_min_ms: int = attrs.field(default=10, validator=attrs.validators.ge(1))
     poll_max_ms: int = attrs.field(default=200, validator=attrs.validators.ge(1))
+    # The scan for lapsed leases runs in at most one lease transaction per this many seconds
+    # (0: in every one); a killed replica's rows come back after lease_ms plus at most this.
+    recover_interval_s: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
     gauge_interval_s: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
 
 

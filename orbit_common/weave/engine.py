@@ -173,6 +173,23 @@ class Round:
 
 
 @attrs.frozen(kw_only=True)
+class Leased:
+    """The rows one lease transaction took (:meth:`Engine.lease_round`)."""
+
+    inbox: list[dict[str, Any]]
+    advances: list[dict[str, Any]]
+    signals: list[dict[str, Any]]
+
+    def __bool__(self) -> bool:
+        return bool(self.inbox or self.advances or self.signals)
+
+    def full(self, batch: int) -> bool:
+        """A lease came back full (as :attr:`Round.full`): more work is probably waiting."""
+        return (len(self.inbox) >= batch or len(self.advances) >= batch
+                or len(self.signals) >= min(batch, signals.REJECT_BATCH))
+
+
+@attrs.frozen(kw_only=True)
 class Gauges:
     inbox_backlog: int  # PENDING + LEASED inbox rows
     inbox_oldest_age_s: float  # database time since the oldest of them was written; 0 if none
@@ -1731,10 +1748,12 @@ class Engine:
     """One engine replica's work (the daemon ``orbit weave`` runs :meth:`run_once` in a loop)."""
 
     def __init__(self, db: Database, *, owner: str, lease_ms: int = 30_000,
-                 batch: int = 32, concurrency: int = 4, per_transaction: int = 32) -> None:
+                 batch: int = 32, concurrency: int = 4, per_transaction: int = 32,
+                 recover_interval_s: float = 0.0) -> None:
         """``per_transaction``: instances advanced together in one transaction (at most);
-        ``concurrency``: such transactions at once within a round (each its own
-        connection)."""
+        ``concurrency``: such transactions at once, over every round this engine runs (each
+        its own connection); ``recover_interval_s``: the lease transaction scans for lapsed
+        leases at most once per this many seconds (0: every time)."""
         if not owner or len(owner) > 128:
             raise ValueError("owner: 1-128 characters")
         self.db = db
@@ -1744,20 +1763,43 @@ class Engine:
         self.concurrency = concurrency
         self.per_transaction = max(1, per_transaction)
         self._models: dict[tuple[bytes, bytes, int, bytes], _Model] = {}
+        self.recover_interval_s = recover_interval_s
+        self._slots = asyncio.Semaphore(concurrency)
+        self._recovered_at: float | None = None  # monotonic time of the last lapsed scan
 
     async def run_once(self) -> Round:
+        """Lease one round of work, then advance it (:meth:`lease_round`, :meth:`advance_round`)."""
+        return await self.advance_round(await self.lease_round())
+
+    async def lease_round(self) -> Leased:
+        """Lease up to ``batch`` rows of each work source in one transaction; lapsed leases
+        too when ``recover_interval_s`` has passed since the last scan for them."""
+        now = time.monotonic()
+        lapsed = (self._recovered_at is None
+                  or now - self._recovered_at >= self.recover_interval_s)
+
         async def lease(cur: Any) -> tuple[_Rows, _Rows, _Rows]:
             inbox = await leasing.lease_inbox(cur, owner=self.owner, lease_ms=self.lease_ms,
-                                              limit=self.batch)
+                                              limit=self.batch, lapsed=lapsed)
             due = await leasing.lease_advances(cur, owner=self.owner, lease_ms=self.lease_ms,
-                                               limit=self.batch)
+                                               limit=self.batch, lapsed=lapsed)
             # At most REJECT_BATCH signals a round: each may be rejected, and a transaction
             # rejects at most that many (000025).
             sent = await leasing.lease_signals(cur, owner=self.owner, lease_ms=self.lease_ms,
-                                               limit=min(self.batch, signals.REJECT_BATCH))
+                                               limit=min(self.batch, signals.REJECT_BATCH),
+                                               lapsed=lapsed)
             return inbox, due, sent
 
         inbox, due, sent = await self.db.transaction("weave.lease", lease)
+        if lapsed:
+            self._recovered_at = now
+        return Leased(inbox=inbox, advances=due, signals=sent)
+
+    async def advance_round(self, leased: Leased) -> Round:
+        """Advance what :meth:`lease_round` leased: the instances of each namespace in chunks of
+        ``per_transaction``, up to ``concurrency`` transactions at once (shared by every
+        round this engine runs)."""
+        inbox, due, sent = leased.inbox, leased.advances, leased.signals
         work: dict[bytes, dict[bytes, tuple[_Rows, _Rows, _Rows]]] = {}
         for row in due:
             work.setdefault(row["namespace_id"], {}).setdefault(
@@ -1778,10 +1820,9 @@ class Engine:
         outcomes: dict[str, int] = {}
         seconds: list[float] = []
         latencies: list[float] = []
-        slots = asyncio.Semaphore(self.concurrency)
 
         async def one(ns: bytes, items: list[Item]) -> _Result:
-            async with slots:
+            async with self._slots:
                 return await self.advance_many(ns, items)
 
         for result in await asyncio.gather(*(one(ns, items) for ns, items in chunks)):

@@ -7,86 +7,102 @@ oldest first, then marks the rows LEASED until database time + the lease. A leas
 (the engine died between reading a row and committing its advance) is found by the second scan
 and leased again; consuming a row twice is harmless because the advance deduplicates by event
 identity (a signal's advance re-checks its state: only a LEASED signal of this lease is decided).
+
+Each scan reads the whole rows it locks and the expiry (database time + the lease), so there is
+no second read after the mark: what the mark wrote (``state``, ``lease_owner``,
+``lease_expires_at``, ``attempts``) is applied to the returned rows. ``lapsed=False`` skips the
+second scan: the engine runs it at most once per ``recover_interval_s`` (a lapsed lease waits at
+most that much longer), so a busy engine's rounds do not pay for a scan that almost never finds
+anything.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+# Whole rows, and the expiry a lease taken now gets (database time + the lease).
+_SCAN = "SELECT *, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND AS lease_until FROM "
 # Oldest PENDING rows first (ix_weave_inbox_scan / ix_weave_advances_due), then lapsed leases
 # (ix_weave_inbox_lease / ix_weave_advances_lease). Fixed table and index names only.
 INBOX_DUE = (
-    "SELECT namespace_id, id FROM weave_inbox FORCE INDEX (ix_weave_inbox_scan)"
+    _SCAN + "weave_inbox FORCE INDEX (ix_weave_inbox_scan)"
     " WHERE state = 'PENDING' ORDER BY created_at, namespace_id, id LIMIT %s"
     " FOR UPDATE SKIP LOCKED"
 )
 INBOX_LAPSED = (
-    "SELECT namespace_id, id FROM weave_inbox FORCE INDEX (ix_weave_inbox_lease)"
+    _SCAN + "weave_inbox FORCE INDEX (ix_weave_inbox_lease)"
     " WHERE state = 'LEASED' AND lease_expires_at < UTC_TIMESTAMP(6)"
     " ORDER BY lease_expires_at, namespace_id, id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 ADVANCES_DUE = (
-    "SELECT namespace_id, id FROM weave_pending_advances FORCE INDEX (ix_weave_advances_due)"
+    _SCAN + "weave_pending_advances FORCE INDEX (ix_weave_advances_due)"
     " WHERE state = 'PENDING' AND due_at <= UTC_TIMESTAMP(6)"
     " ORDER BY due_at, namespace_id, id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 ADVANCES_LAPSED = (
-    "SELECT namespace_id, id FROM weave_pending_advances FORCE INDEX (ix_weave_advances_lease)"
+    _SCAN + "weave_pending_advances FORCE INDEX (ix_weave_advances_lease)"
     " WHERE state = 'LEASED' AND lease_expires_at < UTC_TIMESTAMP(6)"
     " ORDER BY lease_expires_at, namespace_id, id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 SIGNALS_DUE = (
-    "SELECT namespace_id, id FROM weave_signals FORCE INDEX (ix_weave_signals_scan)"
+    _SCAN + "weave_signals FORCE INDEX (ix_weave_signals_scan)"
     " WHERE state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)"
     " ORDER BY available_at, namespace_id, id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 SIGNALS_LAPSED = (
-    "SELECT namespace_id, id FROM weave_signals FORCE INDEX (ix_weave_signals_lease)"
+    _SCAN + "weave_signals FORCE INDEX (ix_weave_signals_lease)"
     " WHERE state = 'LEASED' AND lease_expires_at < UTC_TIMESTAMP(6)"
     " ORDER BY lease_expires_at, namespace_id, id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
+# The expiry is the one the scan read (database time at the scan + the lease), so the rows
+# returned carry exactly what the mark wrote.
 MARK = (
-    "UPDATE {table} SET state = 'LEASED', lease_owner = %s,"
-    " lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, attempts = attempts + 1"
-    " WHERE (namespace_id, id) IN ({rows})"
+    "UPDATE {table} SET state = 'LEASED', lease_owner = %s, lease_expires_at = %s,"
+    " attempts = attempts + 1 WHERE (namespace_id, id) IN ({rows})"
 )
 
 
-async def _lease(cur: Any, table: str, scans: tuple[str, str], *, owner: str, lease_ms: int,
+async def _lease(cur: Any, table: str, scans: tuple[str, ...], *, owner: str, lease_ms: int,
                  limit: int) -> list[dict[str, Any]]:
-    found: list[tuple[bytes, bytes]] = []
+    found: list[dict[str, Any]] = []
     for scan in scans:
         if len(found) >= limit:
             break
-        await cur.execute(scan, (limit - len(found),))
-        found += [(r["namespace_id"], r["id"]) for r in await cur.fetchall()]
+        await cur.execute(scan, (lease_ms * 1000, limit - len(found)))
+        found += [dict(r) for r in await cur.fetchall()]
     if not found:
         return []
+    until = min(r["lease_until"] for r in found)
     rows = ", ".join(["(%s, %s)"] * len(found))
-    params = [value for pair in found for value in pair]
-    await cur.execute(MARK.format(table=table, rows=rows), (owner, lease_ms * 1000, *params))
-    await cur.execute(f"SELECT * FROM {table} WHERE (namespace_id, id) IN ({rows})", params)
-    return [dict(r) for r in await cur.fetchall()]
+    params = [value for r in found for value in (r["namespace_id"], r["id"])]
+    await cur.execute(MARK.format(table=table, rows=rows), (owner, until, *params))
+    for r in found:
+        del r["lease_until"]
+        r.update(state="LEASED", lease_owner=owner, lease_expires_at=until,
+                 attempts=r["attempts"] + 1)
+    return found
 
 
-async def lease_inbox(cur: Any, *, owner: str, lease_ms: int, limit: int
-                      ) -> list[dict[str, Any]]:
+async def lease_inbox(cur: Any, *, owner: str, lease_ms: int, limit: int,
+                      lapsed: bool = True) -> list[dict[str, Any]]:
     """Lease up to ``limit`` inbox rows (PENDING, then lapsed LEASED) in the caller's
     transaction; QUARANTINED and CONSUMED rows are never leased."""
-    return await _lease(cur, "weave_inbox", (INBOX_DUE, INBOX_LAPSED), owner=owner,
-                        lease_ms=lease_ms, limit=limit)
+    scans = (INBOX_DUE, INBOX_LAPSED) if lapsed else (INBOX_DUE,)
+    return await _lease(cur, "weave_inbox", scans, owner=owner, lease_ms=lease_ms, limit=limit)
 
 
-async def lease_advances(cur: Any, *, owner: str, lease_ms: int, limit: int
-                         ) -> list[dict[str, Any]]:
+async def lease_advances(cur: Any, *, owner: str, lease_ms: int, limit: int,
+                         lapsed: bool = True) -> list[dict[str, Any]]:
     """Lease up to ``limit`` due pending advances (PENDING and due, then lapsed LEASED)."""
-    return await _lease(cur, "weave_pending_advances", (ADVANCES_DUE, ADVANCES_LAPSED),
-                        owner=owner, lease_ms=lease_ms, limit=limit)
+    scans = (ADVANCES_DUE, ADVANCES_LAPSED) if lapsed else (ADVANCES_DUE,)
+    return await _lease(cur, "weave_pending_advances", scans, owner=owner, lease_ms=lease_ms,
+                        limit=limit)
 
 
-async def lease_signals(cur: Any, *, owner: str, lease_ms: int, limit: int
-                        ) -> list[dict[str, Any]]:
+async def lease_signals(cur: Any, *, owner: str, lease_ms: int, limit: int,
+                        lapsed: bool = True) -> list[dict[str, Any]]:
     """Lease up to ``limit`` signals (PENDING and available, then lapsed LEASED); CONSUMED and
     REJECTED signals are never leased."""
-    return await _lease(cur, "weave_signals", (SIGNALS_DUE, SIGNALS_LAPSED), owner=owner,
-                        lease_ms=lease_ms, limit=limit)
+    scans = (SIGNALS_DUE, SIGNALS_LAPSED) if lapsed else (SIGNALS_DUE,)
+    return await _lease(cur, "weave_signals", scans, owner=owner, lease_ms=lease_ms,
+                        limit=limit)

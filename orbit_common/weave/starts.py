@@ -132,10 +132,10 @@ def _duplicates(items: Sequence[StartItem]) -> list[dict[str, str]]:
 _Pinned = tuple[dict[str, Any], definitions.PinnedVersion]
 
 
-async def _pin(cur: Any, principal: credentials.Principal, namespace: str, namespace_id: bytes,
+async def _pin(cur: Any, grants: Sequence[authz.Grant], namespace: str, namespace_id: bytes,
                items: Sequence[StartItem]) -> dict[tuple[str, int | None], _Pinned]:
-    """Each distinct (definition, version) resolved once, with ``tasks.submit`` on its queues."""
-    grants = await credentials.recheck_principal(cur, principal)
+    """Each distinct (definition, version) resolved once, with ``tasks.submit`` on its queues
+    (``grants``: the credential's, re-read in this transaction)."""
     pinned: dict[tuple[str, int | None], _Pinned] = {}
     for name, version in dict.fromkeys((i.definition, i.version) for i in items):
         row = await definitions._by_name(cur, namespace_id, name)
@@ -233,8 +233,9 @@ async def start_instances(db: Database, principal: credentials.Principal, *, nam
     last: list[tuple[bytes, list[Started]]] = []
 
     async def body(cur: Any) -> list[Started]:
-        ns = await credentials.authorize(cur, principal, authz.Action.WORKFLOWS_START, namespace)
-        pinned = await _pin(cur, principal, namespace, ns.id, items)
+        ns, grants = await credentials.authorize_with_grants(
+            cur, principal, authz.Action.WORKFLOWS_START, namespace)
+        pinned = await _pin(cur, grants, namespace, ns.id, items)
         scoped = [attrs.evolve(i, idem=attrs.evolve(i.idem, namespace_id=ns.id))
                   if i.idem is not None else i for i in items]
         keyed = [i for i in scoped if i.idem is not None]

@@ -9,12 +9,13 @@ from typing import Any
 
 from orbit_common.db.pool import Database
 from orbit_common.weave import instances, leasing
+from orbit_common.weave.engine import Engine
 from tests.conftest import make_tenant
 from tests.integration.test_interventions import cancel
 from tests.integration.weave.support import principal, published
 from tests.integration.weave.test_inbox import workflow_task
 from tests.support import database
-from tests.support.lease_fixtures import make_queue
+from tests.support.lease_fixtures import make_queue, wait_db_time_past
 
 own_url, own_db = database.own_database("orbit_weave_leasing", pool_max=4,
                                        names=("own_url", "own_db"))
@@ -73,3 +74,58 @@ async def test_inbox_rows_are_leased_but_quarantined_ones_never(own_db: Database
     assert [(r["task_id"], r["state"]) for r in rows] == [(good, "LEASED")]
     assert await db.transaction("test.lease", lambda cur: leasing.lease_inbox(
         cur, owner="engine-2", lease_ms=60_000, limit=10)) == []
+
+
+async def _lapse(db: Database, tenant: Any, count: int) -> set[bytes]:
+    """Start ``count`` instances and lease their ROOT advances to a replica that dies: a 1 ms
+    lease, waited out in database time. Returns the advances' ids."""
+    name = await published(db, tenant, (await make_queue(db, tenant)).name)
+    who = await principal(db, tenant.api_key)
+    instance_ids = {bytes.fromhex((await instances.start_instance(
+        db, who, namespace=tenant.namespace, definition=name, input_json=b'{"n": 1}')
+        ).body["id"]) for _ in range(count)}
+    dead = await db.transaction("test.dead", lambda cur: leasing.lease_advances(
+        cur, owner="engine-dead", lease_ms=1, limit=100))
+    mine = [r for r in dead if r["instance_id"] in instance_ids]
+    assert len(mine) == count
+    await wait_db_time_past(db, max(r["lease_expires_at"] for r in mine))
+    return {r["id"] for r in mine}
+
+
+async def test_a_lease_returns_the_rows_as_it_wrote_them(own_db: Database) -> None:
+    db = own_db
+    tenant = await make_tenant(db)
+    lapsed = await _lapse(db, tenant, 2)
+    rows = await db.transaction("test.lease", lambda cur: leasing.lease_advances(
+        cur, owner="engine-4", lease_ms=60_000, limit=100))
+    mine = [r for r in rows if r["id"] in lapsed]
+    assert len(mine) == 2
+    async with db.pool.acquire() as conn, conn.cursor() as cur:
+        await cur.execute("SELECT * FROM weave_pending_advances WHERE namespace_id = %s",
+                          (tenant.namespace_id,))
+        columns = [d[0] for d in cur.description]
+        stored = [dict(zip(columns, r, strict=True)) for r in await cur.fetchall()]
+    by_id = {r["id"]: r for r in stored}
+    for row in mine:
+        assert by_id[row["id"]] == row
+        assert (row["state"], row["lease_owner"], row["attempts"]) == ("LEASED", "engine-4", 2)
+
+
+async def test_the_lapsed_scan_is_skipped_when_asked_and_paced_by_the_engine(
+        own_db: Database) -> None:
+    db = own_db
+    tenant = await make_tenant(db)
+    first = await _lapse(db, tenant, 1)
+    # Without the second scan a lapsed lease is not taken; with it, it is.
+    assert first.isdisjoint(r["id"] for r in await db.transaction(
+        "test.lease", lambda cur: leasing.lease_advances(
+            cur, owner="engine-5", lease_ms=60_000, limit=100, lapsed=False)))
+    # An engine's first lease transaction scans for lapsed leases; within recover_interval_s
+    # the next ones do not, so a lease that lapses meanwhile waits for a later scan.
+    paced = Engine(db, owner="engine-paced", lease_ms=60_000, batch=100,
+                   recover_interval_s=3600)
+    assert first <= {r["id"] for r in (await paced.lease_round()).advances}
+    second = await _lapse(db, tenant, 1)
+    assert second.isdisjoint(r["id"] for r in (await paced.lease_round()).advances)
+    eager = Engine(db, owner="engine-eager", lease_ms=60_000, batch=100)
+    assert second <= {r["id"] for r in (await eager.lease_round()).advances}

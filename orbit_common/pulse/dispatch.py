@@ -80,6 +80,12 @@ async def claim(db: Database, session: Session, queue: QueueRef, limit: int, *,
     return await leases.run_claim(db, name, session, queue, limit)
 
 
+async def any_due(db: Database, queue: QueueRef, namespace_id: bytes, *,
+                  name: str = "dispatch.due") -> bool:
+    """Whether ``queue`` has a task due now (:func:`leases.any_due`, a lock-free read)."""
+    return await db.read(name, lambda cur: leases.any_due(cur, namespace_id, queue.id))
+
+
 async def start(db: Database, session: Session, refs: list[leases.AttemptRef], *,
                 name: str = "dispatch.start") -> list[leases.StartOutcome]:
     """Approve (or refuse) the starts of a batch of granted attempts, one outcome per ref;

@@ -17,6 +17,7 @@ inside it.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 from typing import Any
 
 import attrs
@@ -327,20 +328,15 @@ def _parsed(digest: bytes, document: bytes) -> language.Definition:
     return found
 
 
-async def load_version(cur: Any, namespace_id: bytes, definition_id: bytes,
-                       version: int) -> PinnedVersion:
-    """A published version, re-validated from its stored document, with its scope verified
-    against the version's digest (the stored digest, and the digest of the stored bytes)."""
-    await cur.execute(
-        "SELECT v.document, v.digest, s.digest AS scope_digest, s.queue_ids"
-        " FROM weave_definition_versions v LEFT JOIN weave_version_scopes s"
-        " ON s.namespace_id = v.namespace_id AND s.definition_id = v.definition_id"
-        " AND s.version = v.version"
-        " WHERE v.namespace_id = %s AND v.definition_id = %s AND v.version = %s",
-        (namespace_id, definition_id, version))
-    row = await cur.fetchone()
-    if row is None:
-        raise VersionNotFound(f"no version {version} of this workflow definition")
+VERSION_COLUMNS = ("v.document, v.digest, s.digest AS scope_digest, s.queue_ids")
+VERSION_JOIN = (" LEFT JOIN weave_version_scopes s ON s.namespace_id = v.namespace_id"
+                " AND s.definition_id = v.definition_id AND s.version = v.version")
+
+
+def _pinned(row: dict[str, Any], definition_id: bytes, version: int) -> PinnedVersion:
+    """A version read with :data:`VERSION_COLUMNS`, re-validated from its stored document, with
+    its scope verified against the version's digest (the stored digest, and the digest of the
+    stored bytes)."""
     document = row["document"].encode()
     if (row["scope_digest"] is None or row["scope_digest"] != row["digest"]
             or digests.sha256(document) != row["digest"]):
@@ -352,6 +348,51 @@ async def load_version(cur: Any, namespace_id: bytes, definition_id: bytes,
                       row["queue_ids"])))
     return PinnedVersion(definition_id=definition_id, version=version, digest=row["digest"],
                          definition=parsed, scope=scope)
+
+
+async def load_version(cur: Any, namespace_id: bytes, definition_id: bytes,
+                       version: int) -> PinnedVersion:
+    """A published version, re-validated from its stored document, with its scope verified
+    against the version's digest (the stored digest, and the digest of the stored bytes)."""
+    await cur.execute(
+        f"SELECT {VERSION_COLUMNS} FROM weave_definition_versions v{VERSION_JOIN}"
+        " WHERE v.namespace_id = %s AND v.definition_id = %s AND v.version = %s",
+        (namespace_id, definition_id, version))
+    row = await cur.fetchone()
+    if row is None:
+        raise VersionNotFound(f"no version {version} of this workflow definition")
+    return _pinned(row, definition_id, version)
+
+
+PIN_BY_NAME = (
+    "SELECT " + ", ".join("d." + c.strip() for c in DEFINITION_COLUMNS.split(","))
+    + f", v.version AS pinned_version, {VERSION_COLUMNS}, UTC_TIMESTAMP(6) AS now"
+    " FROM weave_definitions d LEFT JOIN weave_definition_versions v"
+    " ON v.namespace_id = d.namespace_id AND v.definition_id = d.id"
+    " AND v.version = COALESCE(%s, d.latest_version)" + VERSION_JOIN
+    + " WHERE d.namespace_id = %s AND d.name = %s"
+)
+
+
+async def pin_by_name(cur: Any, namespace_id: bytes, name: str, version: int | None
+                      ) -> tuple[dict[str, Any], PinnedVersion | None, dt.datetime]:
+    """The definition named ``name``, its version ``version`` (None: the latest) verified as
+    :func:`load_version` does, and the database clock -- one statement, for a start. The
+    version is None when the definition has none yet (and none was asked for).
+
+    Raises :class:`DefinitionNotFound`, :class:`VersionNotFound` or
+    :class:`VersionScopeMismatch`."""
+    await cur.execute(PIN_BY_NAME, (version, namespace_id, name))
+    row = await cur.fetchone()
+    if not names.found(row, "name", name):
+        raise DefinitionNotFound(f"no workflow definition named {name!r} in this namespace")
+    definition = {c.strip(): row[c.strip()] for c in DEFINITION_COLUMNS.split(",")}
+    number = version if version is not None else definition["latest_version"]
+    if number == 0:
+        return definition, None, as_utc(row["now"])
+    if row["pinned_version"] is None:
+        raise VersionNotFound(f"no version {number} of this workflow definition")
+    return definition, _pinned(row, definition["id"], number), as_utc(row["now"])
 
 
 async def get_definition(db: Database, principal: credentials.Principal, *, namespace: str,

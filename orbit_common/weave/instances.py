@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from orbit_common import errors
-from orbit_common.db.clock import as_utc, db_now, to_db
+from orbit_common.db.clock import as_utc, to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import cursors, ids, jsondoc
 from orbit_common.platform import authz, credentials, namespaced
@@ -180,32 +180,29 @@ async def start_instance(db: Database, principal: credentials.Principal, *, name
         {"definition": definition, "version": version, "input": input_text,
          "business_key": business_key}, principal)
 
-    located: list[tuple[dict[str, Any], definitions.PinnedVersion]] = []
+    located: list[tuple[dict[str, Any], definitions.PinnedVersion, dt.datetime]] = []
 
     async def locate(cur: Any, namespace_id: bytes) -> None:
         """The pinned version, and ``tasks.submit`` on each of its queues: before an idempotent
         replay, so a credential that may not start it gets neither another caller's receipt
         nor a conflict (the version as resolved now: the latest one unless ``version``)."""
         located.clear()
-        row = await definitions._by_name(cur, namespace_id, definition)
-        pinned_number = version if version is not None else row["latest_version"]
-        if pinned_number == 0:
+        row, pinned, now = await definitions.pin_by_name(cur, namespace_id, definition, version)
+        if pinned is None:
             raise DefinitionNotPublished(f"workflow definition {definition!r} has no version")
-        pinned = await definitions.load_version(cur, namespace_id, row["id"], pinned_number)
         grants = await credentials.recheck_principal(cur, principal)
         for queue in pinned.definition.queues:
             if not authz.allowed(grants, authz.Action.TASKS_SUBMIT.value, namespace, queue):
                 raise errors.Forbidden(
                     f"the credential may not tasks.submit in queue {queue!r}, which this"
                     " workflow version's steps use")
-        located.append((row, pinned))
+        located.append((row, pinned, now))
 
     async def act(cur: Any, namespace_id: bytes) -> tuple[int, dict[str, Any], bytes]:
-        ((row, pinned),) = located  # this transaction's locate
+        ((row, pinned, now),) = located  # this transaction's locate (and its clock)
         found = pinned.definition.input_problems(value)
         if found:
             raise errors.ValidationFailed(found)
-        now = await db_now(cur)
         when = to_db(now)
         await cur.execute(
             "INSERT INTO pulse_execution_gates (namespace_id, id, owner_kind, owner_id, state,"

@@ -28,6 +28,7 @@ not found, the body runs again with the same identities.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +36,7 @@ import attrs
 
 from orbit_common import errors
 from orbit_common.db.batch import multi_insert
-from orbit_common.db.clock import db_now, to_db
+from orbit_common.db.clock import to_db
 from orbit_common.db.pool import Database
 from orbit_common.model import ids, jsondoc
 from orbit_common.platform import authz, credentials, idempotency, namespaced
@@ -133,23 +134,26 @@ _Pinned = tuple[dict[str, Any], definitions.PinnedVersion]
 
 
 async def _pin(cur: Any, grants: Sequence[authz.Grant], namespace: str, namespace_id: bytes,
-               items: Sequence[StartItem]) -> dict[tuple[str, int | None], _Pinned]:
+               items: Sequence[StartItem]
+               ) -> tuple[dict[tuple[str, int | None], _Pinned], dt.datetime]:
     """Each distinct (definition, version) resolved once, with ``tasks.submit`` on its queues
-    (``grants``: the credential's, re-read in this transaction)."""
+    (``grants``: the credential's, re-read in this transaction); and the database clock, read
+    with the first of them."""
     pinned: dict[tuple[str, int | None], _Pinned] = {}
+    now: dt.datetime | None = None
     for name, version in dict.fromkeys((i.definition, i.version) for i in items):
-        row = await definitions._by_name(cur, namespace_id, name)
-        number = version if version is not None else row["latest_version"]
-        if number == 0:
+        row, found, read_at = await definitions.pin_by_name(cur, namespace_id, name, version)
+        now = now or read_at
+        if found is None:
             raise DefinitionNotPublished(f"workflow definition {name!r} has no version")
-        found = await definitions.load_version(cur, namespace_id, row["id"], number)
         for queue in found.definition.queues:
             if not authz.allowed(grants, authz.Action.TASKS_SUBMIT.value, namespace, queue):
                 raise errors.Forbidden(
                     f"the credential may not tasks.submit in queue {queue!r}, which workflow"
-                    f" {name!r} version {number}'s steps use")
+                    f" {name!r} version {found.version}'s steps use")
         pinned[(name, version)] = (row, found)
-    return pinned
+    assert now is not None  # noqa: S101 - items is never empty (checked by the caller)
+    return pinned, now
 
 
 def _receipt(item: StartItem, pinned: _Pinned, namespace_id: bytes, now: Any) -> dict[str, Any]:
@@ -235,7 +239,7 @@ async def start_instances(db: Database, principal: credentials.Principal, *, nam
     async def body(cur: Any) -> list[Started]:
         ns, grants = await credentials.authorize_with_grants(
             cur, principal, authz.Action.WORKFLOWS_START, namespace)
-        pinned = await _pin(cur, grants, namespace, ns.id, items)
+        pinned, now = await _pin(cur, grants, namespace, ns.id, items)
         scoped = [attrs.evolve(i, idem=attrs.evolve(i.idem, namespace_id=ns.id))
                   if i.idem is not None else i for i in items]
         keyed = [i for i in scoped if i.idem is not None]
@@ -252,7 +256,6 @@ async def start_instances(db: Database, principal: credentials.Principal, *, nam
                       for p in version.definition.input_problems(item.value)]
         if found:
             raise errors.ValidationFailed(found)
-        now = await db_now(cur)
         receipts = {i.instance_id: _receipt(i, pinned[(i.definition, i.version)], ns.id, now)
                     for i in fresh}
         claimable = [i for i in fresh if i.idem is not None]

@@ -368,3 +368,37 @@ async def test_websocket_credit_drives_the_pool_and_draining_stops_it(
     assert await scalar(db, "SELECT COUNT(*) AS n FROM pulse_attempts WHERE namespace_id = %s",
                         tenant.namespace_id) == 3
 
+
+
+def _counter(name: str, found: str) -> float:
+    return prometheus_client.REGISTRY.get_sample_value(name, {"found": found}) or 0.0
+
+
+async def test_a_queue_found_empty_is_read_without_locks_before_the_next_claim(
+    db: Database, db_url: DatabaseUrl
+) -> None:
+    tenant = await make_tenant(db)
+    queue = await make_queue(db, tenant)
+    session = await open_session(db, tenant, [queue])
+    key = (session.namespace_id, queue.id, frozenset(session.handlers), session.concurrency_keys)
+    async with dispatcher(db, db_url) as (service, _client):
+        claims, probes = (lambda f: _counter("orbit_dispatch_claims_total", f),
+                          lambda f: _counter("orbit_dispatch_due_probes_total", f))
+        before = (claims("no"), claims("yes"), probes("no"), probes("yes"))
+        # The first claim of a key is a claim transaction (it also checks the session).
+        assert await service._claim_turn(session, queue, 8) == []
+        service.pool.probes.record(key, found=False)  # what the pool does with an empty turn
+        # While the queue stays empty, the next turns are one lock-free read each.
+        assert await service._claim_turn(session, queue, 8) == []
+        assert await service._claim_turn(session, queue, 8) == []
+        assert (claims("no"), probes("no")) == (before[0] + 1, before[2] + 2)
+        # A task due now: the read finds it and the claim grants it.
+        (task_id,) = await add_waiting(db, tenant, queue)
+        grants = await service._claim_turn(session, queue, 8)
+        assert [g.task_id for g in grants] == [task_id]
+        assert (claims("yes"), probes("yes")) == (before[1] + 1, before[3] + 1)
+        # A key whose last claim granted something is claimed at once, without the read.
+        service.pool.probes.record(key, found=True)
+        assert await service._claim_turn(session, queue, 8) == []
+        assert (claims("no"), probes("no"), probes("yes")) == (
+            before[0] + 2, before[2] + 2, before[3] + 1)

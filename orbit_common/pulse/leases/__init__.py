@@ -25,7 +25,7 @@ State diagram (task; attempt in brackets)::
 The names below are the protocol's public surface.
 """
 
-from orbit_common.pulse.leases.claim import Grant, claim, run_claim
+from orbit_common.pulse.leases.claim import Grant, any_due, claim, run_claim
 from orbit_common.pulse.leases.common import (
     MAX_BATCH,
     AttemptRef,
@@ -51,7 +51,7 @@ from orbit_common.pulse.leases.start import StartOutcome, start
 __all__ = [
     "DEFAULT_MAX_OFFER_LAPSES", "MAX_BATCH", "OUTCOMES", "AttemptRef", "BatchTooLarge",
     "Decision", "FinishOutcome", "FinishReport", "Grant", "RenewOutcome", "ReportConflict",
-    "SessionRef", "StartOutcome", "claim", "expect_rows", "expire_waiting", "finish",
-    "finish_validate", "recover_expired", "renew", "run_claim", "start", "task_event",
+    "SessionRef", "StartOutcome", "any_due", "claim", "expect_rows", "expire_waiting",
+    "finish", "finish_validate", "recover_expired", "renew", "run_claim", "start", "task_event",
     "token_digest",
 ]

@@ -13,7 +13,7 @@ import pytest
 from orbit_common import errors
 from orbit_common.db.pool import Database
 from orbit_common.model import digests
-from orbit_common.weave import definitions
+from orbit_common.weave import definitions, instances
 from tests.conftest import Tenant, make_key, make_tenant, unique
 from tests.integration.weave.support import counts, document, principal
 from tests.support.lease_fixtures import make_queue, scalar
@@ -175,6 +175,21 @@ async def test_a_version_without_its_scope_is_not_used(db: Database, tenant: Ten
     with pytest.raises(definitions.VersionScopeMismatch):
         await db.read("t", lambda cur: definitions.load_version(
             cur, tenant.namespace_id, definition_id, 1))
+    # The start's one-statement read verifies the same way, so no instance starts on it.
+    with pytest.raises(definitions.VersionScopeMismatch):
+        await db.read("t", lambda cur: definitions.pin_by_name(
+            cur, tenant.namespace_id, name, 1))
+    with pytest.raises(definitions.VersionScopeMismatch):
+        await instances.start_instance(db, who, namespace=tenant.namespace, definition=name,
+                                       version=1, input_json=b"{}")
+    # Nor with a scope whose digest is not the version's.
+    await db.transaction("test.scope", lambda cur: cur.execute(
+        "INSERT INTO weave_version_scopes (namespace_id, definition_id, version, digest,"
+        " queue_ids, created_at) VALUES (%s, %s, 1, %s, '[]', UTC_TIMESTAMP(6))",
+        (tenant.namespace_id, definition_id, digests.sha256(text + b" "))))
+    with pytest.raises(definitions.VersionScopeMismatch):
+        await db.read("t", lambda cur: definitions.pin_by_name(
+            cur, tenant.namespace_id, name, 1))
 
 
 async def test_validate_list_and_tenant_isolation(db: Database, tenant: Tenant) -> None:

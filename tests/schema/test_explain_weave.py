@@ -121,16 +121,18 @@ def _list(s: WeaveSeed, **filters: Any) -> tuple[str, list[Any]]:
     return instances.list_query(s.namespace_id, **{**spec, **filters})
 
 
+LEASE_US = 30_000_000  # a lease scan's first parameter: the lease, for the expiry it reads
+
 # name → (statement and parameters, the table alias, the index it must read, row bound)
 READS: dict[str, tuple[Callable[[WeaveSeed], tuple[str, Any]], str, str, int]] = {
-    "leasing.INBOX_DUE": (lambda s: (_unlocked(leasing.INBOX_DUE), (PAGE,)),
+    "leasing.INBOX_DUE": (lambda s: (_unlocked(leasing.INBOX_DUE), (LEASE_US, PAGE)),
                           "weave_inbox", "ix_weave_inbox_scan", INSTANCES * NAMESPACES // 3),
-    "leasing.INBOX_LAPSED": (lambda s: (_unlocked(leasing.INBOX_LAPSED), (PAGE,)),
+    "leasing.INBOX_LAPSED": (lambda s: (_unlocked(leasing.INBOX_LAPSED), (LEASE_US, PAGE)),
                              "weave_inbox", "ix_weave_inbox_lease", INSTANCES * NAMESPACES // 3),
-    "leasing.ADVANCES_DUE": (lambda s: (_unlocked(leasing.ADVANCES_DUE), (PAGE,)),
+    "leasing.ADVANCES_DUE": (lambda s: (_unlocked(leasing.ADVANCES_DUE), (LEASE_US, PAGE)),
                              "weave_pending_advances", "ix_weave_advances_due",
                              INSTANCES * NAMESPACES // 3),
-    "leasing.ADVANCES_LAPSED": (lambda s: (_unlocked(leasing.ADVANCES_LAPSED), (PAGE,)),
+    "leasing.ADVANCES_LAPSED": (lambda s: (_unlocked(leasing.ADVANCES_LAPSED), (LEASE_US, PAGE)),
                                 "weave_pending_advances", "ix_weave_advances_lease",
                                 INSTANCES * NAMESPACES // 3),
     "workflow_inbox.LINKS": (

@@ -71,6 +71,9 @@ def test_cancel_during_a_parallel_block_reaches_the_workers_and_settles_once(
         total = INSTANCES * BRANCHES
         wait_until(lambda: stack.states().get("RUNNING", 0) == total, timeout=60,
                    interval=0.1, message="every branch task running in the worker")
+        # A task is RUNNING once its start is approved; its handler records the effect after.
+        wait_until(lambda: len(effects(tmp_path)) >= total, timeout=30, interval=0.05,
+                   message="every branch handler started")
         assert len(effects(tmp_path)) == total  # each handler started once
         receipts = []
         for instance_id in started:

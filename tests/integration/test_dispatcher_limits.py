@@ -263,6 +263,7 @@ async def test_a_session_that_keeps_sending_invalid_frames_is_closed_1008(
 # --- the dispatcher keeps answering --------------------------------------------------------
 
 
+@pytest.mark.alone
 async def test_health_probes_are_answered_while_one_client_sends_its_worst(
     start_dispatcher: Dispatcher, db: Database, tenant: Tenant
 ) -> None:
@@ -270,9 +271,10 @@ async def test_health_probes_are_answered_while_one_client_sends_its_worst(
     dispatcher accepts, of the content that costs it most: 1 MiB of ``[``, 1 MiB of tiny batch
     items (both refused), and a finish whose result at the limit holds as many arrays as a
     message may (the parser's cost) and exact decimals after them, and is stored. Every probe is
-    answered; the slowest is asserted < 1 s here, beside other tests on two shared cores (the
-    < 100 ms figure of issue 11 is asserted alone, against a real process, by
-    tests/e2e/test_dispatcher_exhaustion.py)."""
+    answered; the slowest is asserted < 1 s here, in-process (the < 100 ms figure of issue 11
+    is asserted against a real process by tests/e2e/test_dispatcher_exhaustion.py). Alone, as
+    every test that asserts a latency: beside another worker's CPU-heavy tests on the two cores
+    the slowest probe took 1.5 s once."""
     client = await start_dispatcher(max_invalid_frames=100)
     url, (task_id,), (ref,) = await running_attempt(client, db, tenant)
     frames, worst_result = worst_frames(ref)

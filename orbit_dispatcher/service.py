@@ -415,7 +415,7 @@ class DispatcherService:
         key) found nothing is first read without locks: no task due there now, no claim."""
         key = probe_key(session, queue)
         if self.pool.probes.expires_at(key) is not None:
-            due = await dispatch.any_due(self.db, queue, session.namespace_id)
+            due = await dispatch.any_due(self.db, session.namespace_id, queue)
             DUE_PROBES.labels("yes" if due else "no").inc()
             if not due:
                 return []

@@ -106,25 +106,27 @@ class WeaveService:
         try:
             while not self.stopping.is_set():
                 await rounds.acquire()
+                handed = False  # the slot goes with the rows to their advance, else back
                 try:
                     await self.gate.wait()
                     leased = await self.engine.lease_round()
-                except BaseException as exc:
-                    rounds.release()
-                    if not isinstance(exc, Exception):
-                        raise
+                    if leased:
+                        task = asyncio.create_task(advance(leased), name="weave-round")
+                        running.add(task)
+                        task.add_done_callback(running.discard)
+                        handed = True
+                except Exception:
                     log.exception("weave lease failed")
                     await self.pacer.pause(poll_max)
                     continue
+                finally:
+                    if not handed:
+                        rounds.release()
                 if not leased:
-                    rounds.release()
                     await self.pacer.pause(delay)
                     delay = min(delay * 2, poll_max)
                     continue
                 delay = poll_min
-                task = asyncio.create_task(advance(leased), name="weave-round")
-                running.add(task)
-                task.add_done_callback(running.discard)
                 if not leased.full(self.engine.batch):
                     await self.pacer.pause(delay)
         except asyncio.CancelledError:

@@ -80,7 +80,7 @@ async def claim(db: Database, session: Session, queue: QueueRef, limit: int, *,
     return await leases.run_claim(db, name, session, queue, limit)
 
 
-async def any_due(db: Database, queue: QueueRef, namespace_id: bytes, *,
+async def any_due(db: Database, namespace_id: bytes, queue: QueueRef, *,
                   name: str = "dispatch.due") -> bool:
     """Whether ``queue`` has a task due now (:func:`leases.any_due`, a lock-free read)."""
     return await db.read(name, lambda cur: leases.any_due(cur, namespace_id, queue.id))

@@ -400,8 +400,7 @@ async def authorize(
 ) -> tuple[Namespace, tuple[authz.Grant, ...]]:
     """The namespace (visible, ``action`` granted for some queue of it) and the credential's
     current grants, both read in the caller's transaction, for per-queue decisions."""
-    namespace = await creds.authorize(cur, principal, action, namespace_name)
-    return namespace, await creds.recheck_principal(cur, principal)
+    return await creds.authorize_with_grants(cur, principal, action, namespace_name)
 
 
 async def authorize_submission(db: Database, principal: creds.Principal, namespace: str) -> None:

@@ -364,8 +364,9 @@ async def load_version(cur: Any, namespace_id: bytes, definition_id: bytes,
     return _pinned(row, definition_id, version)
 
 
+_DEFINITION_FIELDS = tuple(c.strip() for c in DEFINITION_COLUMNS.split(","))
 PIN_BY_NAME = (
-    "SELECT " + ", ".join("d." + c.strip() for c in DEFINITION_COLUMNS.split(","))
+    "SELECT " + ", ".join("d." + c for c in _DEFINITION_FIELDS)
     + f", v.version AS pinned_version, {VERSION_COLUMNS}, UTC_TIMESTAMP(6) AS now"
     " FROM weave_definitions d LEFT JOIN weave_definition_versions v"
     " ON v.namespace_id = d.namespace_id AND v.definition_id = d.id"
@@ -386,7 +387,7 @@ async def pin_by_name(cur: Any, namespace_id: bytes, name: str, version: int | N
     row = await cur.fetchone()
     if not names.found(row, "name", name):
         raise DefinitionNotFound(f"no workflow definition named {name!r} in this namespace")
-    definition = {c.strip(): row[c.strip()] for c in DEFINITION_COLUMNS.split(",")}
+    definition = {c: row[c] for c in _DEFINITION_FIELDS}
     number = version if version is not None else definition["latest_version"]
     if number == 0:
         return definition, None, as_utc(row["now"])

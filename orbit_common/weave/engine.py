@@ -168,8 +168,13 @@ class Round:
     @property
     def full(self) -> bool:
         """A lease came back full: more work is probably waiting, run again at once."""
-        return self.batch > 0 and (self.inbox >= self.batch or self.advances >= self.batch
-                                   or self.signals >= min(self.batch, signals.REJECT_BATCH))
+        return self.batch > 0 and _lease_full(self.inbox, self.advances, self.signals,
+                                              self.batch)
+
+
+def _lease_full(inbox: int, advances: int, sent: int, batch: int) -> bool:
+    """Whether a lease of ``batch`` rows a kind (signals: at most REJECT_BATCH) came back full."""
+    return inbox >= batch or advances >= batch or sent >= min(batch, signals.REJECT_BATCH)
 
 
 @attrs.frozen(kw_only=True)
@@ -185,8 +190,7 @@ class Leased:
 
     def full(self, batch: int) -> bool:
         """A lease came back full (as :attr:`Round.full`): more work is probably waiting."""
-        return (len(self.inbox) >= batch or len(self.advances) >= batch
-                or len(self.signals) >= min(batch, signals.REJECT_BATCH))
+        return _lease_full(len(self.inbox), len(self.advances), len(self.signals), batch)
 
 
 @attrs.frozen(kw_only=True)

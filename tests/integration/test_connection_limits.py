@@ -197,6 +197,25 @@ async def test_a_head_trickled_line_by_line_is_cut_at_the_header_timeout(
     clean(caplog)
 
 
+async def test_a_client_still_sending_after_the_408_reads_it_whole_and_sees_an_orderly_close(
+    serve: Serve, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The answer is followed by a half-close, and what the client sends after it is read and
+    discarded (not answered with a reset) until the client closes too (RFC 9112 §9.6)."""
+    caplog.set_level(logging.INFO)
+    conn = await Raw.open(await serve("api", SHORT))
+    await conn.send(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
+    data, _ = await conn.until_closed(SHORT.header_timeout_s + MARGIN)
+    assert problem(data, 408)["code"] == "request_timeout"
+    # The server has half-closed; a closed socket would answer these bytes with a reset.
+    for n in range(64):
+        await conn.send(b"X-Late-%d: %s\r\n" % (n, b"x" * 1000))
+    conn.writer.write_eof()
+    conn.writer.close()
+    await conn.writer.wait_closed()  # raises ConnectionResetError after a reset
+    clean(caplog)
+
+
 async def test_keep_alive_idle_is_bounded_and_the_next_head_is_timed_from_its_first_byte(
     serve: Serve, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -24,7 +24,10 @@ The connections also enforce the ``[http]`` limits (:class:`HttpConfig`, docs/co
   closed. A WebSocket counts as the connection it is; the read timers stop at its upgrade.
 
 Each closing is counted in :data:`CONNECTION_LIMITS` and logged in one line (an INFO line per
-timeout; refusals, a WARNING line a minute per client address).
+timeout; refusals, a WARNING line a minute per client address). A connection closed with an
+answer (a 408, a 503 refusal) closes gracefully (RFC 9112 §9.6): the answer is followed by a
+half-close and the input is read and discarded until the client closes or :data:`LINGER_S`
+pass, so that a client still sending reads the answer instead of a connection reset.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ CONNECTION_LIMITS = prometheus_client.Counter(
 
 # How long a connection refused at accept is kept open (reading and discarding) after its 503,
 # so that closing it does not reset the answer away before the client has read it.
-REFUSED_LINGER_S = 1.0
+LINGER_S = 2.0
 # Refusals of one client address are logged at most once in this many seconds.
 REFUSAL_LOG_INTERVAL_S = 60.0
 
@@ -160,7 +163,8 @@ class ProblemRequestHandler(RequestHandler):
         self._client: str | None = None  # the key this admitted connection counts against
         self._refused: asyncio.TimerHandle | None = None  # refused at accept: its close timer
         self._expired = False  # a read timeout fired: the rest of the input is ignored
-        self._close_after_answer = False  # the body timed out under a handler still running
+        self._close_after_answer = False  # a read timed out: its answer closes the connection
+        self._lingering: asyncio.TimerHandle | None = None  # closed gracefully: its close timer
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._last_payload: StreamReader | None = None  # the body of the latest request head
@@ -194,10 +198,11 @@ class ProblemRequestHandler(RequestHandler):
         if transport.can_write_eof():
             transport.write_eof()
         self.transport = transport
-        self._refused = self._loop.call_later(REFUSED_LINGER_S, transport.close)
+        self._refused = self._loop.call_later(LINGER_S, transport.close)
 
     def eof_received(self) -> None:
-        if self._refused is not None and self.transport is not None:
+        if (self._refused is not None or self._lingering is not None) and (
+                self.transport is not None):
             self.transport.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -205,10 +210,10 @@ class ProblemRequestHandler(RequestHandler):
             self._refused.cancel()
             self.transport = None
             return
-        for timer in (self._head_timer, self._body_timer):
+        for timer in (self._head_timer, self._body_timer, self._lingering):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._body_timer = None
+        self._head_timer = self._body_timer = self._lingering = None
         if self._client is not None:
             self._clients[self._client] -= 1
             if self._clients[self._client] <= 0:
@@ -287,8 +292,25 @@ class ProblemRequestHandler(RequestHandler):
         if self._close_after_answer:
             # Now, not after aiohttp's lingering read of the rest of the body (which would
             # raise the timeout again, as an unhandled error).
-            self.force_close()
+            self._close_gracefully()
         return result
+
+    def _close_gracefully(self) -> None:
+        """Ends the connection after its last answer without a reset: half-closes it once the
+        answer is written and discards the input until the client closes or :data:`LINGER_S`
+        pass. Closing at once would answer a client still sending with a reset, which on the
+        client's side may discard the answer before it is read."""
+        self._force_close = True  # aiohttp's loop ends and leaves the transport to us
+        if self._waiter is not None:
+            self._waiter.cancel()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if not isinstance(transport, asyncio.WriteTransport) or not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # after the buffered answer
+        self._lingering = self._loop.call_later(LINGER_S, transport.close)
 
     # --- answers to requests the parser refused --------------------------------------------
 
@@ -305,6 +327,8 @@ class ProblemRequestHandler(RequestHandler):
             return super().handle_error(request, status, exc, message)
         if request.writer.output_size > 0:  # an answer was already started; nothing to add
             raise ConnectionError("a response was already sent on this connection")
+        if isinstance(error, errors.RequestTimeout):
+            self._close_after_answer = True
         response = problems.from_error(error)
         response.force_close()  # the parser's position in the stream is lost
         return response

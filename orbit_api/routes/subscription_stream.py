@@ -10,7 +10,8 @@ transaction runs), at most SETTLE_BATCH_MAX, are settled in one transaction
 (consumer.settle_deliveries), and each is answered with its own ``settled`` (or ``error``) frame
 carrying the request's ``id``. Frames received before the socket
 closes are still settled. With credit but nothing due, the server polls a cheap read
-(consumer.due_in_ms) with a back-off from POLL_MIN_MS to POLL_MAX_MS — never a lease loop.
+(consumer.due_in_ms) with a back-off from POLL_MIN_MS to POLL_MAX_MS — never a lease loop; a
+lease that took all it asked for is followed by the next one without that read.
 When the socket closes, leases taken but not yet pushed are handed back unsent
 (deliveries.release); pushed but unsettled ones lapse with their lease and are delivered again.
 """
@@ -120,23 +121,28 @@ class Stream:
 
     async def _pump(self) -> None:
         pause_ms = POLL_MIN_MS
+        full = False  # the last lease took all it asked for: more are likely due
         while not self.closing:
             if self.credit <= 0:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
             leased: list[Leased] = []
+            polled = not full
+            full = False
             try:
-                found = await consumer.poll(self.db, self.target)
-                if found.state in (None, SubscriptionState.DISABLED):
-                    await self.close_for(SubscriptionDisabled(
-                        f"subscription {self.name!r} is disabled"), CLOSE_FORBIDDEN)
+                found = await self._look(polled)
+                if found is None:
                     return
                 if found.due:
+                    asked = min(self.credit, LEASE_STEP)
                     leased = await deliveries.lease_deliveries(
                         self.db, self.principal, namespace=self.namespace, name=self.name,
-                        limit=min(self.credit, LEASE_STEP))
+                        limit=asked)
+                    full = len(leased) == asked
             except SubscriptionNotActive:
+                if not polled:
+                    continue  # paused or disabled since the last lease: the poll tells which
                 found = consumer.Poll(state=SubscriptionState.PAUSED, due_in_ms=None)
             except errors.Unauthenticated as exc:
                 await self.close_for(exc, CLOSE_CREDENTIAL)
@@ -159,6 +165,18 @@ class Stream:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), nap / 1000)
             pause_ms = min(pause_ms * 2, POLL_MAX_MS)
+
+    async def _look(self, polled: bool) -> consumer.Poll | None:
+        """The cheap read's answer (None: the subscription is disabled and the stream closed);
+        without the read (the last lease was full), due now -- the lease checks the state."""
+        if not polled:
+            return consumer.Poll(state=SubscriptionState.ACTIVE, due_in_ms=0)
+        found = await consumer.poll(self.db, self.target)
+        if found.state in (None, SubscriptionState.DISABLED):
+            await self.close_for(SubscriptionDisabled(
+                f"subscription {self.name!r} is disabled"), CLOSE_FORBIDDEN)
+            return None
+        return found
 
     async def push(self, leased: list[Leased]) -> None:
         """One ``delivery`` frame per lease, one credit each; leases that could not be pushed

@@ -322,6 +322,45 @@ async def test_a_draining_api_closes_its_streams(api: TestClient[Any, Any], db: 
                 message="the stream is gone")
 
 
+async def test_a_full_lease_is_followed_by_the_next_lease_without_the_read(
+        api: TestClient[Any, Any], db: Database, tenant: Tenant) -> None:
+    """While leases come back full the stream leases again at once; a lease refused because
+    the subscription stopped being ACTIVE sends it back to the read, which tells paused (wait)
+    from disabled (close)."""
+    await _setup(db, tenant, 6)
+    who = await relay.principal_of(db, tenant.api_key)
+    before = {"poll": _transactions("relay.poll"), "lease": _transactions("relay.lease")}
+
+    def calls() -> dict[str, float]:
+        return {name: _transactions(f"relay.{name}") - n for name, n in before.items()}
+
+    async def to(target: SubscriptionState) -> None:
+        await subscriptions.set_state(db, who, namespace=tenant.namespace, name="sub",
+                                      target=target)
+
+    async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
+        await ws.send_json({"type": "ready", "credit": 2})
+        assert [(await _frame(ws))["type"] for _ in range(2)] == ["delivery"] * 2
+        assert calls() == {"poll": 1, "lease": 1}
+        await ws.send_json({"type": "ready", "credit": 2})  # the last lease was full
+        assert [(await _frame(ws))["type"] for _ in range(2)] == ["delivery"] * 2
+        assert calls() == {"poll": 1, "lease": 2}
+
+        await to(SubscriptionState.PAUSED)
+        await ws.send_json({"type": "ready", "credit": 2})
+        await _nothing_more(ws)  # refused, then the read finds it paused: the stream waits
+        assert calls()["lease"] == 3
+        assert calls()["poll"] >= 2
+        assert (await _states(db, tenant)).count("LEASED") == 4
+
+        await to(SubscriptionState.DISABLED)
+        closed = await _frame(ws)
+        assert closed["code"] == "subscription_disabled"
+        message = await ws.receive(timeout=10)
+        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert ws.close_code == subscription_stream.CLOSE_FORBIDDEN
+
+
 def _transactions(name: str) -> float:
     """How many transactions named ``name`` this process ran so far (the API is served
     in-process, so its transaction metric counts the stream's reads, leases and settles)."""

@@ -57,6 +57,15 @@ async def _nothing_more(ws: aiohttp.ClientWebSocketResponse) -> None:
         await ws.receive(timeout=QUIET_S)
 
 
+async def _closed_as_disabled(ws: aiohttp.ClientWebSocketResponse) -> None:
+    """The stream's last frame says the subscription is disabled, then it closes (4403)."""
+    closed = await _frame(ws)
+    assert closed["code"] == "subscription_disabled"
+    message = await ws.receive(timeout=10)
+    assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    assert ws.close_code == subscription_stream.CLOSE_FORBIDDEN
+
+
 async def _states(db: Database, tenant: Tenant) -> list[str]:
     return [r["state"] for r in await relay.delivery_rows(db, tenant)]
 
@@ -283,11 +292,7 @@ async def test_a_paused_stream_waits_and_a_disabled_one_closes(
         resumed = await _frame(ws)
         assert resumed["type"] == "delivery"
         await to(SubscriptionState.DISABLED)
-        closed = await _frame(ws)
-        assert closed["code"] == "subscription_disabled"
-        message = await ws.receive(timeout=10)
-        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
-        assert ws.close_code == subscription_stream.CLOSE_FORBIDDEN
+        await _closed_as_disabled(ws)
 
 
 async def test_an_idle_stream_polls_a_cheap_read_with_back_off(
@@ -354,11 +359,7 @@ async def test_a_full_lease_is_followed_by_the_next_lease_without_the_read(
         assert (await _states(db, tenant)).count("LEASED") == 4
 
         await to(SubscriptionState.DISABLED)
-        closed = await _frame(ws)
-        assert closed["code"] == "subscription_disabled"
-        message = await ws.receive(timeout=10)
-        assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
-        assert ws.close_code == subscription_stream.CLOSE_FORBIDDEN
+        await _closed_as_disabled(ws)
 
 
 def _transactions(name: str) -> float:

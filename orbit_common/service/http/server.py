@@ -195,10 +195,17 @@ class ProblemRequestHandler(RequestHandler):
                         extra={"code": "too_many_connections", "client": key})
         transport.write(problems.raw_response(errors.TooManyConnections(
             f"this client address already holds {limit} connections; close some or retry")))
+        self.transport = transport
+        self._refused = self._linger(transport)
+
+    def _linger(self, transport: asyncio.WriteTransport) -> asyncio.TimerHandle:
+        """Half-closes ``transport`` after what is buffered (the answer) and closes it after
+        :data:`LINGER_S`, or earlier at the client's EOF (:meth:`eof_received`); meanwhile its
+        input is discarded. Closing at once would answer a client still sending with a reset,
+        which on the client's side may discard the answer before it is read."""
         if transport.can_write_eof():
             transport.write_eof()
-        self.transport = transport
-        self._refused = self._loop.call_later(LINGER_S, transport.close)
+        return self._loop.call_later(LINGER_S, transport.close)
 
     def eof_received(self) -> None:
         if (self._refused is not None or self._lingering is not None) and (
@@ -296,21 +303,13 @@ class ProblemRequestHandler(RequestHandler):
         return result
 
     def _close_gracefully(self) -> None:
-        """Ends the connection after its last answer without a reset: half-closes it once the
-        answer is written and discards the input until the client closes or :data:`LINGER_S`
-        pass. Closing at once would answer a client still sending with a reset, which on the
-        client's side may discard the answer before it is read."""
+        """Ends the connection after its last answer without a reset (:meth:`_linger`)."""
         self._force_close = True  # aiohttp's loop ends and leaves the transport to us
         if self._waiter is not None:
             self._waiter.cancel()
         transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if not isinstance(transport, asyncio.WriteTransport) or not transport.can_write_eof():
-            transport.close()
-            return
-        transport.write_eof()  # after the buffered answer
-        self._lingering = self._loop.call_later(LINGER_S, transport.close)
+        if transport is not None and not transport.is_closing():
+            self._lingering = self._linger(transport)
 
     # --- answers to requests the parser refused --------------------------------------------
 

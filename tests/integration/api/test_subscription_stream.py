@@ -66,6 +66,12 @@ async def _closed_as_disabled(ws: aiohttp.ClientWebSocketResponse) -> None:
     assert ws.close_code == subscription_stream.CLOSE_FORBIDDEN
 
 
+async def _set_state(db: Database, tenant: Tenant, target: SubscriptionState) -> None:
+    """Pause, resume or disable the tenant's subscription ``sub`` as its own credential."""
+    who = await relay.principal_of(db, tenant.api_key)
+    await subscriptions.set_state(db, who, namespace=tenant.namespace, name="sub", target=target)
+
+
 async def _states(db: Database, tenant: Tenant) -> list[str]:
     return [r["state"] for r in await relay.delivery_rows(db, tenant)]
 
@@ -278,20 +284,15 @@ async def test_a_revoked_credential_closes_the_stream(api: TestClient[Any, Any],
 async def test_a_paused_stream_waits_and_a_disabled_one_closes(
         api: TestClient[Any, Any], db: Database, tenant: Tenant) -> None:
     await _setup(db, tenant, 1)
-    who = await relay.principal_of(db, tenant.api_key)
 
-    async def to(target: SubscriptionState) -> None:
-        await subscriptions.set_state(db, who, namespace=tenant.namespace, name="sub",
-                                      target=target)
-
-    await to(SubscriptionState.PAUSED)
+    await _set_state(db, tenant, SubscriptionState.PAUSED)
     async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
         await ws.send_json({"type": "ready", "credit": 5})
         await _nothing_more(ws)  # paused: nothing is leased, the stream stays open
-        await to(SubscriptionState.ACTIVE)
+        await _set_state(db, tenant, SubscriptionState.ACTIVE)
         resumed = await _frame(ws)
         assert resumed["type"] == "delivery"
-        await to(SubscriptionState.DISABLED)
+        await _set_state(db, tenant, SubscriptionState.DISABLED)
         await _closed_as_disabled(ws)
 
 
@@ -333,15 +334,10 @@ async def test_a_full_lease_is_followed_by_the_next_lease_without_the_read(
     the subscription stopped being ACTIVE sends it back to the read, which tells paused (wait)
     from disabled (close)."""
     await _setup(db, tenant, 6)
-    who = await relay.principal_of(db, tenant.api_key)
     before = {"poll": _transactions("relay.poll"), "lease": _transactions("relay.lease")}
 
     def calls() -> dict[str, float]:
         return {name: _transactions(f"relay.{name}") - n for name, n in before.items()}
-
-    async def to(target: SubscriptionState) -> None:
-        await subscriptions.set_state(db, who, namespace=tenant.namespace, name="sub",
-                                      target=target)
 
     async with api.ws_connect(_stream(tenant), headers=tenant.auth) as ws:
         await ws.send_json({"type": "ready", "credit": 2})
@@ -351,14 +347,14 @@ async def test_a_full_lease_is_followed_by_the_next_lease_without_the_read(
         assert [(await _frame(ws))["type"] for _ in range(2)] == ["delivery"] * 2
         assert calls() == {"poll": 1, "lease": 2}
 
-        await to(SubscriptionState.PAUSED)
+        await _set_state(db, tenant, SubscriptionState.PAUSED)
         await ws.send_json({"type": "ready", "credit": 2})
         await _nothing_more(ws)  # refused, then the read finds it paused: the stream waits
         assert calls()["lease"] == 3
         assert calls()["poll"] >= 2
         assert (await _states(db, tenant)).count("LEASED") == 4
 
-        await to(SubscriptionState.DISABLED)
+        await _set_state(db, tenant, SubscriptionState.DISABLED)
         await _closed_as_disabled(ws)
 
 

@@ -11,12 +11,22 @@ Every phase runs on a fresh database with its own API, dispatcher and SDK no-op 
    to the last instance's end (database time).
 3. **parallel** -- N/10 instances of a 10-branch PARALLEL workflow (each branch one TASK, the
    join ALL_SUCCEED, then SUCCEED): ``parallel_steps_per_s`` likewise.
-4. **latency** -- linear instances started at half of ``linear_steps_per_s`` (in steps):
+4. **latency** -- linear instances started at half of ``linear_steps_per_s`` (in steps),
+   through the same batch start as the throughput phases, paced: a request every 1/``START_HZ``
+   s (10 a second) carrying that interval's instances:
    ``advance_p50_ms`` / ``advance_p99_ms`` are, for each task after the first of an instance,
    its ``created_at`` minus the commit of the previous task's result (its result event's
    ``committed_at``, the last row the ending transaction writes before its commit): result
    commit → next task created. ``advance_p99_ms_from_inbox`` measures from the inbox row's
    ``created_at`` instead, written earlier in the same transaction (before its counters).
+   ``latency_cpu_busy`` is the share of the machine's cores the phase's processes used (the
+   API, dispatcher, workers, engine and the bench's database; the bench's starter not
+   counted), which shows whether half the rate is about half the load.
+5. **latency, single starts** -- the same at the same rate, but one instance per start request
+   (``advance_p50_ms_single_starts``, ``advance_p99_ms_single_starts``,
+   ``latency_cpu_busy_single_starts``): what the latency is when the application does not
+   batch its starts. A single start costs the API and the database ~15 round trips, so at this
+   rate the starts alone take a large share of the two cores (bench/RESULTS.md).
 
 ``steps_ratio`` is the smaller of the two workflow rates over ``plain_tasks_per_s``.
 ``instances_finished`` counts SUCCEEDED instances over all workflow phases (it must equal
@@ -33,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -49,6 +60,7 @@ from orbit_common.weave import definitions
 
 BRANCHES = 10
 STARTERS = 4
+START_HZ = 10  # the latency phase's start requests per second
 START_BATCH = 100  # the batch start's limit (orbit_common.weave.starts.MAX_BATCH)
 
 
@@ -101,13 +113,15 @@ class _WorkflowPhase:
             await db.close()
 
     def start(self, definition: str, count: int, rate: float | None = None,
-              inputs: Callable[[int], dict[str, Any]] | None = None) -> float:
+              inputs: Callable[[int], dict[str, Any]] | None = None,
+              per_request: int = START_BATCH) -> float:
         """Start ``count`` instances of ``definition`` (``rate`` per second at most) through
-        the API's batch start (``POST …/workflows/batch``, up to 100 a request, from STARTERS
-        concurrent clients -- as the plain phase submits its tasks in batches); instance ``n``'s
-        input is ``inputs(n)`` (default ``{"n": n}``). Returns the starts per second."""
+        the API's batch start (``POST …/workflows/batch``, ``per_request`` a request, from
+        STARTERS concurrent clients -- as the plain phase submits its tasks in batches);
+        instance ``n``'s input is ``inputs(n)`` (default ``{"n": n}``). Returns the starts per
+        second."""
         return asyncio.run(_start_all(self.phase.api, self.api_key, self.namespace,
-                                      definition, count, rate, inputs))
+                                      definition, count, rate, inputs, per_request))
 
     def close(self) -> None:
         self.phase.close()
@@ -115,9 +129,10 @@ class _WorkflowPhase:
 
 async def _start_all(api: str, api_key: str, namespace: str, definition: str,
                      count: int, rate: float | None,
-                     inputs: Callable[[int], dict[str, Any]] | None = None) -> float:
+                     inputs: Callable[[int], dict[str, Any]] | None = None,
+                     per_request: int = START_BATCH) -> float:
     url = f"{api}/v1/namespaces/{namespace}/workflows/batch"
-    batch = START_BATCH if rate is None else max(1, min(START_BATCH, int(rate / 50)))
+    batch = max(1, min(START_BATCH, per_request))
     chunks = iter(range(0, count, batch))
     started = time.monotonic()
 
@@ -233,15 +248,22 @@ def _throughput(server: DatabaseUrl, logs: Path, db_pid: int | None, definition:
             **found}
 
 
-def _latency(server: DatabaseUrl, logs: Path, db_pid: int | None, instances_count: int,
-             steps_rate: float, workers: int, concurrency: int) -> dict[str, Any]:
+def _latency(server: DatabaseUrl, logs: Path, db_pid: int | None,
+             instances_count: int, steps_rate: float, workers: int, concurrency: int, *,
+             single: bool = False) -> dict[str, Any]:
+    """Linear instances at ``steps_rate`` (in steps): started ``START_HZ`` requests a second
+    through the batch start, or with ``single`` one instance a request."""
     phase = _WorkflowPhase(server, logs, db_pid)
     try:
         phase.phase.start_workers(workers, concurrency)
-        phase.start("linear", instances_count, rate=steps_rate / 3)
+        per_request = 1 if single else round(steps_rate / 3 / START_HZ)
+        roles_before, began = phase.phase.cpu(), time.monotonic()
+        phase.start("linear", instances_count, rate=steps_rate / 3, per_request=per_request)
         conn = connect_sync(phase.phase.url, autocommit=True)
         try:
             _wait_finished(conn, instances_count)
+            busy = (sum(phase.phase.cpu().values()) - sum(roles_before.values())) / (
+                (time.monotonic() - began) * (os.cpu_count() or 1))
             lags = advance_lags(conn)
             from_inbox = advance_lags(conn, "inbox")
             found = audit(conn)
@@ -249,7 +271,8 @@ def _latency(server: DatabaseUrl, logs: Path, db_pid: int | None, instances_coun
             conn.close()
     finally:
         phase.close()
-    return {"rate_steps_per_s": round(steps_rate, 1),
+    return {"rate_steps_per_s": round(steps_rate, 1), "cpu_busy": round(busy, 2),
+            "per_request": per_request,
             "advance_p50_ms": round(percentile(lags, 0.5), 1),
             "advance_p99_ms": round(percentile(lags, 0.99), 1),
             "advance_p99_ms_from_inbox": round(percentile(from_inbox, 0.99), 1), **found}
@@ -272,8 +295,11 @@ def run(url_text: str | None, tasks: int, workers: int, concurrency: int) -> dic
         _wait_purged(server.with_database(""))
         half = _latency(server, logs, db_pid, max(1, tasks // 3), linear["steps_per_s"] / 2,
                         workers, concurrency)
+        _wait_purged(server.with_database(""))
+        single = _latency(server, logs, db_pid, max(1, tasks // 3), linear["steps_per_s"] / 2,
+                          workers, concurrency, single=True)
     plain_rate = plain["tasks_per_s"]
-    phases = (linear, parallel, half)
+    phases = (linear, parallel, half, single)
     return {
         "tasks": tasks, "workers": workers, "worker_concurrency": concurrency,
         "plain_tasks_per_s": plain_rate,
@@ -286,6 +312,11 @@ def run(url_text: str | None, tasks: int, workers: int, concurrency: int) -> dic
         "latency_rate_steps_per_s": half["rate_steps_per_s"],
         "advance_p50_ms": half["advance_p50_ms"], "advance_p99_ms": half["advance_p99_ms"],
         "advance_p99_ms_from_inbox": half["advance_p99_ms_from_inbox"],
+        "latency_starts_per_request": half["per_request"],
+        "latency_cpu_busy": half["cpu_busy"],
+        "advance_p50_ms_single_starts": single["advance_p50_ms"],
+        "advance_p99_ms_single_starts": single["advance_p99_ms"],
+        "latency_cpu_busy_single_starts": single["cpu_busy"],
         "cpu_us_per_task_plain": {k.removeprefix("cpu_us_per_task_"): v
                                   for k, v in plain.items() if k.startswith("cpu_us_per_task_")},
         "cpu_us_per_step_linear": linear["cpu_us_per_step"],

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench.common import poll_until
+from bench.common import cpu_seconds, poll_until
 from bench.tasks import _bound_by_database, _cpu_per_task
 
 
@@ -24,9 +24,13 @@ def test_cpu_per_task_counts_this_process_and_skips_an_unknown_server() -> None:
         sum(i * i for i in range(200_000))  # some CPU
     assert set(figures) == {"phase_cpu_us_per_task_client"}
     assert figures["phase_cpu_us_per_task_client"] > 0
+    # The "server" here is this process. /proc counts CPU in clock ticks (10 ms), so the work
+    # goes on until the counter has moved: a fixed amount of work may end inside one tick.
     with _cpu_per_task("phase", 1000, os.getpid()) as figures:
-        sum(i * i for i in range(200_000))
-    assert figures["phase_cpu_us_per_task_database"] > 0  # the "server" here is this process
+        before = cpu_seconds(os.getpid())  # at least what the block's start read
+        while cpu_seconds(os.getpid()) == before:
+            sum(i * i for i in range(20_000))
+    assert figures["phase_cpu_us_per_task_database"] > 0
 
 
 def test_poll_until_returns_the_first_answer_that_is_done_and_names_what_it_waited_for() -> None:

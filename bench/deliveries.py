@@ -1,6 +1,6 @@
 """``orbit bench deliveries``: result deliveries end to end (issue 13).
 
-Three phases, each on a fresh database with its own API, dispatcher and SDK workers
+Four phases, each on a fresh database with its own API, dispatcher and SDK workers
 (bench/tasks.py's ``_Phase``):
 
 1. **plain** -- N no-op tasks end to end, no subscription: the reference throughput.
@@ -12,13 +12,19 @@ Three phases, each on a fresh database with its own API, dispatcher and SDK work
    acknowledgement of either subscription; ``delivery_ratio`` is that over phase 1's
    ``tasks_per_s``. The pump's CPU over the phase, per delivery (both subscriptions' rows are
    its fan-out; the webhook ones its sends), is ``pump_cpu_us_per_delivery``.
-3. **lag and catch-up** -- N tasks at half of ``delivery_per_s``: ``ack_lag_p99_ms`` is the
-   webhook deliveries' p99 of ``acknowledged_at - committed_at`` of their result (database
-   time). Then the receiver stops for ``down_s`` seconds (60) while N more tasks run; from its
-   return to the last acknowledgement, ``catch_up_deliveries_per_s`` is the webhook backlog over
-   that time (it includes the wait for the endpoint circuit's probe, ``circuit_open_s`` = 2 s);
+3. **lag and catch-up** -- N tasks at half of ``delivery_per_s``, submitted in batches at
+   ``LAG_SUBMIT_HZ`` (10) requests a second (``lag_submits_per_request`` tasks each; phase 1
+   submits 500 a request): ``ack_lag_p99_ms`` is the webhook deliveries' p99 of
+   ``acknowledged_at - committed_at`` of their result (database time). Then the receiver
+   stops for ``down_s`` seconds (60) while N more tasks run; from its return to the last
+   acknowledgement, ``catch_up_deliveries_per_s`` is the webhook backlog over that time (it
+   includes the wait for the endpoint circuit's probe, ``circuit_open_s`` = 2 s);
    ``catch_up_first_ack_s`` is that wait (return to the first acknowledgement) and
    ``catch_up_sending_per_s`` the backlog over the rest (first to last acknowledgement).
+4. **lag, small batches** -- the lag of phase 3 again on a fresh database, at the same rate but
+   ``SMALL_BATCH_HZ`` (50) requests a second, as ``orbit bench tasks --rate`` paces
+   (``ack_lag_p50_ms_small_batches``, ``ack_lag_p99_ms_small_batches``,
+   ``lag_submits_per_request_small_batches``; bench/RESULTS.md compares the two).
 
 CPU per task by process role, without (``cpu_us_per_task_plain``) and with the deliveries
 (``cpu_us_per_task_with_deliveries``, up to the last acknowledgement), the bench's own receiving
@@ -58,6 +64,8 @@ from orbit_common.relay.model import RelaySettings
 
 ROOT = Path(__file__).resolve().parents[1]
 CIRCUIT_OPEN_S = 2.0
+LAG_SUBMIT_HZ = 10  # the lag phase's submit requests per second
+SMALL_BATCH_HZ = 50  # the small-batch lag phase's (bench/tasks.py's pacing)
 
 
 class _DeliveryPhase:
@@ -134,6 +142,7 @@ async def _subscribe(url: DatabaseUrl, api_key: str, namespace: str, key_text: s
                                                     spec=spec)
     finally:
         await db.close()
+
 
 
 def _acknowledged(conn: Any) -> dict[str, int]:
@@ -247,12 +256,14 @@ def cpu_split(plain: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _lag_and_catch_up(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks: int,
-                      workers: int, concurrency: int, rate: float,
-                      down_s: float) -> dict[str, Any]:
+def _lag_and_catch_up(server: DatabaseUrl, logs: Path, db_pid: int | None,
+                      tasks: int, workers: int, concurrency: int, rate: float,
+                      down_s: float | None, submit_hz: int = LAG_SUBMIT_HZ) -> dict[str, Any]:
+    """The ack lag of N tasks submitted at ``rate`` (``submit_hz`` requests a second); then,
+    unless ``down_s`` is None, the receiver's outage and catch-up."""
     phase = _DeliveryPhase(server, logs, db_pid)
     try:
-        _end_to_end(phase.phase, tasks, workers, rate, concurrency, 0)
+        _end_to_end(phase.phase, tasks, workers, rate, concurrency, 0, submit_hz=submit_hz)
         conn = connect_sync(phase.phase.url, autocommit=True)
         try:
             _wait_acknowledged(conn, tasks)
@@ -263,6 +274,13 @@ def _lag_and_catch_up(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks
                             " JOIN orbit_result_events r ON r.namespace_id = d.namespace_id"
                             " AND r.id = d.event_id WHERE s.name = 'hook'")
                 lags = [row[0] / 1000 for row in cur.fetchall()]
+            lag = {"lag_rate": rate, "lag_submits_per_request": max(1, int(rate / submit_hz)),
+                   "ack_lag_p50_ms": round(percentile(lags, 0.5), 1),
+                   "ack_lag_p99_ms": round(percentile(lags, 0.99), 1)}
+            if down_s is None:
+                phase.stop_receiver()
+                duplicates, missing = _audit(conn, phase)
+                return {**lag, "duplicates": duplicates, "missing": missing}
             # The receiver goes away; N more tasks run; it comes back after down_s.
             phase.stop_receiver()
             stopped = time.monotonic()
@@ -286,9 +304,7 @@ def _lag_and_catch_up(server: DatabaseUrl, logs: Path, db_pid: int | None, tasks
             conn.close()
     finally:
         phase.close()
-    return {"lag_rate": rate, "ack_lag_p50_ms": round(percentile(lags, 0.5), 1),
-            "ack_lag_p99_ms": round(percentile(lags, 0.99), 1),
-            "catch_up_backlog": backlog, "down_s": down_s,
+    return {**lag, "catch_up_backlog": backlog, "down_s": down_s,
             "catch_up_deliveries_per_s": round(backlog / (int(catch_up_us) / 1e6), 1),
             "catch_up_first_ack_s": round(int(probe_us) / 1e6, 3),
             "catch_up_sending_per_s": round(
@@ -310,6 +326,10 @@ def run(url_text: str | None, tasks: int, workers: int, concurrency: int,
         _wait_purged(server.with_database(""))
         half = _lag_and_catch_up(server, logs, db_pid, tasks, workers, concurrency,
                                  round(full["delivery_per_s"] / 2, 1), down_s)
+        _wait_purged(server.with_database(""))
+        small = _lag_and_catch_up(server, logs, db_pid, tasks, workers, concurrency,
+                                  round(full["delivery_per_s"] / 2, 1), None,
+                                  submit_hz=SMALL_BATCH_HZ)
     return {
         "tasks": tasks, "workers": workers, "worker_concurrency": concurrency,
         "plain_tasks_per_s": plain["tasks_per_s"],
@@ -319,12 +339,16 @@ def run(url_text: str | None, tasks: int, workers: int, concurrency: int,
         "webhook_per_s": full.get("webhook_per_s"), "pull_per_s": full.get("pull_per_s"),
         "lag_rate": half["lag_rate"], "ack_lag_p50_ms": half["ack_lag_p50_ms"],
         "ack_lag_p99_ms": half["ack_lag_p99_ms"],
+        "lag_submits_per_request": half["lag_submits_per_request"],
+        "ack_lag_p50_ms_small_batches": small["ack_lag_p50_ms"],
+        "ack_lag_p99_ms_small_batches": small["ack_lag_p99_ms"],
+        "lag_submits_per_request_small_batches": small["lag_submits_per_request"],
         "down_s": down_s, "catch_up_backlog": half["catch_up_backlog"],
         "catch_up_deliveries_per_s": half["catch_up_deliveries_per_s"],
         "catch_up_first_ack_s": half["catch_up_first_ack_s"],
         "catch_up_sending_per_s": half["catch_up_sending_per_s"],
         "pump_cpu_us_per_delivery": full["pump_cpu_us_per_delivery"],
         **cpu_split(plain, full),
-        "duplicates": full["duplicates"] + half["duplicates"],
-        "missing": full["missing"] + half["missing"],
+        "duplicates": full["duplicates"] + half["duplicates"] + small["duplicates"],
+        "missing": full["missing"] + half["missing"] + small["missing"],
     }

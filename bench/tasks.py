@@ -169,11 +169,13 @@ def _task_body(queue_name: str, size: int, first: int, keys: int) -> dict[str, A
 
 
 async def _submit_all(api: str, key: str, namespace: str, tasks: int, rate: float | None,
-                      submitters: int = 4, queue_name: str = "bench", keys: int = 0) -> float:
-    """Submit ``tasks`` no-op tasks (key ``key-<n mod keys>`` when ``keys``); returns submits/s."""
+                      submitters: int = 4, queue_name: str = "bench", keys: int = 0,
+                      hz: int = 50) -> float:
+    """Submit ``tasks`` no-op tasks (key ``key-<n mod keys>`` when ``keys``); returns submits/s.
+    At a ``rate``, ``hz`` requests a second (each ``rate / hz`` tasks)."""
     headers = {"Authorization": f"Bearer {key}"}
     url = f"{api}/v1/namespaces/{namespace}/tasks/batch"
-    batch = 500 if rate is None else max(1, min(500, int(rate / 50)))
+    batch = 500 if rate is None else max(1, min(500, int(rate / hz)))
     chunks = [(i, min(batch, tasks - i)) for i in range(0, tasks, batch)]
     started = time.perf_counter()
     async with aiohttp.ClientSession(headers=headers) as session:
@@ -304,7 +306,8 @@ def wait_succeeded(conn: Any, tasks: int, timeout: float = 900) -> None:
 
 
 def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, concurrency: int,
-                keys: int, settle: Callable[[Any], None] | None = None) -> dict[str, Any]:
+                keys: int, settle: Callable[[Any], None] | None = None, *,
+                submit_hz: int = 50) -> dict[str, Any]:
     """Workers up, N tasks submitted (split evenly over the applications, in parallel), wait
     until all SUCCEEDED; figures from the database. ``settle(conn)``, when given, waits for
     work that follows the tasks (e.g. their deliveries) before the CPU and statement counts
@@ -325,7 +328,8 @@ def _end_to_end(phase: _Phase, tasks: int, workers: int, rate: float | None, con
     async def submit_everything() -> list[float]:
         return list(await asyncio.gather(*(
             _submit_all(phase.api, key, namespace, share,
-                        None if rate is None else rate / apps, max(1, 4 // apps), keys=keys)
+                        None if rate is None else rate / apps, max(1, 4 // apps), keys=keys,
+                        hz=submit_hz)
             for (key, namespace), share in zip(phase.tenants, shares, strict=True))))
 
     submit_rates = asyncio.run(submit_everything())

@@ -70,6 +70,12 @@ def wait_ready(url: str, timeout: float = 30) -> None:
     raise RuntimeError(f"{url} never became ready")
 
 
+def paced_batch(rate: float, per_second: int, limit: int) -> int:
+    """Items a request when ``rate`` items a second go out in ``per_second`` requests a second:
+    the one pacing rule of every paced phase (at least 1, at most ``limit``)."""
+    return max(1, min(limit, int(rate / per_second)))
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")

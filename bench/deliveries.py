@@ -50,11 +50,19 @@ from bench.common import (
     bench_server,
     cpu_seconds,
     free_port,
+    paced_batch,
     percentile,
     poll_until,
     wait_ready,
 )
-from bench.tasks import _end_to_end, _Phase, _submit_all, _wait_purged, wait_succeeded
+from bench.tasks import (
+    SUBMIT_BATCH,
+    _end_to_end,
+    _Phase,
+    _submit_all,
+    _wait_purged,
+    wait_succeeded,
+)
 from orbit_common.db.pool import DatabaseUrl, connect_sync, open_database
 from orbit_common.model.endpoints import EndpointPolicy
 from orbit_common.model.sealing import Sealer, new_key_text
@@ -142,7 +150,6 @@ async def _subscribe(url: DatabaseUrl, api_key: str, namespace: str, key_text: s
                                                     spec=spec)
     finally:
         await db.close()
-
 
 
 def _acknowledged(conn: Any) -> dict[str, int]:
@@ -274,7 +281,8 @@ def _lag_and_catch_up(server: DatabaseUrl, logs: Path, db_pid: int | None,
                             " JOIN orbit_result_events r ON r.namespace_id = d.namespace_id"
                             " AND r.id = d.event_id WHERE s.name = 'hook'")
                 lags = [row[0] / 1000 for row in cur.fetchall()]
-            lag = {"lag_rate": rate, "lag_submits_per_request": max(1, int(rate / submit_hz)),
+            lag = {"lag_rate": rate,
+                   "lag_submits_per_request": paced_batch(rate, submit_hz, SUBMIT_BATCH),
                    "ack_lag_p50_ms": round(percentile(lags, 0.5), 1),
                    "ack_lag_p99_ms": round(percentile(lags, 0.99), 1)}
             if down_s is None:

@@ -37,6 +37,7 @@ from bench.common import (
     bench_server,
     cpu_seconds,
     free_port,
+    paced_batch,
     percentile,
     poll_until,
     post_json,
@@ -49,6 +50,7 @@ from orbit_common.db.migrator import Migrator
 from orbit_common.db.pool import DatabaseUrl, connect_sync
 
 ROOT = Path(__file__).resolve().parents[1]
+SUBMIT_BATCH = 500  # tasks a request when not paced (the API's batch limit is higher)
 
 
 def _com_commit(url: DatabaseUrl) -> int:
@@ -175,7 +177,7 @@ async def _submit_all(api: str, key: str, namespace: str, tasks: int, rate: floa
     At a ``rate``, ``hz`` requests a second (each ``rate / hz`` tasks)."""
     headers = {"Authorization": f"Bearer {key}"}
     url = f"{api}/v1/namespaces/{namespace}/tasks/batch"
-    batch = 500 if rate is None else max(1, min(500, int(rate / hz)))
+    batch = SUBMIT_BATCH if rate is None else paced_batch(rate, hz, SUBMIT_BATCH)
     chunks = [(i, min(batch, tasks - i)) for i in range(0, tasks, batch)]
     started = time.perf_counter()
     async with aiohttp.ClientSession(headers=headers) as session:

@@ -12,8 +12,8 @@ Every phase runs on a fresh database with its own API, dispatcher and SDK no-op 
 3. **parallel** -- N/10 instances of a 10-branch PARALLEL workflow (each branch one TASK, the
    join ALL_SUCCEED, then SUCCEED): ``parallel_steps_per_s`` likewise.
 4. **latency** -- linear instances started at half of ``linear_steps_per_s`` (in steps),
-   through the same batch start as the throughput phases, paced: a request every 1/``START_HZ``
-   s (10 a second) carrying that interval's instances:
+   through the same batch start as the throughput phases, paced (``paced_batch``): a request
+   every 1/``START_HZ`` s (10 a second) carrying that interval's instances:
    ``advance_p50_ms`` / ``advance_p99_ms`` are, for each task after the first of an instance,
    its ``created_at`` minus the commit of the previous task's result (its result event's
    ``committed_at``, the last row the ending transaction writes before its commit): result
@@ -52,7 +52,15 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import bench_server, cpu_seconds, free_port, percentile, poll_until, wait_ready
+from bench.common import (
+    bench_server,
+    cpu_seconds,
+    free_port,
+    paced_batch,
+    percentile,
+    poll_until,
+    wait_ready,
+)
 from bench.tasks import _end_to_end, _Phase, _wait_purged
 from orbit_common.db.pool import DatabaseUrl, connect_sync, open_database
 from orbit_common.platform import credentials
@@ -256,7 +264,7 @@ def _latency(server: DatabaseUrl, logs: Path, db_pid: int | None,
     phase = _WorkflowPhase(server, logs, db_pid)
     try:
         phase.phase.start_workers(workers, concurrency)
-        per_request = 1 if single else round(steps_rate / 3 / START_HZ)
+        per_request = 1 if single else paced_batch(steps_rate / 3, START_HZ, START_BATCH)
         roles_before, began = phase.phase.cpu(), time.monotonic()
         phase.start("linear", instances_count, rate=steps_rate / 3, per_request=per_request)
         conn = connect_sync(phase.phase.url, autocommit=True)

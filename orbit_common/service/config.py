@@ -232,8 +232,10 @@ class WeaveConfig:
     batch: int = attrs.field(default=128, validator=[attrs.validators.ge(1),
                                                     attrs.validators.le(500)])
     # Instances advanced together in one transaction at most (each instance's advance is whole
-    # in it; a batch that fails is retried instance by instance).
-    per_transaction: int = attrs.field(default=32, validator=[attrs.validators.ge(1),
+    # in it; a batch that fails is retried instance by instance). As large as a round by
+    # default: a transaction's statements serve all its instances, so a busy engine's cost per
+    # step falls with it (bench/RESULTS.md, 2026-12-03 second session).
+    per_transaction: int = attrs.field(default=128, validator=[attrs.validators.ge(1),
                                                               attrs.validators.le(500)])
     # Advance transactions at once within a round (each its own connection: keep it below
     # [database] pool_max).

@@ -1240,6 +1240,11 @@ LOCK_INSTANCES = ("SELECT id, namespace_id, definition_id, version, version_dige
                   " ORDER BY id FOR UPDATE")
 FENCE = ("SELECT * FROM {table} WHERE namespace_id = %s AND id IN ({ids})"
          " ORDER BY created_at, id FOR UPDATE")
+# The inbox's fence reads only what a lease changes: an inbox row is otherwise immutable until
+# its consumption (the only other UPDATE of weave_inbox), so a row still LEASED by this owner
+# with the lease's attempt count is exactly the row the lease returned, snapshot included.
+FENCE_INBOX = ("SELECT id, state, lease_owner, attempts FROM weave_inbox"
+               " WHERE namespace_id = %s AND id IN ({ids}) ORDER BY created_at, id FOR UPDATE")
 STEPS = ("SELECT instance_id, id, name, kind, state, output, error, join_state, held_at,"
          " held_error, resolution FROM weave_steps"
          " WHERE namespace_id = %s AND instance_id IN ({ids})")
@@ -1320,15 +1325,22 @@ PARKED_AT = dt.datetime(9999, 12, 31, tzinfo=dt.UTC)
 
 async def _fence(cur: Any, table: str, namespace_id: bytes, leased: Sequence[dict[str, Any]],
                  owner: str) -> list[dict[str, Any]]:
-    """The rows of ``leased`` this owner still holds, locked, oldest first."""
+    """The rows of ``leased`` this owner still holds, locked, oldest first (the inbox's as the
+    lease returned them, :data:`FENCE_INBOX`; other tables' read again)."""
     if not leased:
         return []
     attempts = {r["id"]: r["attempts"] for r in leased}
-    await cur.execute(FENCE.format(table=table, ids=placeholders(len(leased))),
-                      (namespace_id, *attempts))
-    return [dict(r) for r in await cur.fetchall()
+    inbox = table == "weave_inbox"
+    marks = placeholders(len(leased))
+    sql = FENCE_INBOX.format(ids=marks) if inbox else FENCE.format(table=table, ids=marks)
+    await cur.execute(sql, (namespace_id, *attempts))
+    held = [r for r in await cur.fetchall()
             if r["state"] == "LEASED" and r["lease_owner"] == owner
             and r["attempts"] == attempts[r["id"]]]
+    if inbox:
+        by_id = {r["id"]: r for r in leased}
+        return [dict(by_id[r["id"]]) for r in held]
+    return [dict(r) for r in held]
 
 
 async def _load_steps(cur: Any, ns: bytes, instance_ids: Sequence[bytes]

@@ -129,3 +129,31 @@ async def test_the_lapsed_scan_is_skipped_when_asked_and_paced_by_the_engine(
     assert second.isdisjoint(r["id"] for r in (await paced.lease_round()).advances)
     eager = Engine(db, owner="engine-eager", lease_ms=60_000, batch=100)
     assert second <= {r["id"] for r in (await eager.lease_round()).advances}
+
+
+async def test_one_lease_marks_the_inbox_rows_of_every_namespace_it_scanned(
+        own_db: Database) -> None:
+    # The mark is one statement per namespace (``namespace_id = ? AND id IN (…)``): rows of two
+    # tenants leased in one scan are all marked, and come back as stored.
+    db = own_db
+    tenants = [await make_tenant(db), await make_tenant(db)]
+    tasks = []
+    for tenant in tenants:
+        for _ in range(2):
+            task_id, _, _ = await workflow_task(db, tenant)
+            await cancel(db, tenant, task_id)
+            tasks.append(task_id)
+    rows = await db.transaction("test.lease", lambda cur: leasing.lease_inbox(
+        cur, owner="engine-both", lease_ms=60_000, limit=100))
+    assert sorted(r["task_id"] for r in rows) == sorted(tasks)
+    async with db.pool.acquire() as conn, conn.cursor() as cur:
+        await cur.execute("SELECT * FROM weave_inbox WHERE namespace_id IN (%s, %s)",
+                          tuple(t.namespace_id for t in tenants))
+        columns = [d[0] for d in cur.description]
+        stored = {r[columns.index("id")]: dict(zip(columns, r, strict=True))
+                  for r in await cur.fetchall()}
+    assert {r["namespace_id"] for r in rows} == {t.namespace_id for t in tenants}
+    for row in rows:
+        assert stored[row["id"]] == row
+        assert (row["state"], row["lease_owner"], row["attempts"]) == (
+            "LEASED", "engine-both", 1)

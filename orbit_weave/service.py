@@ -7,9 +7,10 @@ Two loops share one database pool:
   pending advances and signals, ``SKIP LOCKED``; lapsed leases at most every
   ``recover_interval_s``), then the leased instances' advances
   (:meth:`~orbit_common.weave.engine.Engine.advance_round`), up to ``per_transaction``
-  instances per transaction and ``concurrency`` transactions at once. The next lease does not
-  wait for the advances: up to ``rounds_in_flight`` rounds advance at once, so a result that
-  ends while a round advances is leased after ``poll_min_ms``, not after that round. A lease
+  instances per transaction and ``concurrency`` transactions at once. Up to
+  ``rounds_in_flight`` rounds advance at once (default 1: the next lease waits for the round,
+  and under load takes everything that ended meanwhile as one large round; with more, a result
+  that ends while a round advances is leased after ``poll_min_ms``, not after that round). A lease
   that came back full leases again at once; one that found work waits ``poll_min_ms``; an
   idle one backs off, doubling up to ``poll_max_ms``. Two rounds in flight may hold rows of
   one instance (a PARALLEL block's branches): their advances serialise on the instance row,

@@ -241,8 +241,10 @@ class WeaveConfig:
     # [database] pool_max).
     concurrency: int = attrs.field(default=4, validator=attrs.validators.ge(1))
     # Rounds whose advances may run at once: the next lease starts while up to this many
-    # rounds are still advancing (1: each round's advances end before the next lease).
-    rounds_in_flight: int = attrs.field(default=2, validator=[attrs.validators.ge(1),
+    # rounds are still advancing (1: each round's advances end before the next lease). 1 by
+    # default: under load the next lease then takes what ended during the advance, one large
+    # round instead of many small ones (bench/RESULTS.md, 2026-12-03 second session).
+    rounds_in_flight: int = attrs.field(default=1, validator=[attrs.validators.ge(1),
                                                               attrs.validators.le(16)])
     # Idle polling backs off from poll_min_ms to poll_max_ms; a full round loops at once.
     poll_min_ms: int = attrs.field(default=10, validator=attrs.validators.ge(1))

@@ -200,10 +200,10 @@ def test_the_pump_settings_come_from_the_environment_and_are_checked() -> None:
 
 def test_the_engine_round_settings_come_from_the_environment_and_are_checked() -> None:
     defaults = load_config(None, {}).weave
-    assert (defaults.rounds_in_flight, defaults.recover_interval_s) == (2, 1.0)
-    config = load_config(None, {"ORBIT_WEAVE_ROUNDS_IN_FLIGHT": "1",
+    assert (defaults.rounds_in_flight, defaults.recover_interval_s) == (1, 1.0)
+    config = load_config(None, {"ORBIT_WEAVE_ROUNDS_IN_FLIGHT": "3",
                                 "ORBIT_WEAVE_RECOVER_INTERVAL_S": "0"})
-    assert (config.weave.rounds_in_flight, config.weave.recover_interval_s) == (1, 0.0)
+    assert (config.weave.rounds_in_flight, config.weave.recover_interval_s) == (3, 0.0)
     for bad in ({"ORBIT_WEAVE_ROUNDS_IN_FLIGHT": "0"}, {"ORBIT_WEAVE_ROUNDS_IN_FLIGHT": "17"},
                 {"ORBIT_WEAVE_RECOVER_INTERVAL_S": "-1"}):
         with pytest.raises(ConfigError):

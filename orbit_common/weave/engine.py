@@ -74,7 +74,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -213,6 +213,7 @@ class _Model:
     definition: Definition
     frames: Mapping[str, Frame]
     inside: Mapping[str, frozenset[str]]  # PARALLEL step -> every step of its branches
+    task_steps: int  # TASK and POLL steps: at most this many tasks in one advance
 
 
 def _model(definition: Definition) -> _Model:
@@ -233,7 +234,9 @@ def _model(definition: Definition) -> _Model:
         return found
 
     walk(definition.steps, None)
-    return _Model(definition=definition, frames=frames, inside=inside)
+    return _Model(definition=definition, frames=frames, inside=inside,
+                  task_steps=sum(isinstance(step, TaskStep | PollStep)
+                                 for step in definition.all_steps.values()))
 
 
 class _RoundFailed(Exception):
@@ -305,6 +308,32 @@ def _live(row: _Step) -> _Activation:
     return row.activation
 
 
+class TaskIds:
+    """The ids of one advance transaction's new tasks: fresh random ids (:func:`ids.new_id`),
+    drawn ahead as a sorted pool and handed out in increasing order, then (the pool spent)
+    fresh ones unsorted.
+
+    The instances of a transaction are advanced in id order and each takes its tasks' ids as it
+    creates them, so every instance's new tasks hold one contiguous run of ids. They share one
+    ``available_at`` (the transaction's database time), and a claim orders equal times by id
+    (``ix_tasks_claim``): a PARALLEL block's branch tasks are then claimed, run and ended
+    together, and their results reach the engine in one round instead of one advance per
+    branch. The ids stay random; only their assignment is ordered."""
+
+    def __init__(self, size: int) -> None:
+        self._pool = sorted(ids.new_id() for _ in range(max(0, size)))
+        self._next = 0
+
+    def __call__(self) -> bytes:
+        if self._next < len(self._pool):
+            self._next += 1
+            return self._pool[self._next - 1]
+        return ids.new_id()
+
+
+TASK_IDS_POOL_MAX = 2_000  # ids drawn ahead for one transaction at most
+
+
 class _Advance:
     """One instance's advance, computed in memory from its rows, then written."""
 
@@ -321,6 +350,7 @@ class _Advance:
         self.changed = False
         self.task_count = task_count
         self.new_tasks: list[_NewTask] = []
+        self.task_ids: Callable[[], bytes] = ids.new_id  # the transaction's (TaskIds)
         self.completed: list[str] = []
         self.cel_results: dict[str, Any] = {}
         self.input: Any = None
@@ -646,7 +676,7 @@ class _Advance:
             concurrency_key=options.concurrency_key)
         return tasks.Item(spec=spec, path=step.path, owner_kind="WORKFLOW",
                           owner_id=self.instance["id"],
-                          workflow_gate_id=self.instance["gate_id"])
+                          workflow_gate_id=self.instance["gate_id"], task_id=self.task_ids())
 
     def _add_task(self, item: tasks.Item, step: str, activation_id: bytes) -> None:
         self.task_count += 1
@@ -2005,6 +2035,11 @@ class Engine:
             run.book = books.get(instance_id) or signals.Book(now=now)
             run.adopt(poll_books[instance_id])
             runs.append(run)
+        # At most one task per TASK or POLL step of each version in one advance (a step runs
+        # once per advance; a PARALLEL block starts each branch once).
+        task_ids = TaskIds(min(TASK_IDS_POOL_MAX, sum(run.model.task_steps for run in runs)))
+        for run in runs:  # in instance id order: each instance's tasks take a run of ids
+            run.task_ids = task_ids
         return runs
 
     async def _reject(self, cur: Any, ns: bytes, instance_id: bytes,  # noqa: PLR0917

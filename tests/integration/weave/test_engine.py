@@ -132,6 +132,33 @@ def parallel(policy: str, *, on_failure: str | None = None, branches: int = 3
     return doc(steps, "fan")
 
 
+async def test_one_transactions_new_tasks_hold_a_run_of_ids_per_instance(db: Database) -> None:
+    # Four instances of a 5-branch block advanced in one transaction: each instance's branch
+    # tasks are adjacent in the claim order (dispatch_at, available_at, id), so a claim takes
+    # an instance's branches together (engine.TaskIds). With ids assigned at random, four
+    # instances' 20 tasks would interleave almost surely.
+    tenant = await make_tenant(db)
+    first = await begin(db, tenant, parallel("ALL_SUCCEED", branches=5))
+    who = await principal(db, tenant.api_key)
+    for n in range(3):
+        await instances.start_instance(db, who, namespace=tenant.namespace, definition=first.name,
+                                       input_json=json.dumps({"n": n}).encode())
+    rounds = await drain(Engine(db, owner="engine-runs", batch=16, per_transaction=16))
+    assert rounds[0].advances == 4 and len(rounds[0].advance_seconds) == 1  # one transaction
+
+    async def claim_order(cur: Any) -> list[tuple[bytes, Any]]:
+        await cur.execute("SELECT owner_id, available_at FROM pulse_tasks WHERE namespace_id = %s"
+                          " ORDER BY dispatch_at, available_at, id", (tenant.namespace_id,))
+        return [(r["owner_id"], r["available_at"]) for r in await cur.fetchall()]
+
+    order = await db.read("test.claim_order", claim_order)
+    assert len(order) == 20 and len({at for _, at in order}) == 1
+    owners = [owner for owner, _ in order]
+    runs = [owner for n, owner in enumerate(owners) if n == 0 or owners[n - 1] != owner]
+    assert len(runs) == 4 and len(set(runs)) == 4
+    await clean(db, tenant.namespace_id)
+
+
 async def test_parallel_all_succeed(db: Database, engine: Engine) -> None:
     tenant = await make_tenant(db)
     flow = await begin(db, tenant, parallel("ALL_SUCCEED"))

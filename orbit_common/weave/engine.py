@@ -310,8 +310,9 @@ def _live(row: _Step) -> _Activation:
 
 class TaskIds:
     """The ids of one advance transaction's new tasks: fresh random ids (:func:`ids.new_id`),
-    drawn ahead as a sorted pool and handed out in increasing order, then (the pool spent)
-    fresh ones unsorted.
+    drawn ahead as a sorted pool of ``size`` at the first call (a transaction that makes no
+    task draws none) and handed out in increasing order, then (the pool spent) fresh ones
+    unsorted.
 
     The instances of a transaction are advanced in id order and each takes its tasks' ids as it
     creates them, so every instance's new tasks hold one contiguous run of ids. They share one
@@ -321,10 +322,13 @@ class TaskIds:
     branch. The ids stay random; only their assignment is ordered."""
 
     def __init__(self, size: int) -> None:
-        self._pool = sorted(ids.new_id() for _ in range(max(0, size)))
+        self._size = max(0, size)
+        self._pool: list[bytes] | None = None
         self._next = 0
 
     def __call__(self) -> bytes:
+        if self._pool is None:
+            self._pool = sorted(ids.new_id() for _ in range(self._size))
         if self._next < len(self._pool):
             self._next += 1
             return self._pool[self._next - 1]

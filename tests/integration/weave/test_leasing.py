@@ -92,6 +92,19 @@ async def _lapse(db: Database, tenant: Any, count: int) -> set[bytes]:
     return {r["id"] for r in mine}
 
 
+async def _stored(db: Database, table: str, namespace_ids: list[bytes]
+                  ) -> dict[bytes, dict[str, Any]]:
+    """The rows of ``table`` in those namespaces as stored, by id (a plain pool cursor: the
+    values exactly as the server returns them). ``table`` is one of the test's literals."""
+    marks = ", ".join(["%s"] * len(namespace_ids))
+    async with db.pool.acquire() as conn, conn.cursor() as cur:
+        await cur.execute(f"SELECT * FROM {table} WHERE namespace_id IN ({marks})",
+                          tuple(namespace_ids))
+        columns = [d[0] for d in cur.description]
+        rows = [dict(zip(columns, r, strict=True)) for r in await cur.fetchall()]
+    return {r["id"]: r for r in rows}
+
+
 async def test_a_lease_returns_the_rows_as_it_wrote_them(own_db: Database) -> None:
     db = own_db
     tenant = await make_tenant(db)
@@ -100,12 +113,7 @@ async def test_a_lease_returns_the_rows_as_it_wrote_them(own_db: Database) -> No
         cur, owner="engine-4", lease_ms=60_000, limit=100))
     mine = [r for r in rows if r["id"] in lapsed]
     assert len(mine) == 2
-    async with db.pool.acquire() as conn, conn.cursor() as cur:
-        await cur.execute("SELECT * FROM weave_pending_advances WHERE namespace_id = %s",
-                          (tenant.namespace_id,))
-        columns = [d[0] for d in cur.description]
-        stored = [dict(zip(columns, r, strict=True)) for r in await cur.fetchall()]
-    by_id = {r["id"]: r for r in stored}
+    by_id = await _stored(db, "weave_pending_advances", [tenant.namespace_id])
     for row in mine:
         assert by_id[row["id"]] == row
         assert (row["state"], row["lease_owner"], row["attempts"]) == ("LEASED", "engine-4", 2)
@@ -146,12 +154,7 @@ async def test_one_lease_marks_the_inbox_rows_of_every_namespace_it_scanned(
     rows = await db.transaction("test.lease", lambda cur: leasing.lease_inbox(
         cur, owner="engine-both", lease_ms=60_000, limit=100))
     assert sorted(r["task_id"] for r in rows) == sorted(tasks)
-    async with db.pool.acquire() as conn, conn.cursor() as cur:
-        await cur.execute("SELECT * FROM weave_inbox WHERE namespace_id IN (%s, %s)",
-                          tuple(t.namespace_id for t in tenants))
-        columns = [d[0] for d in cur.description]
-        stored = {r[columns.index("id")]: dict(zip(columns, r, strict=True))
-                  for r in await cur.fetchall()}
+    stored = await _stored(db, "weave_inbox", [t.namespace_id for t in tenants])
     assert {r["namespace_id"] for r in rows} == {t.namespace_id for t in tenants}
     for row in rows:
         assert stored[row["id"]] == row
